@@ -1,0 +1,104 @@
+"""Shared fixtures: tiny random-weight models of every supported family, saved to folders.
+
+Nothing here downloads: each model is built from a config and written with
+``save_pretrained`` (safetensors) into a temporary folder, then loaded back
+through vitviz's real loading code.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # belt and braces: tests never touch the network
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+TINY = dict(
+    hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=32, patch_size=8
+)
+
+
+def _configs():
+    from transformers import (
+        BeitConfig,
+        DeiTConfig,
+        Dinov2Config,
+        Dinov2WithRegistersConfig,
+        ViTConfig,
+    )
+
+    labels = {"id2label": {0: "zero", 1: "one", 2: "two"}, "label2id": {"zero": 0, "one": 1, "two": 2}}
+    return {
+        "vit": ("ViTForImageClassification", ViTConfig(**TINY, **labels)),
+        "deit": ("DeiTForImageClassificationWithTeacher", DeiTConfig(**TINY, **labels)),
+        "dino": ("ViTModel", ViTConfig(**TINY)),
+        "dinov2": ("Dinov2Model", Dinov2Config(**{**TINY, "patch_size": 4})),
+        "dinov2_registers": (
+            "Dinov2WithRegistersModel",
+            Dinov2WithRegistersConfig(**{**TINY, "patch_size": 4}, num_register_tokens=4),
+        ),
+        "beit": ("BeitForImageClassification", BeitConfig(**TINY, **labels)),
+    }
+
+
+FAMILY_KEYS = ("vit", "deit", "dino", "dinov2", "dinov2_registers", "beit")
+EXPECTED_PREFIX = {
+    "vit": ("CLS",),
+    "deit": ("CLS", "DIST"),
+    "dino": ("CLS",),
+    "dinov2": ("CLS",),
+    "dinov2_registers": ("CLS", "REG1", "REG2", "REG3", "REG4"),
+    "beit": ("CLS",),
+}
+
+
+def save_tiny(key: str, folder: Path, *, seed: int = 0) -> Path:
+    import transformers
+    from transformers import ViTImageProcessor
+
+    arch, config = _configs()[key]
+    torch.manual_seed(seed)
+    model = getattr(transformers, arch)(config)
+    model.save_pretrained(folder, safe_serialization=True)
+    ViTImageProcessor(size={"height": 32, "width": 32}, image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(
+        folder
+    )
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny-models")
+    return {k: save_tiny(k, root / k) for k in FAMILY_KEYS}
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tiny_dirs):
+    from vitviz.models import load_model
+
+    return {k: load_model(str(d), device="cpu") for k, d in tiny_dirs.items()}
+
+
+@pytest.fixture(scope="session")
+def demo_model():
+    from vitviz.models import load_model
+
+    return load_model("demo", device="cpu")
+
+
+def random_image(seed: int = 0, size: tuple[int, int] = (40, 48)) -> Image.Image:
+    """A noisy RGB image (w, h) = size."""
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8), "RGB")
+
+
+def random_attention(seed: int, shape: tuple[int, ...]) -> np.ndarray:
+    """Row-stochastic random attention of ``shape`` (..., T, T), float64."""
+    rng = np.random.default_rng(seed)
+    a = rng.random(shape) ** 3
+    return a / a.sum(axis=-1, keepdims=True)

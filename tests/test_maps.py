@@ -1,0 +1,36 @@
+import numpy as np
+import pytest
+from conftest import random_attention
+
+from vitviz.maps import fuse_heads, key_map, normalise_max, prefix_attention, query_map, to_grid
+
+
+def test_query_and_key_maps_index_the_right_entries():
+    attn = random_attention(0, (2, 3, 2 + 6, 2 + 6))  # P = 2, grid 2 x 3
+    m = query_map(attn[1, 2], query=0, num_prefix_tokens=2, grid=(2, 3))
+    assert m.shape == (2, 3)
+    assert m[1, 0] == pytest.approx(attn[1, 2, 0, 2 + 3])  # row-major: (1, 0) is patch 3
+    k = key_map(attn[1, 2], key=4, num_prefix_tokens=2, grid=(2, 3))
+    assert k[0, 2] == pytest.approx(attn[1, 2, 2 + 2, 4])
+    np.testing.assert_allclose(prefix_attention(attn, query=5, num_prefix_tokens=2), attn[..., 5, :2], rtol=1e-6)
+
+
+def test_query_map_is_not_square_assuming():
+    attn = random_attention(1, (1 + 8, 1 + 8))
+    assert query_map(attn, query=0, num_prefix_tokens=1, grid=(2, 4)).shape == (2, 4)
+    with pytest.raises(ValueError):
+        to_grid(np.zeros(8), (3, 3))
+
+
+def test_fusion():
+    attn = random_attention(2, (4, 5, 5))
+    np.testing.assert_allclose(fuse_heads(attn, how="mean"), attn.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(fuse_heads(attn, how="max"), attn.max(0), rtol=1e-6)
+    np.testing.assert_allclose(fuse_heads(attn, how="min"), attn.min(0), rtol=1e-6)
+    with pytest.raises(ValueError):
+        fuse_heads(attn, how="median")
+
+
+def test_normalise_max():
+    np.testing.assert_allclose(normalise_max(np.array([1.0, 2.0, 4.0])), [0.25, 0.5, 1.0])
+    np.testing.assert_array_equal(normalise_max(np.zeros(3)), np.zeros(3))

@@ -1,0 +1,281 @@
+"""Load a ViT-family model by hub id, from the local Hugging Face cache, or from a folder.
+
+Rules: eager attention (the only kind that returns weights), never
+``trust_remote_code``, safetensors unless the caller opts in to pickle, and no
+20-second hang when the hub is out of reach: an uncached hub id fails fast with a
+message that says how to fix it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+import numpy as np
+import torch
+
+from vitviz.demo_model import DEMO_DIR
+from vitviz.errors import ModelLoadError
+from vitviz.families import Family, family_for
+
+__all__ = ["LoadedModel", "DEMO_NAME", "load_model", "pick_device", "resolve_source", "parse_model_name"]
+
+DEMO_NAME = "demo"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_SAFE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+_PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready for capture. Shared between sessions: nothing here changes after loading."""
+
+    name: str  # what the user asked for
+    source: str  # local folder or hub id actually loaded
+    model: torch.nn.Module = field(repr=False)
+    family: Family
+    device: torch.device
+    dtype: torch.dtype
+    patch_size: int
+    default_size: tuple[int, int]  # (height, width) the processor uses
+    image_mean: tuple[float, ...]
+    image_std: tuple[float, ...]
+    rescale_factor: float
+    resample: int  # PIL resampling filter of the processor
+    id2label: dict[int, str] | None  # None for backbones without a classifier
+    # Model-level arrays, computed once and shared read-only by every capture:
+    position_embeddings: np.ndarray | None = field(repr=False)  # (G*G, D) patch rows, native grid
+    position_grid: tuple[int, int] | None
+    position_note: str  # why there are none, when there are none
+    patch_weights: np.ndarray = field(repr=False)  # (D, C, p, p)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def base_model(self) -> torch.nn.Module:
+        return self.model.base_model
+
+    @property
+    def has_classifier(self) -> bool:
+        return self.id2label is not None
+
+
+def pick_device(prefer: str | None = None) -> torch.device:
+    """``prefer`` if given, else CUDA, else Apple MPS, else CPU."""
+    if prefer:
+        return torch.device(prefer)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def parse_model_name(name: str) -> str:
+    """Strip and validate a model field: a local folder, ``demo`` or a hub id ``owner/name``.
+
+    Raises :class:`ModelLoadError` before anything is loaded when it is neither.
+    """
+    text = (name or "").strip()
+    if not text:
+        raise ModelLoadError("No model given: type a Hugging Face model id (owner/name), a local folder, or 'demo'.")
+    if text == DEMO_NAME or Path(text).expanduser().is_dir():
+        return text
+    if _HUB_ID.match(text) and ".." not in text:
+        return text
+    raise ModelLoadError(
+        f"'{text[:120]}' is neither an existing local folder nor a Hugging Face model id like "
+        "'google/vit-base-patch16-224'. Check the spelling, or use the bundled 'demo' model."
+    )
+
+
+def resolve_source(name: str) -> tuple[str, bool]:
+    """(where to load from, is it a local folder)."""
+    text = parse_model_name(name)
+    if text == DEMO_NAME:
+        return str(DEMO_DIR), True
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return str(path.resolve()), True
+    return text, False
+
+
+def _hub_reachable(timeout: float) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"}:
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname or "huggingface.co", port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _check_local_weights(folder: Path, allow_pickle: bool) -> bool:
+    """Return whether to load safetensors; refuse pickle-only folders unless allowed."""
+    if not (folder / "config.json").is_file():
+        raise ModelLoadError(f"'{folder}' has no config.json: point to a folder written by save_pretrained.")
+    if any((folder / f).is_file() for f in _SAFE_WEIGHTS):
+        return True
+    if any((folder / f).is_file() for f in _PICKLE_WEIGHTS):
+        if allow_pickle:
+            return False
+        raise ModelLoadError(
+            f"'{folder}' holds only pickle weights (pytorch_model.bin), which can run arbitrary code when loaded. "
+            "Convert them to safetensors, or opt in explicitly (allow_pickle=True / --allow-pickle) if you trust the source."
+        )
+    raise ModelLoadError(f"'{folder}' has no model weights (model.safetensors).")
+
+
+def _auto_class(config):
+    from transformers import AutoModel, AutoModelForImageClassification
+
+    archs = getattr(config, "architectures", None) or []
+    if any("ForImageClassification" in a for a in archs):
+        return AutoModelForImageClassification
+    return AutoModel
+
+
+def _processor_settings(source: str, config, hub_kwargs: dict) -> tuple[tuple[int, int], tuple, tuple, float, int]:
+    """(default (h, w), mean, std, rescale factor, PIL resample) from the image processor, else config defaults."""
+    from transformers import AutoImageProcessor
+
+    size = int(getattr(config, "image_size", 224))
+    hw, mean, std, rescale, resample = (size, size), (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), 1 / 255, 2
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            proc = AutoImageProcessor.from_pretrained(source, **hub_kwargs)
+    except Exception:  # no preprocessor_config.json: keep the ViT defaults
+        return hw, mean, std, rescale, resample
+
+    def _hw(s) -> tuple[int, int] | None:
+        s = dict(s or {})
+        if "height" in s and "width" in s:
+            return int(s["height"]), int(s["width"])
+        if "shortest_edge" in s:
+            return int(s["shortest_edge"]), int(s["shortest_edge"])
+        return None
+
+    crop = _hw(getattr(proc, "crop_size", None)) if getattr(proc, "do_center_crop", False) else None
+    hw = crop or _hw(getattr(proc, "size", None)) or hw
+    mean = tuple(float(v) for v in (getattr(proc, "image_mean", None) or mean))
+    std = tuple(float(v) for v in (getattr(proc, "image_std", None) or std))
+    rescale = float(getattr(proc, "rescale_factor", rescale) or rescale)
+    res = getattr(proc, "resample", resample)
+    return hw, mean, std, rescale, int(getattr(res, "value", res) if res is not None else resample)
+
+
+def _position_embeddings(family: Family, base, config, patch: int) -> tuple[np.ndarray | None, tuple[int, int] | None]:
+    pos = family.patch_position_embeddings(base, config)
+    if pos is None:
+        return None, None
+    native = int(config.image_size) // patch
+    if pos.shape[0] != native * native:
+        raise ModelLoadError(f"{pos.shape[0]} position embeddings do not fill the native {native} x {native} grid.")
+    pos.setflags(write=False)
+    return pos, (native, native)
+
+
+def load_model(
+    name: str,
+    *,
+    device: str | torch.device | None = None,
+    dtype: str = "float32",
+    allow_pickle: bool = False,
+    probe_timeout: float = 1.5,
+) -> LoadedModel:
+    """Load ``name`` (``demo``, a local folder or a hub id) for capture.
+
+    Args:
+        device: ``cuda``, ``mps``, ``cpu`` or None for the best available.
+        dtype: ``float32`` (default), or ``float16`` / ``bfloat16`` on a GPU.
+        allow_pickle: accept checkpoints that only have pickle weights.
+        probe_timeout: seconds to wait for the hub before failing an uncached id.
+
+    Raises:
+        ModelLoadError: missing, unreachable, unsafe or broken checkpoints.
+        UnsupportedModelError: checkpoints of families other than ViT, DeiT, DINO(v2), BEiT.
+    """
+    from transformers import AutoConfig
+
+    if dtype not in _DTYPES:
+        raise ModelLoadError(f"Unknown dtype '{dtype}': choose one of {', '.join(_DTYPES)}.")
+    dev = pick_device(str(device) if device else None)
+    if dev.type == "cpu" and dtype == "float16":
+        raise ModelLoadError("float16 needs a GPU; use float32 (or bfloat16) on the CPU.")
+    source, local = resolve_source(name)
+
+    hub_kwargs: dict = {}
+    if local:
+        use_safetensors = _check_local_weights(Path(source), allow_pickle)
+    else:
+        use_safetensors = not allow_pickle
+        try:
+            AutoConfig.from_pretrained(source, local_files_only=True)
+            hub_kwargs = {"local_files_only": True}  # cached: never touch the network
+        except OSError:
+            if not _hub_reachable(probe_timeout):
+                raise ModelLoadError(
+                    f"'{source}' is not in the local Hugging Face cache and the hub cannot be reached. "
+                    f"Fix: download it where there is a network (hf download {source}) and copy the cache, "
+                    "give the path of a local folder written by save_pretrained, or use the bundled 'demo' model."
+                ) from None
+    try:
+        config = AutoConfig.from_pretrained(source, **hub_kwargs)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"Could not read the configuration of '{name}': {exc}") from None
+    family = family_for(config)  # raises UnsupportedModelError before any weights load
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = _auto_class(config).from_pretrained(
+                source,
+                attn_implementation="eager",
+                use_safetensors=use_safetensors,
+                dtype=_DTYPES[dtype],
+                **hub_kwargs,
+            )
+    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        hint = "" if allow_pickle else " If the repository only has pickle weights, convert them to safetensors."
+        raise ModelLoadError(f"Could not load the weights of '{name}': {str(exc)[:400]}.{hint}") from None
+    model.eval().requires_grad_(False).to(dev)
+
+    patch = config.patch_size
+    patch = int(patch[0] if isinstance(patch, (tuple, list)) else patch)
+    hw, mean, std, rescale, resample = _processor_settings(source, config, hub_kwargs)
+    pos, pos_grid = _position_embeddings(family, model.base_model, config, patch)
+    weights = family.patch_weight(model.base_model)
+    weights.setflags(write=False)
+    has_head = hasattr(model, "classifier") or hasattr(model, "cls_classifier")
+    labels = {int(k): str(v) for k, v in config.id2label.items()} if has_head else None
+    return LoadedModel(
+        name=name.strip(),
+        source=source,
+        model=model,
+        family=family,
+        device=dev,
+        dtype=_DTYPES[dtype],
+        patch_size=patch,
+        default_size=hw,
+        image_mean=mean,
+        image_std=std,
+        rescale_factor=rescale,
+        resample=resample,
+        id2label=labels,
+        position_embeddings=pos,
+        position_grid=pos_grid,
+        position_note=family.position_note(config),
+        patch_weights=weights,
+    )

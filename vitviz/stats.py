@@ -1,0 +1,53 @@
+"""Per-layer, per-head summaries: mean attention distance and attention entropy.
+
+Both take ``attn`` ``(L, H, T, T)`` and return ``(L, H)`` float64; they work layer
+by layer so large inputs never need a float64 copy of the whole stack.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["patch_distances", "mean_attention_distance", "attention_entropy"]
+
+
+def patch_distances(grid: tuple[int, int], patch_size: int) -> np.ndarray:
+    """Pixel distance between patch centres: ``(N, N)`` with N = gh * gw, row-major order."""
+    gh, gw = grid
+    rows, cols = np.divmod(np.arange(gh * gw), gw)
+    dr = rows[:, None] - rows[None, :]
+    dc = cols[:, None] - cols[None, :]
+    return np.sqrt(dr**2 + dc**2) * patch_size
+
+
+def mean_attention_distance(
+    attn: np.ndarray, *, num_prefix_tokens: int, grid: tuple[int, int], patch_size: int
+) -> np.ndarray:
+    """ViT paper Fig. 7 (right): ``(L, H, T, T) -> (L, H)`` distances in pixels.
+
+    For each patch query, the weights over patch keys are renormalised to sum to 1
+    (attention to prefix tokens has no place on the image), then averaged with the
+    pixel distance of each key; the result is the mean over patch queries.
+    """
+    p = num_prefix_tokens
+    dist = patch_distances(grid, patch_size)
+    out = np.empty(attn.shape[:2])
+    for layer in range(attn.shape[0]):
+        w = attn[layer, :, p:, p:].astype(np.float64)  # (H, N, N)
+        w /= np.maximum(w.sum(axis=-1, keepdims=True), np.finfo(np.float64).tiny)
+        out[layer] = (w * dist).sum(axis=-1).mean(axis=-1)
+    return out
+
+
+def attention_entropy(attn: np.ndarray) -> np.ndarray:
+    """Mean over all T queries of ``-sum_k A log A`` (nats, 0 log 0 = 0): ``(L, H, T, T) -> (L, H)``.
+
+    Uniform attention over T keys gives ``log T``; one-hot attention gives 0.
+    """
+    out = np.empty(attn.shape[:2])
+    for layer in range(attn.shape[0]):
+        a = attn[layer].astype(np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            terms = np.where(a > 0, a * np.log(a), 0.0)
+        out[layer] = -terms.sum(axis=-1).mean(axis=-1)
+    return out
