@@ -1,13 +1,15 @@
 """vitviz: look inside Vision Transformers.
 
 The engine behind the app, free of any UI: load a ViT-family model
-(:func:`load_model`), capture one forward pass (:func:`capture`), and analyse the
-record with pure functions (rollout, relevance, maps, masks, summaries).
+(:func:`load_model`), capture one forward pass (``vitviz.capture.capture``), and
+analyse the record with pure functions (``vitviz.rollout.rollout``, relevance,
+maps, masks, summaries). Submodules keep their own names: ``vitviz.capture`` and
+``vitviz.rollout`` are modules, not the functions inside them.
 References: Dosovitskiy et al. 2020 (ViT), Abnar & Zuidema 2020 (rollout),
 Chefer et al. 2021 (relevance), Caron et al. 2021 (DINO masks).
 """
 
-from vitviz.capture import Capture, Prediction, capture, capture_batch
+from vitviz.capture import Capture, Prediction, capture_batch
 from vitviz.embeddings import patch_components, position_similarity
 from vitviz.errors import (
     BudgetError,
@@ -22,7 +24,7 @@ from vitviz.maps import fuse_heads, key_map, prefix_attention, query_map
 from vitviz.masks import dino_masks
 from vitviz.models import LoadedModel, load_model
 from vitviz.relevance import chefer_relevance, explain_classes
-from vitviz.rollout import rollout, rollout_matrix
+from vitviz.rollout import rollout_matrix
 from vitviz.stats import attention_entropy, mean_attention_distance
 
 __all__ = [
@@ -36,7 +38,6 @@ __all__ = [
     "UnsupportedModelError",
     "VitvizError",
     "attention_entropy",
-    "capture",
     "capture_batch",
     "chefer_relevance",
     "dino_masks",
@@ -51,6 +52,5 @@ __all__ = [
     "prefix_attention",
     "query_map",
     "read_image",
-    "rollout",
     "rollout_matrix",
 ]

@@ -1,10 +1,10 @@
 """Synthetic data for the bundled ``demo`` model: shapes on cluttered backgrounds.
 
 Every image holds exactly one large filled shape (the label) on a background of
-colour gradients, thin lines and small blobs (the clutter). Each class also has
-its own hue range, so a model small enough to train on a laptop CPU in minutes
-finds the object quickly; the clutter uses every hue, so colour alone is not
-enough and the model has to find the large shape. The shape's tight
+muted colour gradients, thin lines and small blobs (the clutter, all of low
+saturation). Each class has a vivid hue range of its own besides its shape: a
+model small enough to train on a laptop CPU in minutes then learns quickly, and
+all its evidence sits on the object, so its attention has something to show. The shape's tight
 bounding box is recorded, so tests can check that the model's attention lands on
 the object rather than on the clutter.
 
@@ -68,8 +68,14 @@ def _polygon(kind: str, cx: float, cy: float, r: float, angle: float) -> list[tu
     return [(cx + r * (x * ca - y * sa), cy + r * (x * sa + y * ca)) for x, y in pts]
 
 
+def _muted(rng: np.random.Generator) -> tuple[int, int, int]:
+    """A low-saturation colour: clutter varies in brightness and texture, never in vivid hue."""
+    rgb = colorsys.hsv_to_rgb(rng.uniform(0, 1), rng.uniform(0.0, 0.3), rng.uniform(0.1, 1.0))
+    return tuple(int(v * 255) for v in rgb)
+
+
 def _background(rng: np.random.Generator, size: int) -> Image.Image:
-    c0, c1 = rng.uniform(0, 255, 3), rng.uniform(0, 255, 3)
+    c0, c1 = np.array(_muted(rng), float), np.array(_muted(rng), float)
     t = np.linspace(0.0, 1.0, size)
     theta = rng.uniform(0, 2 * math.pi)
     ramp = np.clip(0.5 + (np.cos(theta) * (t[None, :] - 0.5) + np.sin(theta) * (t[:, None] - 0.5)), 0, 1)
@@ -79,23 +85,19 @@ def _background(rng: np.random.Generator, size: int) -> Image.Image:
     draw = ImageDraw.Draw(img)
     for _ in range(rng.integers(4, 10)):  # thin lines across the image
         x0, y0, x1, y1 = rng.uniform(-10, size + 10, 4)
-        draw.line(
-            [(x0, y0), (x1, y1)], fill=tuple(int(v) for v in rng.uniform(0, 255, 3)), width=int(rng.integers(1, 3))
-        )
+        draw.line([(x0, y0), (x1, y1)], fill=_muted(rng), width=int(rng.integers(1, 3)))
     for _ in range(rng.integers(5, 14)):  # small blobs, far smaller than any shape
         x, y = rng.uniform(0, size, 2)
         s = rng.uniform(1.5, 4.5)
-        fill = tuple(int(v) for v in rng.uniform(0, 255, 3))
         if rng.random() < 0.5:
-            draw.ellipse([x - s, y - s, x + s, y + s], fill=fill)
+            draw.ellipse([x - s, y - s, x + s, y + s], fill=_muted(rng))
         else:
-            draw.rectangle([x - s, y - s, x + s, y + s], fill=fill)
+            draw.rectangle([x - s, y - s, x + s, y + s], fill=_muted(rng))
     return img
 
 
 def _shape_colour(rng: np.random.Generator, label: int, local: np.ndarray) -> tuple[int, int, int]:
-    """Each class has its own hue range (a cue a tiny ViT learns fast, on top of the shape),
-    with saturation and value drawn until the colour stands out from the local background."""
+    """A vivid colour in the class's own hue range, drawn until it stands out from the local background."""
     hue = (label / len(CLASSES) + rng.uniform(-0.05, 0.05)) % 1.0
     for _ in range(50):
         rgb = np.array(colorsys.hsv_to_rgb(hue, rng.uniform(0.55, 1.0), rng.uniform(0.45, 1.0))) * 255

@@ -22,7 +22,7 @@ __all__ = ["MAX_PIXELS", "MAX_BYTES", "Intake", "read_image", "load_image"]
 
 MAX_PIXELS = 40_000_000  # about a 7000 x 5700 photo; larger is refused before decoding
 MAX_BYTES = 200 * 1024 * 1024
-FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF", "TIFF", "MPO")
+FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF", "TIFF")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,132 @@
+"""vitviz: upload a photo and see how a Vision Transformer reads it.
+
+Run with ``streamlit run app.py``. This file holds the sidebar (model, image,
+input size) shared by every page and the navigation; the pages live in ``pages/``.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from pages import common
+from vitviz.errors import VitvizError
+from vitviz.images import MAX_BYTES, read_image
+
+st.set_page_config(page_title="vitviz", page_icon="🔍", layout="wide")
+common.init_state()
+ss = st.session_state
+
+OTHER = "other (hub id or local folder)…"
+
+
+def model_ui() -> None:
+    st.subheader("Model")
+    options = [*common.PRESETS, OTHER]
+    index = options.index(ss.model_name) if ss.model_name in common.PRESETS else len(options) - 1
+    choice = st.selectbox(
+        "Checkpoint", options, index=index, key="model_pick", help="ViT, DeiT, DINO, DINOv2 (with registers) or BEiT"
+    )
+    name = choice
+    if choice == OTHER:
+        typed = st.text_input(
+            "Hub id or local folder", value="" if ss.model_name in common.PRESETS else ss.model_name, key="model_text"
+        )
+        if not typed.strip():
+            st.caption("Type an id like `google/vit-base-patch16-384` or a folder written by `save_pretrained`.")
+            return
+        name = common.validate_model_field(typed)
+        if name is None:
+            return
+    if name != ss.model_name:
+        with st.status(f"Loading {name}…", expanded=False) as status:
+            try:
+                common.get_model(name)
+            except VitvizError as exc:
+                status.update(label="Model not loaded", state="error")
+                st.error(f"{exc} Still using {ss.model_name}.")
+                return
+            status.update(label=f"Loaded {name}", state="complete")
+        ss.model_name = name
+        ss.input_size = None
+        ss.layer = None
+
+
+def image_ui() -> None:
+    st.subheader("Image")
+    examples = sorted(p.name for p in common.EXAMPLES.iterdir() if p.suffix.lower() in {".jpg", ".png"})
+    pick = st.selectbox(
+        "Example", examples, index=examples.index(ss.image_name) if ss.image_name in examples else 0, key="example_pick"
+    )
+    upload = st.file_uploader(
+        "…or upload your own",
+        type=["png", "jpg", "jpeg", "webp", "bmp", "gif", "tif", "tiff"],
+        help=f"PNG, JPEG, WebP, BMP, GIF or TIFF, up to {MAX_BYTES // 2**20} MB.",
+    )
+    if upload is not None:
+        data = upload.getvalue()
+        if common.digest(data) != ss.get("last_upload"):
+            try:
+                intake = read_image(data)
+            except VitvizError as exc:
+                st.error(f"{upload.name}: {exc} The previous image is still shown.")
+                return
+            ss.last_upload = common.digest(data)
+            ss.image_bytes, ss.image_name = data, upload.name
+            ss.query = 0
+            for note in intake.notes:
+                st.info(note)
+    elif pick != ss.image_name:
+        ss.image_bytes, ss.image_name = (common.EXAMPLES / pick).read_bytes(), pick
+        ss.query = 0
+        ss.pop("last_upload", None)
+    st.caption(f"Showing **{ss.image_name}**")
+
+
+def size_ui() -> None:
+    try:
+        model = common.get_model(ss.model_name)
+    except VitvizError:
+        return
+    h, w = model.default_size
+    p = model.patch_size
+    st.subheader("Input resolution")
+    st.caption(f"The model's own: {w} x {h} px, patches of {p} px ({h // p} x {w // p} grid).")
+    choices = sorted({max(p, round(h * f / p) * p) for f in (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)})
+    current = ss.input_size[0] if ss.input_size else h
+    side = st.select_slider("Height (px)", choices, value=current if current in choices else h)
+    keep = st.checkbox(
+        "Keep the image's aspect ratio", value=bool(ss.input_size and ss.input_size[0] != ss.input_size[1])
+    )
+    width = side
+    if keep:
+        try:
+            img = read_image(ss.image_bytes).image
+            width = max(p, round(side * img.width / img.height / p) * p)
+        except VitvizError:
+            pass
+    size = None if (side, width) == (h, w) else (side, width)
+    if size != ss.input_size:
+        ss.input_size = size
+        ss.query = 0
+
+
+with st.sidebar:
+    st.title("🔍 vitviz")
+    model_ui()
+    image_ui()
+    size_ui()
+
+pages = [
+    st.Page("pages/overview.py", title="Image & predictions", icon="🖼️", default=True),
+    st.Page("pages/heads.py", title="Heads", icon="🎯"),
+    st.Page("pages/layers.py", title="Layers & rollout", icon="🧱"),
+    st.Page("pages/positions.py", title="Position embeddings", icon="🧭"),
+    st.Page("pages/embedding.py", title="Patch embedding & norms", icon="🧩"),
+]
+page = st.navigation(pages)
+try:
+    page.run()
+except Exception as exc:  # last line of defence: a readable message, never a traceback
+    st.error(
+        f"Something went wrong while drawing this page ({type(exc).__name__}: {exc}). Try another setting; your image and model are kept."
+    )

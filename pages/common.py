@@ -1,0 +1,237 @@
+"""Streamlit wiring shared by the pages: cached model and capture, session state, small widgets.
+
+All computing happens in ``vitviz``; this module only caches its results and
+reads widgets. Caching rules:
+
+* models: ``st.cache_resource`` (one copy shared by every session; read-only after loading);
+* captures: ``st.cache_resource`` too, keyed by (model, image digest, input size). A
+  ``Capture`` is a frozen record of read-only arrays, so sharing it is safe and
+  avoids copying ~10 MB through pickle on every rerun, as ``st.cache_data`` would;
+* derived analyses (summaries, position similarity): cached per capture the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import streamlit as st
+
+from vitviz import capture as vcapture
+from vitviz.embeddings import patch_components, position_similarity
+from vitviz.errors import VitvizError
+from vitviz.images import read_image
+from vitviz.models import LoadedModel, load_model, parse_model_name
+from vitviz.relevance import explain_classes
+from vitviz.stats import attention_entropy, mean_attention_distance
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "assets" / "examples"
+PRESETS = (
+    "demo",
+    "google/vit-base-patch16-224",
+    "facebook/deit-small-distilled-patch16-224",
+    "facebook/dino-vits8",
+    "facebook/dinov2-small",
+    "facebook/dinov2-with-registers-small",
+)
+DEFAULTS = {
+    "model_name": "demo",
+    "image_name": "demo-star.png",
+    "image_bytes": None,
+    "input_size": None,
+    "layer": None,
+    "head": 0,
+    "query": 0,
+    "direction": "where does it look?",
+    "class_index": None,
+    "fusion": "mean",
+    "rollout_range": None,
+    "discard": 0.0,
+    "tau": 0.6,
+    "metric": "mean attention distance (px)",
+    "position": 0,
+}
+DIRECTIONS = ("where does it look?", "who looks at it?")
+
+
+@st.cache_resource(max_entries=3, show_spinner=False)
+def get_model(name: str) -> LoadedModel:
+    return load_model(name)
+
+
+@st.cache_resource(max_entries=32, show_spinner=False)
+def get_capture(
+    model_name: str, image_digest: str, size: tuple[int, int] | None, _image_bytes: bytes
+) -> vcapture.Capture:
+    image = read_image(_image_bytes).image
+    return vcapture.capture(get_model(model_name), image, size=size)
+
+
+@dataclass(frozen=True)
+class Summaries:
+    distance: np.ndarray  # (L, H) pixels
+    entropy: np.ndarray  # (L, H) nats
+
+
+@st.cache_resource(max_entries=32, show_spinner=False)
+def get_summaries(
+    model_name: str, image_digest: str, size: tuple[int, int] | None, _cap: vcapture.Capture
+) -> Summaries:
+    p = _cap.num_prefix_tokens
+    return Summaries(
+        distance=mean_attention_distance(
+            _cap.attentions, num_prefix_tokens=p, grid=_cap.grid, patch_size=_cap.patch_size
+        ),
+        entropy=attention_entropy(_cap.attentions),
+    )
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def get_position_similarity(model_name: str) -> np.ndarray | None:
+    pos = get_model(model_name).position_embeddings
+    return None if pos is None else position_similarity(pos)
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def get_patch_components(model_name: str):
+    return patch_components(get_model(model_name).patch_weights, k=28)
+
+
+@st.cache_resource(max_entries=64, show_spinner=False)
+def get_relevance(
+    model_name: str, image_digest: str, size: tuple[int, int] | None, class_index: int, _image_bytes: bytes
+):
+    image = read_image(_image_bytes).image
+    return explain_classes(get_model(model_name), image, [class_index], size=size)[class_index]
+
+
+def init_state() -> None:
+    for key, value in DEFAULTS.items():
+        if key not in st.session_state:
+            st.session_state[key] = value
+    if st.session_state.image_bytes is None:
+        st.session_state.image_bytes = (EXAMPLES / st.session_state.image_name).read_bytes()
+
+
+def _copy(src: str, dst: str) -> None:
+    st.session_state[dst] = st.session_state[src]
+
+
+def keep(state_key: str) -> dict:
+    """Widget kwargs that bind it to a persistent session value.
+
+    Streamlit forgets a widget's state on pages that do not draw it; the value lives
+    under ``state_key`` instead, and the widget (key ``_w_<state_key>``) mirrors it.
+    """
+    wkey = f"_w_{state_key}"
+    st.session_state[wkey] = st.session_state[state_key]
+    return {"key": wkey, "on_change": _copy, "args": (wkey, state_key)}
+
+
+def clamp_state(cap: vcapture.Capture) -> None:
+    """Keep layer, head and query inside the current capture (models differ in depth and tokens)."""
+    ss = st.session_state
+    if ss.layer is None or not 0 <= ss.layer < cap.num_layers:
+        ss.layer = cap.num_layers - 1
+    if not 0 <= ss.head < cap.num_heads:
+        ss.head = 0
+    if not 0 <= ss.query < cap.num_tokens:
+        ss.query = 0
+    rr = ss.rollout_range
+    if rr is None or not (0 <= rr[0] <= rr[1] < cap.num_layers):
+        ss.rollout_range = (0, cap.num_layers - 1)
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class Current:
+    model: LoadedModel
+    cap: vcapture.Capture
+    key: tuple[str, str, tuple[int, int] | None]  # (model name, image digest, requested size)
+    image_bytes: bytes
+
+
+def current() -> Current | None:
+    """The model and capture for the session's image, model and size; shows the error and returns None."""
+    name, data, size = st.session_state.model_name, st.session_state.image_bytes, st.session_state.input_size
+    try:
+        model = get_model(name)
+        with st.spinner("Running the model…"):
+            cap = get_capture(name, digest(data), size, data)
+    except VitvizError as exc:
+        st.error(str(exc))
+        return None
+    return Current(model, cap, (name, digest(data), size), data)
+
+
+def require_current() -> Current:
+    cur = current()
+    if cur is None:
+        st.stop()
+    return cur
+
+
+def clicked_point(event) -> list | None:
+    """The ``customdata`` of the point a user clicked in a ``st.plotly_chart(on_select="rerun")`` figure."""
+    try:
+        points = event["selection"]["points"]
+    except (KeyError, TypeError):
+        return None
+    for point in points or []:
+        data = point.get("customdata")
+        if data is not None:
+            return list(data)
+    return None
+
+
+def take_click(chart_key: str, apply) -> None:
+    """Apply a new click on chart ``chart_key`` (read before the widgets it drives are drawn)."""
+    seen = f"_seen_{chart_key}"
+    data = clicked_point(st.session_state.get(chart_key))
+    if data is None:
+        st.session_state.pop(seen, None)
+    elif st.session_state.get(seen) != repr(data):
+        st.session_state[seen] = repr(data)
+        apply(data)
+
+
+def npz_bytes(**arrays: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **arrays)
+    return buf.getvalue()
+
+
+def csv_bytes(values: np.ndarray) -> bytes:
+    buf = io.StringIO()
+    np.savetxt(buf, np.atleast_2d(values), delimiter=",", fmt="%.6g")
+    return buf.getvalue().encode()
+
+
+def downloads(stem: str, key: str, **arrays: np.ndarray) -> None:
+    """NPZ of all arrays and CSV of the first (2-D) one; PNG comes from each figure's camera button."""
+    first = next(iter(arrays.values()))
+    c1, c2 = st.columns(2)
+    c1.download_button("Download NPZ", npz_bytes(**arrays), f"{stem}.npz", "application/octet-stream", key=f"{key}-npz")
+    c2.download_button(
+        "Download CSV",
+        csv_bytes(first.reshape(first.shape[0], -1) if first.ndim > 1 else first),
+        f"{stem}.csv",
+        "text/csv",
+        key=f"{key}-csv",
+    )
+
+
+def validate_model_field(text: str) -> str | None:
+    """Parse the model field; show an error and return None when it does not parse."""
+    try:
+        return parse_model_name(text)
+    except VitvizError as exc:
+        st.error(str(exc))
+        return None

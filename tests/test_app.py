@@ -1,0 +1,185 @@
+"""AppTest for every page: renders with the demo model, and the main controls change what is shown."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import vitviz.capture
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+PAGES = ["pages/overview.py", "pages/heads.py", "pages/layers.py", "pages/positions.py", "pages/embedding.py"]
+
+
+@pytest.fixture(autouse=True)
+def _navigation_v2(monkeypatch):
+    """Run every AppTest rerun as the real server does after its first run.
+
+    AppTest resets ``PagesManager.uses_pages_directory`` before each run, so an app
+    with a ``pages/`` folder falls back to Streamlit's old folder-based multipage
+    mode, which runs the page file alone (no sidebar). A running server clears the
+    flag for good at the first ``st.navigation`` call.
+    """
+    from streamlit.runtime.pages_manager import PagesManager
+
+    original = PagesManager.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        PagesManager.uses_pages_directory = False
+
+    monkeypatch.setattr(PagesManager, "__init__", init)
+
+
+def _app(page: str | None = None) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    if page:
+        at.switch_page(page)
+        at.run()
+    return at
+
+
+def _figures(at: AppTest) -> list[dict]:
+    return [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
+
+
+def _no_trouble(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_renders_with_the_demo_model(page):
+    at = _app(page)
+    _no_trouble(at)
+    assert len(at.get("plotly_chart")) >= 1
+
+
+def test_overview_shows_patches_sequence_and_predictions():
+    at = _app()
+    figs = _figures(at)
+    titles = " ".join(str(f["layout"].get("title", {}).get("text", "")) for f in figs)
+    assert "12 x 12 patches of 8 px" in titles
+    assert "Input sequence: 1 prefix token(s) + 144 patches = 145 tokens" in titles
+    assert "Top predictions" in titles
+    # the class selector drives the class-specific views
+    box = at.selectbox(key="_w_class_index")
+    other = next(i for i in range(5) if i != box.value)  # the demo model has 5 classes, all in its top 5
+    box.set_value(other).run()
+    _no_trouble(at)
+    assert at.session_state.class_index == other
+
+
+def _head_grid(at: AppTest) -> list:
+    figs = _figures(at)
+    grid = [
+        f
+        for f in figs
+        if sum(t["type"] == "heatmap" for t in f["data"]) == 4 and not any(t["type"] == "image" for t in f["data"])
+    ]
+    return [t["z"] for t in grid[0]["data"]]
+
+
+def test_heads_layer_query_and_direction_change_the_maps():
+    at = _app("pages/heads.py")
+    first = _head_grid(at)
+    at.slider(key="_w_layer").set_value(0).run()
+    _no_trouble(at)
+    assert _head_grid(at) != first
+    layer0 = _head_grid(at)
+    at.session_state.query = 1 + 5 * 12 + 6  # as a click on patch (5, 6) would set it
+    at.run()
+    assert _head_grid(at) != layer0
+    clicked = _head_grid(at)
+    at.radio(key="_w_direction").set_value("who looks at it?").run()
+    _no_trouble(at)
+    assert _head_grid(at) != clicked
+    titles = [f["layout"]["title"]["text"] for f in _figures(at) if "title" in f["layout"]]
+    assert any("who looks at patch (5, 6)" in t for t in titles)
+
+
+def _titled(at: AppTest, words: str) -> dict:
+    return next(f for f in _figures(at) if words in str(f["layout"].get("title", {}).get("text", "")))
+
+
+def test_layers_rollout_controls_change_the_rollout():
+    at = _app("pages/layers.py")
+    _no_trouble(at)
+    base = _titled(at, "Rollout of CLS")["data"][1]["z"]
+    at.slider(key="_w_discard").set_value(0.5).run()
+    assert _titled(at, "Rollout of CLS")["data"][1]["z"] != base
+    at.slider(key="_w_rollout_range").set_value((2, 3)).run()
+    assert "layers 2-3" in _titled(at, "Rollout of CLS")["layout"]["title"]["text"]
+    at.selectbox(key="_w_fusion").set_value("max").run()
+    _no_trouble(at)
+    assert _titled(at, "Relevance for")  # class-specific relevance next to rollout
+    at.radio(key="_w_metric").set_value("attention entropy (nats)").run()
+    assert "entropy" in _titled(at, "click a cell")["layout"]["title"]["text"]
+
+
+def test_positions_page_click_target_and_tile():
+    at = _app("pages/positions.py")
+    _no_trouble(at)
+    assert "12 x 12 positions" in _titled(at, "Position embedding similarity")["layout"]["title"]["text"]
+    at.number_input(key="_w_position").set_value(13).run()
+    assert "position (1, 1)" in _titled(at, "Similarity to position")["layout"]["title"]["text"]
+
+
+def test_bad_model_name_keeps_the_previous_model():
+    at = _app()
+    at.selectbox(key="model_pick").set_value("other (hub id or local folder)…").run()
+    at.text_input(key="model_text").input("not a model!").run()
+    assert any("neither an existing local folder" in e.value for e in at.error)
+    assert at.session_state.model_name == "demo"
+    assert not at.exception
+
+
+def test_unsupported_model_folder_gives_a_readable_error(tmp_path):
+    import transformers
+
+    cfg = transformers.ResNetConfig(hidden_sizes=[8], depths=[1], embedding_size=8)
+    transformers.ResNetModel(cfg).save_pretrained(tmp_path, safe_serialization=True)
+    at = _app()
+    at.selectbox(key="model_pick").set_value("other (hub id or local folder)…").run()
+    at.text_input(key="model_text").input(str(tmp_path)).run()
+    assert any("'resnet' models are not supported" in e.value for e in at.error)
+    assert at.session_state.model_name == "demo" and not at.exception
+
+
+def test_backbone_without_positions(tiny_dirs):
+    at = _app()
+    at.selectbox(key="model_pick").set_value("other (hub id or local folder)…").run()
+    at.text_input(key="model_text").input(str(tiny_dirs["beit"])).run()
+    _no_trouble(at)
+    at.switch_page("pages/positions.py").run()
+    assert any("relative position bias" in i.value for i in at.info)
+    at.switch_page("pages/layers.py").run()
+    assert not at.exception
+
+
+def test_state_persists_across_pages():
+    at = _app("pages/heads.py")
+    at.slider(key="_w_layer").set_value(1).run()
+    at.switch_page("pages/overview.py").run()
+    at.switch_page("pages/heads.py").run()
+    assert at.slider(key="_w_layer").value == 1
+
+
+def test_changing_controls_runs_no_forward_pass(monkeypatch):
+    calls = []
+    real = vitviz.capture.capture_batch
+    monkeypatch.setattr(vitviz.capture, "capture_batch", lambda *a, **k: calls.append(1) or real(*a, **k))
+    at = _app("pages/heads.py")
+    before = len(calls)
+    at.slider(key="_w_layer").set_value(0).run()
+    at.radio(key="_w_head").set_value(2).run()
+    at.session_state.query = 20
+    at.run()
+    at.switch_page("pages/layers.py").run()
+    at.slider(key="_w_discard").set_value(0.3).run()
+    assert not at.exception
+    assert len(calls) == before

@@ -1,0 +1,100 @@
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vitviz.errors import ImageError
+from vitviz.images import load_image, read_image
+
+
+def _encode(img: Image.Image, fmt: str, **kw) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format=fmt, **kw)
+    return buf.getvalue()
+
+
+RGB = Image.fromarray(np.random.default_rng(0).integers(0, 256, (20, 30, 3), dtype=np.uint8), "RGB")
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP", "BMP", "GIF", "TIFF"])
+def test_common_formats_decode_to_rgb(fmt):
+    out = read_image(_encode(RGB, fmt))
+    assert out.image.mode == "RGB" and out.image.size == (30, 20)
+
+
+@pytest.mark.parametrize("mode", ["1", "L", "LA", "P", "RGBA", "CMYK", "I;16", "I", "F"])
+def test_modes(mode):
+    img = (
+        RGB.convert(mode)
+        if mode not in ("I;16", "I", "F")
+        else Image.fromarray(
+            (np.arange(600).reshape(20, 30) * 50).astype({"I;16": np.uint16, "I": np.int32, "F": np.float32}[mode])
+        )
+    )
+    fmt = "TIFF" if mode in ("CMYK", "I;16", "I", "F") else "PNG"
+    out = read_image(_encode(img, fmt)).image
+    assert out.mode == "RGB" and out.size == (30, 20)
+
+
+def test_sixteen_bit_is_stretched_not_clipped():
+    arr = np.linspace(1000, 60000, 600).reshape(20, 30).astype(np.uint16)
+    out = np.asarray(read_image(_encode(Image.fromarray(arr), "PNG")).image)
+    assert out.min() == 0 and out.max() == 255
+
+
+def test_transparency_flattened_on_white():
+    rgba = Image.new("RGBA", (4, 4), (255, 0, 0, 0))
+    res = read_image(_encode(rgba, "PNG"))
+    assert res.image.getpixel((0, 0)) == (255, 255, 255)
+    assert any("transparency" in n for n in res.notes)
+
+
+def test_exif_orientation_applied():
+    img = Image.new("RGB", (30, 10), (0, 0, 0))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees on display
+    out = read_image(_encode(img, "JPEG", exif=exif)).image
+    assert out.size == (10, 30)
+
+
+def test_animated_gif_first_frame_noted():
+    frames = [Image.new("RGB", (8, 8), c) for c in ((255, 0, 0), (0, 255, 0))]
+    buf = io.BytesIO()
+    frames[0].save(buf, format="GIF", save_all=True, append_images=frames[1:])
+    res = read_image(buf.getvalue())
+    assert res.image.getpixel((0, 0))[0] > 200
+    assert any("first" in n for n in res.notes)
+
+
+@pytest.mark.parametrize(
+    "data,words",
+    [
+        (b"", "empty"),
+        (b"GIF89a not really", "not an image|damaged"),
+        (b"hello, I am text", "not an image"),
+        (_encode(RGB, "PNG")[:60], "damaged"),
+    ],
+)
+def test_bad_bytes_give_clear_errors(data, words):
+    with pytest.raises(ImageError, match=words):
+        read_image(data)
+
+
+def test_pixel_bomb_refused_before_decoding():
+    big = _encode(Image.new("L", (9000, 9000)), "PNG")  # compresses to a few kB
+    with pytest.raises(ImageError, match="megapixels"):
+        read_image(big, max_pixels=10_000_000)
+
+
+def test_tiny_and_extreme_aspect_ratio():
+    assert read_image(_encode(Image.new("RGB", (1, 1)), "PNG")).image.size == (1, 1)
+    assert read_image(_encode(Image.new("RGB", (4000, 10)), "PNG")).image.size == (4000, 10)
+
+
+def test_load_image_paths(tmp_path):
+    p = tmp_path / "x.png"
+    RGB.save(p)
+    assert load_image(p).size == (30, 20)
+    with pytest.raises(ImageError, match="Cannot read"):
+        load_image(tmp_path / "nope.png")

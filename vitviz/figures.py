@@ -1,0 +1,451 @@
+"""Plotly figure builders: arrays in, ``go.Figure`` out; no I/O, no Streamlit.
+
+Conventions: attention uses the Inferno scale, similarities a diverging scale on
+[-1, 1], norms Viridis. Every colour bar title says whether values are raw or
+normalised. Maps live on the patch grid and are drawn over the image in pixel
+coordinates (nearest upsampling: one square per patch). Overlay figures carry an
+invisible scatter of patch centres whose ``customdata`` is ``[token, row, col]``,
+so a click selects a patch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from vitviz.capture import Prediction
+
+__all__ = [
+    "ATTENTION_SCALE",
+    "image_figure",
+    "map_figure",
+    "small_multiples_figure",
+    "token_sequence_figure",
+    "predictions_figure",
+    "prefix_attention_figure",
+    "layer_head_figure",
+    "distance_depth_figure",
+    "position_similarity_figure",
+    "patch_components_figure",
+    "token_norms_figure",
+]
+
+ATTENTION_SCALE = "Inferno"
+SIMILARITY_SCALE = "RdBu_r"
+NORM_SCALE = "Viridis"
+KIND_COLOURS = {"CLS": "#d62728", "DIST": "#9467bd", "REG": "#2ca02c", "patch": "#1f77b4"}
+_MARGIN = dict(l=10, r=10, t=40, b=10)
+
+
+def _kind_colour(kind: str) -> str:
+    return KIND_COLOURS["REG"] if kind.startswith("REG") else KIND_COLOURS.get(kind, KIND_COLOURS["patch"])
+
+
+def _image_axes(fig: go.Figure, h: int, w: int, **where) -> None:
+    fig.update_xaxes(visible=False, range=[0, w], constrain="domain", **where)
+    fig.update_yaxes(visible=False, range=[h, 0], scaleanchor=(where.get("col") and f"x{where['col']}") or "x", **where)
+
+
+def _patch_targets(grid: tuple[int, int], patch: int, prefix: int, hover: str) -> go.Scatter:
+    gh, gw = grid
+    rows, cols = np.divmod(np.arange(gh * gw), gw)
+    return go.Scatter(
+        x=(cols + 0.5) * patch,
+        y=(rows + 0.5) * patch,
+        mode="markers",
+        marker=dict(size=max(4, min(24, 400 // max(gh, gw))), opacity=0.0, symbol="square"),
+        customdata=np.stack([prefix + np.arange(gh * gw), rows, cols], axis=1),
+        hovertemplate=hover,
+        name="patches",
+        showlegend=False,
+    )
+
+
+def image_figure(image: np.ndarray, *, patch_size: int, num_prefix_tokens: int, title: str = "") -> go.Figure:
+    """The image cut into its P x P patches; hover names each patch (row, col, sequence position)."""
+    h, w = image.shape[:2]
+    grid = (h // patch_size, w // patch_size)
+    fig = go.Figure(go.Image(z=image, hoverinfo="skip"))
+    lines = [dict(type="line", x0=x, x1=x, y0=0, y1=h) for x in range(0, w + 1, patch_size)]
+    lines += [dict(type="line", x0=0, x1=w, y0=y, y1=y) for y in range(0, h + 1, patch_size)]
+    fig.update_layout(shapes=[{**s, "line": dict(color="rgba(255,255,255,0.7)", width=1)} for s in lines])
+    fig.add_trace(
+        _patch_targets(
+            grid,
+            patch_size,
+            num_prefix_tokens,
+            "patch (row %{customdata[1]}, col %{customdata[2]})<br>index %{customdata[0]} in the sequence<extra></extra>",
+        )
+    )
+    fig.update_layout(title=title or f"{grid[0]} x {grid[1]} patches of {patch_size} px", margin=_MARGIN, height=480)
+    _image_axes(fig, h, w)
+    return fig
+
+
+def map_figure(
+    image: np.ndarray | None,
+    grid_map: np.ndarray,
+    *,
+    patch_size: int,
+    num_prefix_tokens: int,
+    title: str,
+    colorbar_title: str,
+    zmin: float | None = None,
+    zmax: float | None = None,
+    colorscale: str = ATTENTION_SCALE,
+    opacity: float = 0.65,
+    marked: tuple[int, int] | None = None,
+    height: int = 480,
+) -> go.Figure:
+    """A ``(gh, gw)`` map over the image (or alone), clickable patch by patch; ``marked`` outlines a patch."""
+    gh, gw = grid_map.shape
+    h, w = gh * patch_size, gw * patch_size
+    fig = go.Figure()
+    if image is not None:
+        fig.add_trace(go.Image(z=image, hoverinfo="skip"))
+    fig.add_trace(
+        go.Heatmap(
+            z=grid_map,
+            x0=patch_size / 2,
+            dx=patch_size,
+            y0=patch_size / 2,
+            dy=patch_size,
+            zmin=zmin,
+            zmax=zmax,
+            colorscale=colorscale,
+            opacity=opacity if image is not None else 1.0,
+            colorbar=dict(title=dict(text=colorbar_title, side="right"), thickness=12),
+            hovertemplate="row %{y:.0f}, col %{x:.0f}<br>value %{z:.4g}<extra></extra>".replace(
+                "%{y:.0f}", "%{customdata[0]}"
+            ).replace("%{x:.0f}", "%{customdata[1]}"),
+            customdata=np.stack(np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij"), axis=-1),
+        )
+    )
+    fig.add_trace(
+        _patch_targets(
+            (gh, gw),
+            patch_size,
+            num_prefix_tokens,
+            "click: patch (row %{customdata[1]}, col %{customdata[2]})<extra></extra>",
+        )
+    )
+    if marked is not None:
+        r, c = marked
+        fig.add_shape(
+            type="rect",
+            x0=c * patch_size,
+            x1=(c + 1) * patch_size,
+            y0=r * patch_size,
+            y1=(r + 1) * patch_size,
+            line=dict(color="#00e5ff", width=3),
+        )
+    fig.update_layout(title=title, margin=_MARGIN, height=height, clickmode="event+select", dragmode=False)
+    _image_axes(fig, h, w)
+    return fig
+
+
+def small_multiples_figure(
+    maps: np.ndarray,
+    titles: Sequence[str],
+    *,
+    colorbar_title: str,
+    cols: int = 4,
+    zmin: float | None = None,
+    zmax: float | None = None,
+    colorscale: str = ATTENTION_SCALE,
+    tile_px: int = 170,
+) -> go.Figure:
+    """``(K, gh, gw)`` maps as a grid of heatmaps on one shared colour scale (default: shared min/max)."""
+    k = len(maps)
+    cols = max(1, min(cols, k))
+    rows = -(-k // cols)
+    zmin = float(np.min(maps)) if zmin is None else zmin
+    zmax = float(np.max(maps)) if zmax is None else zmax
+    fig = make_subplots(
+        rows=rows, cols=cols, subplot_titles=list(titles), horizontal_spacing=0.02, vertical_spacing=0.08 / rows * 2
+    )
+    for i, m in enumerate(maps):
+        fig.add_trace(
+            go.Heatmap(
+                z=m,
+                zmin=zmin,
+                zmax=zmax,
+                colorscale=colorscale,
+                showscale=i == 0,
+                colorbar=dict(title=dict(text=colorbar_title, side="right"), thickness=12),
+                hovertemplate=f"{titles[i]}<br>row %{{y}}, col %{{x}}<br>value %{{z:.4g}}<extra></extra>",
+            ),
+            row=i // cols + 1,
+            col=i % cols + 1,
+        )
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False, autorange="reversed", scaleanchor="x", constrain="domain")
+    for i in range(k):
+        fig.update_yaxes(scaleanchor=f"x{i + 1 if i else ''}", row=i // cols + 1, col=i % cols + 1)
+    fig.update_layout(margin=_MARGIN, height=int(rows * tile_px + 60))
+    return fig
+
+
+def token_sequence_figure(token_kinds: Sequence[str], grid: tuple[int, int], *, max_patches: int = 48) -> go.Figure:
+    """The flattened input sequence: prefix tokens in front, then patches in row-major order."""
+    prefix = [k for k in token_kinds if k != "patch"]
+    n = len(token_kinds) - len(prefix)
+    shown = list(range(min(n, max_patches)))
+    labels = prefix + [f"p{i}" for i in shown] + (["…"] if n > len(shown) else [])
+    kinds = prefix + ["patch"] * len(shown) + (["patch"] if n > len(shown) else [])
+    hover = [f"{k}: token {i}" for i, k in enumerate(prefix)]
+    hover += [
+        f"patch {i}: row {divmod(i, grid[1])[0]}, col {divmod(i, grid[1])[1]} (token {len(prefix) + i})" for i in shown
+    ]
+    if n > len(shown):
+        hover.append(f"{n - len(shown)} more patches (token {len(prefix) + len(shown)} to {len(token_kinds) - 1})")
+    fig = go.Figure(
+        go.Bar(
+            x=list(range(len(labels))),
+            y=[1] * len(labels),
+            marker_color=[_kind_colour(k) for k in kinds],
+            text=labels,
+            textposition="inside",
+            hovertext=hover,
+            hoverinfo="text",
+        )
+    )
+    fig.update_layout(
+        title=f"Input sequence: {len(prefix)} prefix token(s) + {n} patches = {len(token_kinds)} tokens",
+        height=150,
+        margin=_MARGIN,
+        bargap=0.08,
+        yaxis=dict(visible=False),
+        xaxis=dict(visible=False),
+    )
+    return fig
+
+
+def predictions_figure(predictions: Sequence[Prediction]) -> go.Figure:
+    """Top-k classes from the CLS token, most probable on top."""
+    preds = list(predictions)[::-1]
+    fig = go.Figure(
+        go.Bar(
+            x=[p.probability for p in preds],
+            y=[f"{p.label} ({p.index})" for p in preds],
+            orientation="h",
+            customdata=[[p.index, p.logit] for p in preds],
+            hovertemplate="%{y}<br>probability %{x:.2%}<br>logit %{customdata[1]:.3f}<extra></extra>",
+            marker_color="#ff7f0e",
+            text=[f"{p.probability:.1%}" for p in preds],
+            textposition="auto",
+        )
+    )
+    fig.update_layout(
+        title="Top predictions (softmax of the logits)",
+        xaxis=dict(title="probability", range=[0, 1], tickformat=".0%"),
+        height=60 + 36 * max(1, len(preds)),
+        margin=_MARGIN,
+    )
+    return fig
+
+
+def prefix_attention_figure(values: np.ndarray, kinds: Sequence[str], *, patch_total: float) -> go.Figure:
+    """Attention a query pays to each prefix token, next to the total it pays to all patches."""
+    names = [*kinds, "all patches"]
+    vals = [*map(float, values), float(patch_total)]
+    fig = go.Figure(
+        go.Bar(
+            x=names,
+            y=vals,
+            marker_color=[_kind_colour(k) for k in kinds] + ["#7f7f7f"],
+            hovertemplate="%{x}: %{y:.4f}<extra></extra>",
+            text=[f"{v:.3f}" for v in vals],
+            textposition="auto",
+        )
+    )
+    fig.update_layout(
+        title="Attention to tokens not on the image (raw)", yaxis=dict(range=[0, 1]), height=260, margin=_MARGIN
+    )
+    return fig
+
+
+def layer_head_figure(
+    values: np.ndarray, *, title: str, colorbar_title: str, marked: tuple[int, int] | None = None
+) -> go.Figure:
+    """A layers x heads heatmap (rows = layers from 1); click a cell to open that head."""
+    num_layers, num_heads = values.shape
+    fig = go.Figure(
+        go.Heatmap(
+            z=values,
+            x=np.arange(num_heads),
+            y=np.arange(num_layers),
+            colorscale=NORM_SCALE,
+            colorbar=dict(title=dict(text=colorbar_title, side="right"), thickness=12),
+            hovertemplate="layer %{y}, head %{x}<br>%{z:.4g}<extra></extra>",
+        )
+    )
+    cells_l, cells_h = np.divmod(np.arange(num_layers * num_heads), num_heads)
+    fig.add_trace(
+        go.Scatter(
+            x=cells_h,
+            y=cells_l,
+            mode="markers",
+            marker=dict(size=14, opacity=0.0, symbol="square"),
+            customdata=np.stack([cells_l, cells_h], axis=1),
+            hovertemplate="layer %{customdata[0]}, head %{customdata[1]}: click to open<extra></extra>",
+            showlegend=False,
+        )
+    )
+    if marked is not None:
+        fig.add_shape(
+            type="rect",
+            x0=marked[1] - 0.5,
+            x1=marked[1] + 0.5,
+            y0=marked[0] - 0.5,
+            y1=marked[0] + 0.5,
+            line=dict(color="#00e5ff", width=3),
+        )
+    fig.update_layout(
+        title=title,
+        xaxis=dict(title="head", dtick=1),
+        yaxis=dict(title="layer", dtick=1, autorange="reversed"),
+        height=min(600, 120 + 28 * num_layers),
+        margin=_MARGIN,
+        clickmode="event+select",
+        dragmode=False,
+    )
+    return fig
+
+
+def distance_depth_figure(distances: np.ndarray, *, image_px: int) -> go.Figure:
+    """Mean attention distance per head against depth (ViT paper, Figure 7 right)."""
+    num_layers, num_heads = distances.shape
+    fig = go.Figure()
+    for h in range(num_heads):
+        fig.add_trace(
+            go.Scatter(
+                x=np.arange(num_layers),
+                y=distances[:, h],
+                mode="markers",
+                name=f"head {h}",
+                marker=dict(size=8),
+                hovertemplate=f"head {h}<br>layer %{{x}}<br>%{{y:.1f}} px<extra></extra>",
+            )
+        )
+    fig.update_layout(
+        title="Mean attention distance by depth (one point per head)",
+        xaxis=dict(title="network depth (layer)", dtick=1),
+        yaxis=dict(title="mean attention distance (pixels)", range=[0, image_px]),
+        height=420,
+        margin=_MARGIN,
+    )
+    return fig
+
+
+def position_similarity_figure(similarity: np.ndarray, grid: tuple[int, int], *, max_tiles: int = 16) -> go.Figure:
+    """ViT paper Figure 7 (centre): tile (r, c) shows the cosine similarity of position (r, c) to all others.
+
+    Tiles are laid out on the position grid; for grids wider than ``max_tiles`` every
+    k-th position is shown (each tile stays at full resolution).
+    """
+    g_rows, g_cols = grid
+    step = max(1, -(-max(g_rows, g_cols) // max_tiles))
+    rows, cols = list(range(0, g_rows, step)), list(range(0, g_cols, step))
+    gap = 1
+    big = np.full((len(rows) * (g_rows + gap), len(cols) * (g_cols + gap)), np.nan)
+    custom = np.full((*big.shape, 4), -1, dtype=np.int64)
+    for i, r in enumerate(rows):
+        for j, c in enumerate(cols):
+            tile = similarity[r * g_cols + c].reshape(g_rows, g_cols)
+            y0, x0 = i * (g_rows + gap), j * (g_cols + gap)
+            big[y0 : y0 + g_rows, x0 : x0 + g_cols] = tile
+            rr, cc = np.meshgrid(np.arange(g_rows), np.arange(g_cols), indexing="ij")
+            custom[y0 : y0 + g_rows, x0 : x0 + g_cols] = np.stack(
+                [np.full_like(rr, r), np.full_like(rr, c), rr, cc], -1
+            )
+    fig = go.Figure(
+        go.Heatmap(
+            z=big,
+            zmin=-1,
+            zmax=1,
+            colorscale=SIMILARITY_SCALE,
+            customdata=custom,
+            hovertemplate="tile: position (%{customdata[0]}, %{customdata[1]})<br>vs (%{customdata[2]}, %{customdata[3]}): %{z:.3f}<extra></extra>",
+            colorbar=dict(title=dict(text="cosine similarity (raw)", side="right"), thickness=12),
+            hoverongaps=False,
+        )
+    )
+    sub = "" if step == 1 else f" (every {step}th position shown)"
+    fig.update_layout(
+        title=f"Position embedding similarity, {g_rows} x {g_cols} positions{sub}",
+        xaxis=dict(visible=False, constrain="domain"),
+        yaxis=dict(visible=False, autorange="reversed", scaleanchor="x"),
+        height=640,
+        margin=_MARGIN,
+    )
+    return fig
+
+
+def _tile_rgb(component: np.ndarray) -> np.ndarray:
+    """(C, p, p) -> (p, p, 3) uint8, scaled per tile to its own min/max."""
+    c = component if component.shape[0] == 3 else np.repeat(component[:1], 3, axis=0)
+    lo, hi = float(c.min()), float(c.max())
+    scaled = (c - lo) / (hi - lo) if hi > lo else np.zeros_like(c)
+    return (np.transpose(scaled, (1, 2, 0)) * 255).round().astype(np.uint8)
+
+
+def patch_components_figure(
+    components: np.ndarray, explained: np.ndarray, *, cols: int = 7, scale: int = 4
+) -> go.Figure:
+    """ViT paper Figure 7 (left): principal components of the patch filters as RGB tiles (scaled per tile)."""
+    k, _, p, _ = components.shape
+    rows = -(-k // cols)
+    cell = p * scale + 2
+    canvas = np.full((rows * cell, cols * cell, 3), 255, np.uint8)
+    for i in range(k):
+        tile = np.kron(_tile_rgb(components[i]), np.ones((scale, scale, 1), np.uint8))
+        r, c = divmod(i, cols)
+        canvas[r * cell + 1 : r * cell + 1 + p * scale, c * cell + 1 : c * cell + 1 + p * scale] = tile
+    fig = go.Figure(go.Image(z=canvas, hoverinfo="skip"))
+    centres_r, centres_c = np.divmod(np.arange(k), cols)
+    fig.add_trace(
+        go.Scatter(
+            x=centres_c * cell + cell / 2,
+            y=centres_r * cell + cell / 2,
+            mode="markers",
+            marker=dict(opacity=0.0, size=20),
+            customdata=np.stack([np.arange(k), explained[:k] * 100], axis=1),
+            hovertemplate="component %{customdata[0]}<br>%{customdata[1]:.1f}% of variance<extra></extra>",
+            showlegend=False,
+        )
+    )
+    fig.update_layout(
+        title=f"First {k} principal components of the patch-embedding filters (each tile scaled to its own range)",
+        margin=_MARGIN,
+        height=int(rows * cell * 2.2 + 60),
+    )
+    _image_axes(fig, rows * cell, cols * cell)
+    return fig
+
+
+def token_norms_figure(norms: np.ndarray, token_kinds: Sequence[str]) -> go.Figure:
+    """Residual-stream norm of every token after each layer (row 0 = embeddings)."""
+    labels = [k if k != "patch" else f"p{i}" for i, k in enumerate(token_kinds)]
+    fig = go.Figure(
+        go.Heatmap(
+            z=norms,
+            x=np.arange(norms.shape[1]),
+            y=np.arange(norms.shape[0]),
+            colorscale=NORM_SCALE,
+            customdata=np.broadcast_to(np.array(labels, dtype=object), norms.shape),
+            hovertemplate="after layer %{y}<br>token %{x} (%{customdata})<br>norm %{z:.3g}<extra></extra>",
+            colorbar=dict(title=dict(text="L2 norm (raw)", side="right"), thickness=12),
+        )
+    )
+    fig.update_layout(
+        title="Token norms through the network (row 0: embeddings; high-norm outliers stand out)",
+        xaxis=dict(title="token (prefix tokens first)"),
+        yaxis=dict(title="layer", autorange="reversed", dtick=1),
+        height=min(520, 140 + 24 * norms.shape[0]),
+        margin=_MARGIN,
+    )
+    return fig
