@@ -12,7 +12,8 @@ from pages import common
 from vitviz.errors import VitvizError
 from vitviz.images import MAX_BYTES, read_image
 
-st.set_page_config(page_title="vitviz", page_icon="🔍", layout="wide")
+common.leave_folder_mode()
+st.set_page_config(page_title="vitviz", page_icon=":material/visibility:", layout="wide")
 common.init_state()
 ss = st.session_state
 
@@ -111,17 +112,17 @@ def size_ui() -> None:
 
 
 with st.sidebar:
-    st.title("🔍 vitviz")
+    st.title("vitviz")
     model_ui()
     image_ui()
     size_ui()
 
 pages = [
-    st.Page("pages/overview.py", title="Image & predictions", icon="🖼️", default=True),
-    st.Page("pages/heads.py", title="Heads", icon="🎯"),
-    st.Page("pages/layers.py", title="Layers & rollout", icon="🧱"),
-    st.Page("pages/positions.py", title="Position embeddings", icon="🧭"),
-    st.Page("pages/embedding.py", title="Patch embedding & norms", icon="🧩"),
+    st.Page("pages/overview.py", title="Image & predictions", icon=":material/image:", default=True),
+    st.Page("pages/heads.py", title="Heads", icon=":material/grid_view:"),
+    st.Page("pages/layers.py", title="Layers & rollout", icon=":material/layers:"),
+    st.Page("pages/positions.py", title="Position embeddings", icon=":material/explore:"),
+    st.Page("pages/embedding.py", title="Patch embedding & norms", icon=":material/extension:"),
 ]
 page = st.navigation(pages)
 try:

@@ -109,6 +109,22 @@ def get_relevance(
     return explain_classes(get_model(model_name), image, [class_index], size=size)[class_index]
 
 
+def leave_folder_mode() -> None:
+    """Leave Streamlit's legacy folder-based multipage mode before drawing anything.
+
+    With a ``pages/`` folder beside the main script, the first run in a fresh server
+    process (and every AppTest run) goes through that legacy mode until
+    ``st.navigation`` is called; widgets of that run get other ids, so a file
+    uploaded right after a restart was silently lost. Switching the flag off and
+    rerunning makes every drawn run a normal ``st.navigation`` run.
+    """
+    from streamlit.runtime.pages_manager import PagesManager
+
+    if PagesManager.uses_pages_directory:
+        PagesManager.uses_pages_directory = False
+        st.rerun()
+
+
 def init_state() -> None:
     for key, value in DEFAULTS.items():
         if key not in st.session_state:
@@ -172,6 +188,7 @@ def current() -> Current | None:
 
 
 def require_current() -> Current:
+    leave_folder_mode()  # a page reached directly as a server's first request
     cur = current()
     if cur is None:
         st.stop()

@@ -14,26 +14,6 @@ APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PAGES = ["pages/overview.py", "pages/heads.py", "pages/layers.py", "pages/positions.py", "pages/embedding.py"]
 
 
-@pytest.fixture(autouse=True)
-def _navigation_v2(monkeypatch):
-    """Run every AppTest rerun as the real server does after its first run.
-
-    AppTest resets ``PagesManager.uses_pages_directory`` before each run, so an app
-    with a ``pages/`` folder falls back to Streamlit's old folder-based multipage
-    mode, which runs the page file alone (no sidebar). A running server clears the
-    flag for good at the first ``st.navigation`` call.
-    """
-    from streamlit.runtime.pages_manager import PagesManager
-
-    original = PagesManager.__init__
-
-    def init(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        PagesManager.uses_pages_directory = False
-
-    monkeypatch.setattr(PagesManager, "__init__", init)
-
-
 def _app(page: str | None = None) -> AppTest:
     at = AppTest.from_file(APP, default_timeout=120)
     at.run()

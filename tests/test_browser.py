@@ -1,0 +1,147 @@
+"""End to end in a real browser: Debian's Chromium driven by Playwright against `streamlit run app.py`."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+OUTPUT = ROOT / "test-output"
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+if not Path(CHROMIUM).exists():
+    if os.environ.get("CI"):
+        raise RuntimeError("CI needs Debian's chromium at /usr/bin/chromium (apt-get install -y chromium)")
+    pytest.skip("Debian's chromium is not installed", allow_module_level=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = _free_port()
+    log = open(OUTPUT.mkdir(exist_ok=True) or OUTPUT / "streamlit.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.address", "127.0.0.1",
+         "--server.port", str(port), "--server.headless", "true", "--server.fileWatcherType", "none"],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            try:
+                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).status == 200:
+                    break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            raise RuntimeError("streamlit did not start; see test-output/streamlit.log")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield b
+        b.close()
+
+
+PLOTS = "[data-testid='stPlotlyChart'] .js-plotly-plot"
+
+
+def _plot_state(page) -> list:
+    """Title and heatmap data of every Plotly figure on the page, read from the DOM."""
+    return page.evaluate(
+        f"""() => Array.from(document.querySelectorAll("{PLOTS}")).map(el => ({{
+            title: (el.layout && el.layout.title && el.layout.title.text) || "",
+            z: (el.data || []).filter(t => t.type === "heatmap").map(t => t.z)
+        }}))"""
+    )
+
+
+def _wait_for_title(page, words: str, timeout: float = 60) -> dict:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for fig in _plot_state(page):
+            if words in fig["title"]:
+                return fig
+        page.wait_for_timeout(250)
+    raise AssertionError(f"no figure titled with {words!r}; titles: {[f['title'] for f in _plot_state(page)]}")
+
+
+def _settle(page) -> None:
+    page.wait_for_timeout(300)
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
+    page.wait_for_timeout(300)
+
+
+def test_upload_layer_change_and_patch_click(server, browser, tmp_path):
+    page = browser.new_page(viewport={"width": 1500, "height": 1100})
+    page.goto(server)
+    _wait_for_title(page, "Top predictions", timeout=90)
+    _settle(page)  # a widget swapped in by a still-running script would drop the upload
+
+    photo = ROOT / "assets" / "examples" / "cat-chelsea.jpg"
+    page.get_by_test_id("stFileUploaderDropzoneInput").set_input_files(str(photo))
+    sidebar = page.get_by_test_id("stSidebar")
+    deadline = time.time() + 60
+    while "Showing cat-chelsea.jpg" not in sidebar.inner_text():
+        assert time.time() < deadline, sidebar.inner_text()
+        page.wait_for_timeout(250)
+    _wait_for_title(page, "12 x 12 patches")
+
+    page.get_by_role("link", name="Heads").click()
+    first = _wait_for_title(page, "Layer 3, head 0: where CLS looks")
+    _settle(page)
+
+    slider = page.get_by_test_id("stSlider").filter(has_text="Layer").get_by_role("slider")
+    slider.focus()
+    slider.press("Home")  # layer 0
+    after_layer = _wait_for_title(page, "Layer 0, head 0: where CLS looks")
+    assert after_layer["z"] != first["z"]
+    _settle(page)
+
+    plot = page.locator(PLOTS).filter(has=page.locator("text=Layer 0, head 0")).first
+    box = plot.locator(".nsewdrag").first.bounding_box()
+    page.mouse.click(box["x"] + box["width"] * 0.3, box["y"] + box["height"] * 0.6)
+    clicked = _wait_for_title(page, "Layer 0, head 0: where patch (")
+    assert clicked["z"] != after_layer["z"]
+    _settle(page)
+
+    OUTPUT.mkdir(exist_ok=True)
+    page.screenshot(path=str(OUTPUT / "heads-page.png"), full_page=True)
+    (OUTPUT / "browser-titles.json").write_text(json.dumps([f["title"] for f in _plot_state(page)], indent=1))
+    assert not page.locator("[data-testid='stException']").count()
+    page.close()

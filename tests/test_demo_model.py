@@ -1,0 +1,56 @@
+"""The bundled demo model: small, safetensors, and good enough that its attention means something."""
+
+import json
+
+import numpy as np
+from PIL import Image
+
+from vitviz import demo_data
+from vitviz.capture import capture_batch
+from vitviz.demo_model import DEMO_DIR, peak_in_box, train_demo
+from vitviz.models import load_model
+from vitviz.rollout import rollout
+
+# Seeds far from the training images (0..40 000) and from train-demo's own held-out set.
+HELD_OUT = range(5_000_000, 5_000_400)
+
+
+def test_files_are_small_safe_and_labelled():
+    files = {p.name for p in DEMO_DIR.iterdir()}
+    assert {"config.json", "model.safetensors", "preprocessor_config.json"} <= files
+    assert not any(f.endswith((".bin", ".pt", ".pth", ".pkl")) for f in files)
+    assert sum(p.stat().st_size for p in DEMO_DIR.iterdir()) <= 10 * 1024 * 1024
+    cfg = json.loads((DEMO_DIR / "config.json").read_text())
+    assert list(cfg["id2label"].values()) == list(demo_data.CLASSES)
+
+
+def test_accuracy_and_rollout_peak_in_box_on_fresh_held_out_set(demo_model):
+    images, labels, boxes = demo_data.make_batch(HELD_OUT)
+    caps = []
+    for i in range(0, len(images), 100):
+        caps += capture_batch(demo_model, [Image.fromarray(a) for a in images[i : i + 100]])
+    predicted = np.array([c.predictions[0].index for c in caps])
+    accuracy = float((predicted == labels).mean())
+    hits = [
+        peak_in_box(rollout(c.attentions, num_prefix_tokens=1)[1:].reshape(c.grid), tuple(b), c.patch_size)
+        for c, b in zip(caps, boxes, strict=True)
+    ]
+    in_box = float(np.mean(hits))
+    print(f"demo model on {len(caps)} fresh images: accuracy {accuracy:.3f}, rollout peak in box {in_box:.3f}")
+    assert accuracy >= 0.95
+    assert in_box >= 0.90
+
+
+def test_peak_in_box_rule():
+    grid = np.zeros((4, 4))
+    grid[1, 2] = 1.0  # centre of that 8 px patch: (20, 12)
+    assert peak_in_box(grid, (16, 8, 24, 16), 8)
+    assert not peak_in_box(grid, (0, 0, 20, 12), 8)  # x1 / y1 are exclusive
+
+
+def test_train_demo_writes_a_loadable_checkpoint(tmp_path):
+    score = train_demo(tmp_path, steps=2, train_images=64, log=lambda *_: None)
+    assert 0.0 <= score.accuracy <= 1.0 and score.n == 500
+    loaded = load_model(str(tmp_path))
+    assert loaded.patch_size == 8 and loaded.id2label[4] == "star"
+    assert json.loads((tmp_path / "training.json").read_text())["steps"] == 2
