@@ -203,6 +203,8 @@ def clicked_point(event) -> list | None:
         return None
     for point in points or []:
         data = point.get("customdata")
+        if isinstance(data, dict):  # the browser sends numpy-array rows as {"0": .., "1": ..}
+            data = [data[k] for k in sorted(data, key=int)]
         if data is not None:
             return list(data)
     return None

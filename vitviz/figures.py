@@ -49,15 +49,19 @@ def _image_axes(fig: go.Figure, h: int, w: int, **where) -> None:
     fig.update_yaxes(visible=False, range=[h, 0], scaleanchor=(where.get("col") and f"x{where['col']}") or "x", **where)
 
 
-def _patch_targets(grid: tuple[int, int], patch: int, prefix: int, hover: str) -> go.Scatter:
+def _patch_targets(
+    grid: tuple[int, int], patch: int, prefix: int, hover: str, values: np.ndarray | None = None
+) -> go.Scatter:
+    """Invisible markers on patch centres: the only hover/click targets (heatmaps cannot be selected)."""
     gh, gw = grid
     rows, cols = np.divmod(np.arange(gh * gw), gw)
+    vals = np.zeros(gh * gw) if values is None else np.asarray(values, dtype=np.float64).ravel()
     return go.Scatter(
         x=(cols + 0.5) * patch,
         y=(rows + 0.5) * patch,
         mode="markers",
         marker=dict(size=max(4, min(24, 400 // max(gh, gw))), opacity=0.0, symbol="square"),
-        customdata=np.stack([prefix + np.arange(gh * gw), rows, cols], axis=1),
+        customdata=np.stack([prefix + np.arange(gh * gw), rows, cols, vals], axis=1),
         hovertemplate=hover,
         name="patches",
         showlegend=False,
@@ -118,10 +122,7 @@ def map_figure(
             colorscale=colorscale,
             opacity=opacity if image is not None else 1.0,
             colorbar=dict(title=dict(text=colorbar_title, side="right"), thickness=12),
-            hovertemplate="row %{y:.0f}, col %{x:.0f}<br>value %{z:.4g}<extra></extra>".replace(
-                "%{y:.0f}", "%{customdata[0]}"
-            ).replace("%{x:.0f}", "%{customdata[1]}"),
-            customdata=np.stack(np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij"), axis=-1),
+            hoverinfo="skip",
         )
     )
     fig.add_trace(
@@ -129,7 +130,8 @@ def map_figure(
             (gh, gw),
             patch_size,
             num_prefix_tokens,
-            "click: patch (row %{customdata[1]}, col %{customdata[2]})<extra></extra>",
+            "patch (row %{customdata[1]}, col %{customdata[2]}): %{customdata[3]:.4g}<br>click to make it the query<extra></extra>",
+            grid_map,
         )
     )
     if marked is not None:
@@ -142,7 +144,7 @@ def map_figure(
             y1=(r + 1) * patch_size,
             line=dict(color="#00e5ff", width=3),
         )
-    fig.update_layout(title=title, margin=_MARGIN, height=height, clickmode="event+select", dragmode=False)
+    fig.update_layout(title=title, margin=_MARGIN, height=height)
     _image_axes(fig, h, w)
     return fig
 
