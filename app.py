@@ -50,6 +50,7 @@ def model_ui() -> None:
         ss.model_name = name
         ss.input_size = None
         ss.layer = None
+        ss.class_index = None
 
 
 def image_ui() -> None:

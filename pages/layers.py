@@ -69,7 +69,7 @@ with right:
     if not cur.model.has_classifier:
         st.info("Class-specific relevance needs a classifier; this checkpoint is a backbone.")
     else:
-        cls = ss.class_index if ss.class_index is not None else cap.predictions[0].index
+        cls = ss.class_index if ss.class_index in cur.model.id2label else cap.predictions[0].index
         try:
             with st.spinner("Computing gradients for the relevance map…"):
                 exp = common.get_relevance(*cur.key, cls, cur.image_bytes)

@@ -4,6 +4,7 @@ import streamlit as st
 
 from pages import common
 from vitviz import figures
+from vitviz.capture import predictions_from_logits
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
@@ -20,11 +21,15 @@ with left:
 with right:
     if cap.predictions:
         st.plotly_chart(figures.predictions_figure(cap.predictions), key="predictions")
-        labels = {p.index: f"{p.label} ({p.probability:.1%})" for p in cap.predictions}
+        ranked = predictions_from_logits(cap.logits, cur.model.id2label)  # every class, most probable first
+        labels = {p.index: f"{p.label} ({p.probability:.1%})" for p in ranked}
         if ss.class_index not in labels:
-            ss.class_index = cap.predictions[0].index
+            ss.class_index = ranked[0].index
         st.selectbox(
-            "Class for the class-specific views", list(labels), format_func=labels.get, **common.keep("class_index")
+            "Class for the class-specific views (any class; most probable first)",
+            list(labels),
+            format_func=labels.get,
+            **common.keep("class_index"),
         )
     else:
         st.info(

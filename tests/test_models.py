@@ -1,5 +1,6 @@
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -121,3 +122,26 @@ def test_pick_device_falls_back_to_cpu():
 def test_float16_on_cpu_is_refused(tiny_dirs):
     with pytest.raises(ModelLoadError, match="GPU"):
         load_model(str(tiny_dirs["vit"]), device="cpu", dtype="float16")
+
+
+def test_hub_id_loads_from_the_local_cache_without_network(monkeypatch, tmp_path):
+    """A hub id that sits in the Hugging Face cache loads offline, through from_pretrained's cache lookup."""
+    import shutil
+    import uuid
+
+    from huggingface_hub import constants
+
+    repo = f"vitviz-test/tiny-vit-{uuid.uuid4().hex[:8]}"
+    root = Path(constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    try:
+        save_tiny("vit", root / "snapshots" / commit)
+        (root / "refs").mkdir(parents=True)
+        (root / "refs" / "main").write_text(commit)
+        monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # no hub: only the cache can answer
+        start = time.perf_counter()
+        loaded = load_model(repo)
+        assert time.perf_counter() - start < 10
+        assert loaded.source == repo and loaded.id2label[1] == "one"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -24,6 +24,7 @@ __all__ = [
     "input_size_for",
     "estimate_capture_bytes",
     "check_budget",
+    "predictions_from_logits",
     "preprocess",
     "forward",
     "capture",
@@ -184,7 +185,10 @@ def forward(loaded: LoadedModel, pixels: torch.Tensor):
     return out
 
 
-def _predictions(logits: np.ndarray, id2label: dict[int, str], k: int) -> tuple[Prediction, ...]:
+def predictions_from_logits(
+    logits: np.ndarray, id2label: dict[int, str], k: int | None = None
+) -> tuple[Prediction, ...]:
+    """Classes ranked by softmax probability (all of them when ``k`` is None): ``(C,) -> k predictions``."""
     z = logits.astype(np.float64)
     probs = np.exp(z - z.max())
     probs /= probs.sum()
@@ -237,7 +241,7 @@ def capture_batch(
             attentions=attn[i],
             image=resized[i],
             logits=None if logits is None else logits[i],
-            predictions=() if logits is None else _predictions(logits[i], loaded.id2label, top_k),
+            predictions=() if logits is None else predictions_from_logits(logits[i], loaded.id2label, top_k),
             position_embeddings=loaded.position_embeddings,
             position_grid=loaded.position_grid,
             position_note=loaded.position_note,

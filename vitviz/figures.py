@@ -354,26 +354,31 @@ def position_similarity_figure(similarity: np.ndarray, grid: tuple[int, int], *,
     rows, cols = list(range(0, g_rows, step)), list(range(0, g_cols, step))
     gap = 1
     big = np.full((len(rows) * (g_rows + gap), len(cols) * (g_cols + gap)), np.nan)
-    custom = np.full((*big.shape, 4), -1, dtype=np.int64)
     for i, r in enumerate(rows):
         for j, c in enumerate(cols):
-            tile = similarity[r * g_cols + c].reshape(g_rows, g_cols)
             y0, x0 = i * (g_rows + gap), j * (g_cols + gap)
-            big[y0 : y0 + g_rows, x0 : x0 + g_cols] = tile
-            rr, cc = np.meshgrid(np.arange(g_rows), np.arange(g_cols), indexing="ij")
-            custom[y0 : y0 + g_rows, x0 : x0 + g_cols] = np.stack(
-                [np.full_like(rr, r), np.full_like(rr, c), rr, cc], -1
-            )
+            big[y0 : y0 + g_rows, x0 : x0 + g_cols] = similarity[r * g_cols + c].reshape(g_rows, g_cols)
     fig = go.Figure(
         go.Heatmap(
             z=big,
             zmin=-1,
             zmax=1,
             colorscale=SIMILARITY_SCALE,
-            customdata=custom,
-            hovertemplate="tile: position (%{customdata[0]}, %{customdata[1]})<br>vs (%{customdata[2]}, %{customdata[3]}): %{z:.3f}<extra></extra>",
+            hoverinfo="skip",
             colorbar=dict(title=dict(text="cosine similarity (raw)", side="right"), thickness=12),
             hoverongaps=False,
+        )
+    )
+    tile_r, tile_c = np.meshgrid(np.arange(len(rows)), np.arange(len(cols)), indexing="ij")
+    fig.add_trace(
+        go.Scatter(  # one invisible click target per tile (heatmap cells cannot be selected)
+            x=(tile_c.ravel() * (g_cols + gap) + (g_cols - 1) / 2),
+            y=(tile_r.ravel() * (g_rows + gap) + (g_rows - 1) / 2),
+            mode="markers",
+            marker=dict(size=max(6, 480 // max(len(rows), len(cols))), opacity=0.0, symbol="square"),
+            customdata=np.stack([np.array(rows)[tile_r.ravel()], np.array(cols)[tile_c.ravel()]], axis=1),
+            hovertemplate="position (%{customdata[0]}, %{customdata[1]}): click to see it large<extra></extra>",
+            showlegend=False,
         )
     )
     sub = "" if step == 1 else f" (every {step}th position shown)"
