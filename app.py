@@ -10,7 +10,7 @@ import streamlit as st
 
 from pages import common
 from vitviz.errors import VitvizError
-from vitviz.images import MAX_BYTES, read_image
+from vitviz.images import read_image
 
 common.leave_folder_mode()
 st.set_page_config(page_title="vitviz", page_icon=":material/visibility:", layout="wide")
@@ -62,13 +62,13 @@ def image_ui() -> None:
     upload = st.file_uploader(
         "…or upload your own",
         type=["png", "jpg", "jpeg", "webp", "bmp", "gif", "tif", "tiff"],
-        help=f"PNG, JPEG, WebP, BMP, GIF or TIFF, up to {MAX_BYTES // 2**20} MB.",
+        help=f"PNG, JPEG, WebP, BMP, GIF or TIFF, up to {common.upload_limit() // 2**20} MB.",
     )
     if upload is not None:
         data = upload.getvalue()
         if common.digest(data) != ss.get("last_upload"):
             try:
-                intake = read_image(data)
+                intake = read_image(data, max_bytes=common.upload_limit())
             except VitvizError as exc:
                 st.error(f"{upload.name}: {exc} The previous image is still shown.")
                 return
@@ -102,7 +102,7 @@ def size_ui() -> None:
     width = side
     if keep:
         try:
-            img = read_image(ss.image_bytes).image
+            img = read_image(ss.image_bytes, max_bytes=common.upload_limit()).image
             width = max(p, round(side * img.width / img.height / p) * p)
         except VitvizError:
             pass

@@ -4,9 +4,10 @@ All computing happens in ``vitviz``; this module only caches its results and
 reads widgets. Caching rules:
 
 * models: ``st.cache_resource`` (one copy shared by every session; read-only after loading);
-* captures: ``st.cache_resource`` too, keyed by (model, image digest, input size). A
-  ``Capture`` is a frozen record of read-only arrays, so sharing it is safe and
-  avoids copying ~10 MB through pickle on every rerun, as ``st.cache_data`` would;
+* captures: one server-wide :class:`vitviz.cache.BoundedCache` (bounded in entries and
+  bytes), keyed by (model, image digest, input size). A ``Capture`` is a frozen
+  record of read-only arrays, so sharing it is safe and avoids copying ~10 MB
+  through pickle on every rerun, as ``st.cache_data`` would;
 * derived analyses (summaries, position similarity): cached per capture the same way.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +23,7 @@ import numpy as np
 import streamlit as st
 
 from vitviz import capture as vcapture
+from vitviz.cache import BoundedCache
 from vitviz.embeddings import patch_components, position_similarity
 from vitviz.errors import VitvizError
 from vitviz.images import read_image
@@ -63,12 +66,28 @@ def get_model(name: str) -> LoadedModel:
     return load_model(name)
 
 
-@st.cache_resource(max_entries=32, show_spinner=False)
+CAPTURE_CACHE_MB = int(os.environ.get("VITVIZ_CAPTURE_CACHE_MB", "1024"))
+
+
+@st.cache_resource(show_spinner=False)
+def capture_cache() -> BoundedCache:
+    """One cache for the whole server, bounded in entries and in bytes."""
+    return BoundedCache(max_entries=32, max_bytes=CAPTURE_CACHE_MB * 2**20, size_of=lambda cap: cap.nbytes)
+
+
 def get_capture(
-    model_name: str, image_digest: str, size: tuple[int, int] | None, _image_bytes: bytes
+    model_name: str, image_digest: str, size: tuple[int, int] | None, image_bytes: bytes
 ) -> vcapture.Capture:
-    image = read_image(_image_bytes).image
-    return vcapture.capture(get_model(model_name), image, size=size)
+    def compute() -> vcapture.Capture:
+        image = read_image(image_bytes, max_bytes=upload_limit()).image
+        return vcapture.capture(get_model(model_name), image, size=size)
+
+    return capture_cache().get_or_compute((model_name, image_digest, size), compute)
+
+
+def upload_limit() -> int:
+    """The upload size limit of ``.streamlit/config.toml`` in bytes, applied to every image read."""
+    return int(st.get_option("server.maxUploadSize")) * 2**20
 
 
 @dataclass(frozen=True)
@@ -105,7 +124,7 @@ def get_patch_components(model_name: str):
 def get_relevance(
     model_name: str, image_digest: str, size: tuple[int, int] | None, class_index: int, _image_bytes: bytes
 ):
-    image = read_image(_image_bytes).image
+    image = read_image(_image_bytes, max_bytes=upload_limit()).image
     return explain_classes(get_model(model_name), image, [class_index], size=size)[class_index]
 
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 from conftest import EXPECTED_PREFIX, FAMILY_KEYS, random_image
 
-from vitviz.capture import capture, capture_batch, estimate_capture_bytes, input_size_for, preprocess
+from vitviz.capture import capture, capture_batch, check_budget, estimate_capture_bytes, input_size_for, preprocess
 from vitviz.errors import BudgetError, CaptureError
 
 
@@ -134,3 +134,76 @@ def test_nothing_captured_raises(tiny_dirs):
     loaded.model.set_attn_implementation("sdpa")  # a private copy: simulate fused attention
     with pytest.raises(CaptureError, match="eager"):
         capture(loaded, random_image(0))
+
+
+def test_sixteen_concurrent_analyses_equal_the_ones_computed_alone(tiny_models):
+    from concurrent.futures import ThreadPoolExecutor
+
+    loaded = tiny_models["deit"]
+    images = [random_image(100 + i, size=(40 + i, 32 + 2 * i)) for i in range(16)]
+    alone = [capture(loaded, img, attention_dtype="float32") for img in images]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        together = list(pool.map(lambda img: capture(loaded, img, attention_dtype="float32"), images * 2))
+    for i, cap in enumerate(together):
+        ref = alone[i % 16]
+        np.testing.assert_allclose(cap.attentions, ref.attentions, atol=1e-6)
+        np.testing.assert_allclose(cap.logits, ref.logits, atol=1e-5)
+        assert cap.token_norms.shape == ref.token_norms.shape
+
+
+def test_failure_halfway_leaves_no_hook_and_next_call_is_correct(tiny_dirs):
+    from vitviz.models import load_model
+
+    loaded = load_model(str(tiny_dirs["vit"]))
+    img = random_image(9)
+    expected = capture(loaded, img, attention_dtype="float32")
+    hooks = _hook_count(loaded.model)
+    second_layer = loaded.base_model.layers[1]
+    original = second_layer.forward
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated failure in layer 1")
+
+    second_layer.forward = broken
+    try:
+        with pytest.raises(RuntimeError, match="simulated"):
+            capture(loaded, img)
+    finally:
+        second_layer.forward = original
+    assert _hook_count(loaded.model) == hooks
+    again = capture(loaded, img, attention_dtype="float32")
+    np.testing.assert_array_equal(again.attentions, expected.attentions)
+
+
+def test_model_with_no_attention_layers_is_named(tmp_path):
+    from transformers import ViTConfig, ViTModel
+
+    from vitviz.models import load_model
+
+    cfg = ViTConfig(
+        hidden_size=16, num_hidden_layers=0, num_attention_heads=2, intermediate_size=32, image_size=16, patch_size=8
+    )
+    ViTModel(cfg).save_pretrained(tmp_path, safe_serialization=True)
+    with pytest.raises(CaptureError, match="no attention weights"):
+        capture(load_model(str(tmp_path)), random_image(0))
+
+
+def test_dinov2_base_shape_at_518_fits_the_default_budget(tmp_path):
+    """ViT-B-sized DINOv2 at 518 px (T = 1370): within 2 GiB, stored as float16."""
+    from transformers import Dinov2Config, Dinov2Model
+
+    from vitviz.models import load_model
+
+    torch.manual_seed(0)
+    Dinov2Model(Dinov2Config(image_size=518, patch_size=14)).save_pretrained(tmp_path, safe_serialization=True)
+    loaded = load_model(str(tmp_path))
+    need = estimate_capture_bytes(12, 12, 1370)
+    assert need < 2 * 1024**3
+    cap = capture(loaded, random_image(0, size=(600, 500)), size=518)
+    assert cap.num_tokens == 1370 and cap.grid == (37, 37)
+    assert cap.attention_precision == "float16"
+    assert cap.attentions.nbytes == need // 2
+    with pytest.raises(BudgetError):
+        capture(loaded, random_image(0), size=518, budget_bytes=need - 1)
+    with pytest.raises(BudgetError, match="smaller input size"):  # gradients double it past 2 GiB
+        check_budget(loaded, (518, 518), batch=1, gradients=True, budget=2 * 1024**3)

@@ -98,3 +98,57 @@ def test_load_image_paths(tmp_path):
     assert load_image(p).size == (30, 20)
     with pytest.raises(ImageError, match="Cannot read"):
         load_image(tmp_path / "nope.png")
+
+
+# Property-based: whatever bytes arrive, the result is an RGB image or an ImageError.
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as hst  # noqa: E402
+
+_SEEDS = {
+    "PNG": _encode(RGB, "PNG"),
+    "JPEG": _encode(RGB, "JPEG"),
+    "WEBP": _encode(RGB, "WEBP"),
+    "GIF": _encode(RGB.convert("P"), "GIF"),
+    "PNG-RGBA": _encode(RGB.convert("RGBA"), "PNG"),
+    "TIFF-16": _encode(Image.fromarray(np.arange(600, dtype=np.uint16).reshape(20, 30)), "TIFF"),
+}
+
+
+@hst.composite
+def mutated_images(draw):
+    data = bytearray(draw(hst.sampled_from(sorted(_SEEDS.values(), key=len))))
+    for _ in range(draw(hst.integers(1, 8))):
+        op = draw(hst.sampled_from(["flip", "cut", "insert", "truncate", "header"]))
+        pos = draw(hst.integers(0, max(0, len(data) - 1)))
+        if op == "flip" and data:
+            data[pos] ^= draw(hst.integers(1, 255))
+        elif op == "cut":
+            del data[pos : pos + draw(hst.integers(1, 64))]
+        elif op == "insert":
+            data[pos:pos] = draw(hst.binary(min_size=1, max_size=32))
+        elif op == "truncate":
+            del data[pos:]
+        elif op == "header" and len(data) > 24:  # corrupt the width/height fields most formats keep early
+            data[16:24] = draw(hst.binary(min_size=8, max_size=8))
+    return bytes(data)
+
+
+def _check(data: bytes) -> None:
+    try:
+        out = read_image(data, max_pixels=4_000_000)
+    except ImageError as exc:
+        assert str(exc)
+    else:
+        assert out.image.mode == "RGB" and out.image.width >= 1 and out.image.height >= 1
+
+
+@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated_images())
+def test_mutated_images_never_escape(data):
+    _check(data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(hst.binary(max_size=2048))
+def test_random_bytes_never_escape(data):
+    _check(data)

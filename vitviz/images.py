@@ -70,6 +70,7 @@ def read_image(
     notes: list[str] = []
     try:
         with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # Pillow's notes on damaged metadata
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(data), formats=FORMATS)
             w, h = img.size

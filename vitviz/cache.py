@@ -1,0 +1,72 @@
+"""A thread-safe LRU cache bounded by entries *and* bytes, for captures shared between sessions.
+
+``st.cache_resource`` bounds only the number of entries; one DINOv2-base capture at
+518 px holds about 0.5 GB, so a count alone does not bound memory.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+__all__ = ["BoundedCache"]
+
+V = TypeVar("V")
+
+
+class BoundedCache(Generic[V]):
+    """Least-recently-used cache holding at most ``max_entries`` values and ``max_bytes`` bytes.
+
+    ``size_of(value)`` gives a value's size. A value larger than ``max_bytes`` is
+    returned but not kept. Concurrent calls for the same key compute it once.
+    """
+
+    def __init__(self, *, max_entries: int, max_bytes: int, size_of: Callable[[V], int]) -> None:
+        if max_entries < 1 or max_bytes < 1:
+            raise ValueError("a cache needs room for at least one entry and one byte")
+        self.max_entries, self.max_bytes, self._size_of = max_entries, max_bytes, size_of
+        self._data: OrderedDict[Hashable, tuple[V, int]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._key_locks: dict[Hashable, threading.Lock] = {}
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._data
+
+    def get_or_compute(self, key: Hashable, compute: Callable[[], V]) -> V:
+        with self._lock:
+            if key in self._data:
+                self._data.move_to_end(key)
+                return self._data[key][0]
+            key_lock = self._key_locks.setdefault(key, threading.Lock())
+        with key_lock:  # one computation per key; other keys proceed in parallel
+            with self._lock:
+                if key in self._data:
+                    self._data.move_to_end(key)
+                    return self._data[key][0]
+            value = compute()  # exceptions propagate and nothing is stored
+            self._store(key, value)
+        with self._lock:
+            self._key_locks.pop(key, None)
+        return value
+
+    def _store(self, key: Hashable, value: V) -> None:
+        size = int(self._size_of(value))
+        with self._lock:
+            if size > self.max_bytes:
+                return
+            self._data[key] = (value, size)
+            self.nbytes += size
+            while len(self._data) > self.max_entries or self.nbytes > self.max_bytes:
+                _, (_, old) = self._data.popitem(last=False)
+                self.nbytes -= old
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+            self.nbytes = 0
