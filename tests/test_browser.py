@@ -145,3 +145,46 @@ def test_upload_layer_change_and_patch_click(server, browser, tmp_path):
     (OUTPUT / "browser-titles.json").write_text(json.dumps([f["title"] for f in _plot_state(page)], indent=1))
     assert not page.locator("[data-testid='stException']").count()
     page.close()
+
+
+def _bars(page) -> list[float]:
+    return page.evaluate(
+        f"""() => Array.from(document.querySelectorAll("{PLOTS}"))
+            .filter(el => ((el.layout.title || {{}}).text || "").includes("Top predictions"))
+            .map(el => el.data[0].x)[0] || []"""
+    )
+
+
+def test_several_sessions_at_once_each_see_their_own_image(server, browser):
+    from vitviz.capture import capture
+    from vitviz.images import load_image
+    from vitviz.models import load_model
+
+    names = ["coffee.jpg", "rocket.jpg", "astronaut.jpg"]
+    demo = load_model("demo", device="cpu")
+    expected = {
+        n: sorted(p.probability for p in capture(demo, load_image(ROOT / "assets/examples" / n)).predictions)
+        for n in names
+    }
+    contexts = [browser.new_context(viewport={"width": 1400, "height": 1000}) for _ in names]
+    pages = [ctx.new_page() for ctx in contexts]
+    try:
+        for page in pages:
+            page.goto(server)
+        for page in pages:
+            _wait_for_title(page, "Top predictions", timeout=90)
+            _settle(page)
+        for page, name in zip(pages, names, strict=True):  # all uploads before any result is read
+            page.get_by_test_id("stFileUploaderDropzoneInput").set_input_files(str(ROOT / "assets" / "examples" / name))
+        for page, name in zip(pages, names, strict=True):
+            sidebar = page.get_by_test_id("stSidebar")
+            deadline = time.time() + 60
+            while f"Showing {name}" not in sidebar.inner_text() or sorted(_bars(page)) != pytest.approx(
+                expected[name], abs=1e-4
+            ):
+                assert time.time() < deadline, (name, _bars(page), expected[name])
+                page.wait_for_timeout(250)
+        assert len({tuple(round(v, 4) for v in expected[n]) for n in names}) == 3  # the images really differ
+    finally:
+        for ctx in contexts:
+            ctx.close()
