@@ -217,10 +217,14 @@ def capture_batch(
     pixels, resized = preprocess(loaded, images, hw)
     with torch.inference_mode():
         out = forward(loaded, pixels)
-        # Convert layer by layer so the full float32 stack never exists twice.
-        attn = np.stack([a.to(torch.float32).cpu().numpy().astype(attention_dtype) for a in out.attentions], axis=1)
         norms = torch.stack([h.float().norm(dim=-1) for h in out.hidden_states], dim=1).cpu().numpy()
         logits = out.logits.float().cpu().numpy() if loaded.has_classifier else None
+        layers = list(out.attentions)
+        del out  # from here each layer's float32 weights are freed as soon as they are converted
+        attn = np.empty((layers[0].shape[0], len(layers), *layers[0].shape[1:]), dtype=attention_dtype)
+        for i in range(len(layers)):
+            attn[:, i] = layers[i].to(torch.float32).cpu().numpy()
+            layers[i] = None
 
     fam = loaded.family
     prefix = fam.prefix_kinds(loaded.config)
