@@ -55,13 +55,9 @@ def test_overview_shows_patches_sequence_and_predictions():
 
 
 def _head_grid(at: AppTest) -> list:
-    figs = _figures(at)
-    grid = [
-        f
-        for f in figs
-        if sum(t["type"] == "heatmap" for t in f["data"]) == 4 and not any(t["type"] == "image" for t in f["data"])
-    ]
-    return [t["z"] for t in grid[0]["data"]]
+    """The z values of the small-multiples figure of all heads (tiles titled "head 0", ...)."""
+    grid = [f for f in _figures(at) if [a["text"] for a in f["layout"].get("annotations", [])][:1] == ["head 0"]]
+    return grid[0]["data"][0]["z"]
 
 
 def test_heads_layer_query_and_direction_change_the_maps():

@@ -44,13 +44,16 @@ def test_map_figure_places_the_map_on_the_image_and_marks_the_query():
     assert (rect.x0, rect.x1, rect.y0, rect.y1) == (8, 16, 16, 24)
 
 
-def test_small_multiples_share_one_scale():
+def test_small_multiples_tiles_share_one_scale():
     maps = np.random.default_rng(0).random((5, 2, 3))
     fig = figures.small_multiples_figure(maps, [f"h{i}" for i in range(5)], colorbar_title="raw", cols=3)
-    heats = _trace(fig, "heatmap")
-    assert len(heats) == 5
-    assert {h.zmin for h in heats} == {maps.min()} and {h.zmax for h in heats} == {maps.max()}
-    assert sum(bool(h.showscale) for h in heats) == 1
+    heat = _trace(fig, "heatmap")[0]
+    big = np.asarray(heat.z, dtype=float)
+    assert big.shape == (2 * 3 - 1, 3 * 4 - 1)
+    np.testing.assert_array_equal(big[3:5, 4:7], maps[4])  # tile 4: row 1, column 1
+    assert np.isnan(big[2]).all()  # gap row between the tile rows
+    assert (heat.zmin, heat.zmax) == (maps.min(), maps.max())
+    assert [a.text for a in fig.layout.annotations] == [f"h{i}" for i in range(5)]
 
 
 def test_token_sequence_prefix_first():

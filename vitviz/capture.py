@@ -223,7 +223,7 @@ def capture_batch(
         del out  # from here each layer's float32 weights are freed as soon as they are converted
         attn = np.empty((layers[0].shape[0], len(layers), *layers[0].shape[1:]), dtype=attention_dtype)
         for i in range(len(layers)):
-            attn[:, i] = layers[i].to(torch.float32).cpu().numpy()
+            attn[:, i] = layers[i].to(getattr(torch, attention_dtype)).cpu().numpy()  # torch casts faster
             layers[i] = None
 
     fam = loaded.family

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from vitviz.capture import Prediction
 
@@ -160,34 +159,40 @@ def small_multiples_figure(
     colorscale: str = ATTENTION_SCALE,
     tile_px: int = 170,
 ) -> go.Figure:
-    """``(K, gh, gw)`` maps as a grid of heatmaps on one shared colour scale (default: shared min/max)."""
-    k = len(maps)
+    """``(K, gh, gw)`` maps as a grid of tiles on one shared colour scale (default: shared min/max).
+
+    All tiles live in one heatmap with one-cell gaps: a single trace keeps the figure
+    fast to build and to draw (12 subplots cost ten times as much).
+    """
+    k, gh, gw = maps.shape
     cols = max(1, min(cols, k))
     rows = -(-k // cols)
-    zmin = float(np.min(maps)) if zmin is None else zmin
-    zmax = float(np.max(maps)) if zmax is None else zmax
-    fig = make_subplots(
-        rows=rows, cols=cols, subplot_titles=list(titles), horizontal_spacing=0.02, vertical_spacing=0.08 / rows * 2
-    )
+    big = np.full((rows * (gh + 1) - 1, cols * (gw + 1) - 1), np.nan)
     for i, m in enumerate(maps):
-        fig.add_trace(
-            go.Heatmap(
-                z=m,
-                zmin=zmin,
-                zmax=zmax,
-                colorscale=colorscale,
-                showscale=i == 0,
-                colorbar=dict(title=dict(text=colorbar_title, side="right"), thickness=12),
-                hovertemplate=f"{titles[i]}<br>row %{{y}}, col %{{x}}<br>value %{{z:.4g}}<extra></extra>",
-            ),
-            row=i // cols + 1,
-            col=i % cols + 1,
+        r, c = divmod(i, cols)
+        big[r * (gh + 1) : r * (gh + 1) + gh, c * (gw + 1) : c * (gw + 1) + gw] = m
+    fig = go.Figure(
+        go.Heatmap(
+            z=big,
+            zmin=float(np.min(maps)) if zmin is None else zmin,
+            zmax=float(np.max(maps)) if zmax is None else zmax,
+            colorscale=colorscale,
+            colorbar=dict(title=dict(text=colorbar_title, side="right"), thickness=12),
+            hovertemplate="value %{z:.4g}<extra></extra>",
+            hoverongaps=False,
         )
-    fig.update_xaxes(visible=False)
-    fig.update_yaxes(visible=False, autorange="reversed", scaleanchor="x", constrain="domain")
-    for i in range(k):
-        fig.update_yaxes(scaleanchor=f"x{i + 1 if i else ''}", row=i // cols + 1, col=i % cols + 1)
-    fig.update_layout(margin=_MARGIN, height=int(rows * tile_px + 60))
+    )
+    fig.update_layout(
+        annotations=[
+            dict(x=(i % cols) * (gw + 1) + (gw - 1) / 2, y=(i // cols) * (gh + 1) - 0.5, text=t, showarrow=False,
+                 yanchor="bottom", font=dict(size=12))
+            for i, t in enumerate(titles)
+        ],
+        xaxis=dict(visible=False, constrain="domain"),
+        yaxis=dict(visible=False, autorange="reversed", scaleanchor="x"),
+        margin=dict(l=10, r=10, t=30, b=10),
+        height=int(rows * tile_px + 60),
+    )  # fmt: skip
     return fig
 
 

@@ -1,0 +1,1 @@
+"""Speed and memory benchmarks of vitviz against plain inference (``python -m benchmarks``)."""

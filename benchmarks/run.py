@@ -1,0 +1,294 @@
+"""Benchmark vitviz against the model's own forward pass; prints a table and writes JSON.
+
+    python -m benchmarks [--quick] [--skip-browser] [--out benchmarks/results.json]
+
+Random weights throughout (speed does not depend on them). Every ratio compares
+two timings taken in the same run on the same machine; medians of several runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from vitviz.capture import capture, preprocess  # noqa: E402
+from vitviz.embeddings import position_similarity  # noqa: E402
+from vitviz.maps import query_map  # noqa: E402
+from vitviz.models import load_model  # noqa: E402
+from vitviz.rollout import rollout  # noqa: E402
+from vitviz.stats import attention_entropy, mean_attention_distance  # noqa: E402
+
+
+def median_time(fn: Callable[[], object], runs: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def make_model(kind: str, folder: Path) -> Path:
+    from transformers import Dinov2Config, Dinov2Model, ViTConfig, ViTForImageClassification, ViTImageProcessor
+
+    torch.manual_seed(0)
+    if kind == "vit-b16-224":
+        ViTForImageClassification(ViTConfig(num_labels=1000)).save_pretrained(folder)
+        ViTImageProcessor(size={"height": 224, "width": 224}).save_pretrained(folder)
+    else:
+        Dinov2Model(Dinov2Config(image_size=518, patch_size=14)).save_pretrained(folder)
+        ViTImageProcessor(size={"height": 518, "width": 518}).save_pretrained(folder)
+    return folder
+
+
+def full_analysis(loaded, image: Image.Image):
+    """What the app computes for a new image: capture, rollout, maps, summaries, position similarity."""
+    cap = capture(loaded, image)
+    p = cap.num_prefix_tokens
+    rollout(cap.attentions, num_prefix_tokens=p)
+    query_map(cap.attentions, query=0, num_prefix_tokens=p, grid=cap.grid)
+    mean_attention_distance(cap.attentions, num_prefix_tokens=p, grid=cap.grid, patch_size=cap.patch_size)
+    attention_entropy(cap.attentions)
+    if loaded.position_embeddings is not None:
+        position_similarity(loaded.position_embeddings)
+    return cap
+
+
+def overhead(kind: str, folder: Path, runs: int) -> dict:
+    from transformers import AutoModel, AutoModelForImageClassification
+
+    loaded = load_model(str(folder))
+    auto = AutoModelForImageClassification if kind == "vit-b16-224" else AutoModel
+    plain = auto.from_pretrained(folder, attn_implementation="sdpa").eval().to(loaded.device)
+    rng = np.random.default_rng(0)
+    image = Image.fromarray(rng.integers(0, 256, (480, 640, 3), dtype=np.uint8))
+    size = loaded.default_size
+
+    def plain_inference():
+        pixels, _ = preprocess(loaded, [image], size)
+        with torch.inference_mode():
+            plain(pixel_values=pixels)
+
+    t_plain = median_time(plain_inference, runs)
+    t_full = median_time(lambda: full_analysis(loaded, image), runs)
+    cap = full_analysis(loaded, image)
+    return {
+        "model": kind,
+        "tokens": cap.num_tokens,
+        "plain_s": round(t_plain, 4),
+        "vitviz_s": round(t_full, 4),
+        "overhead_ratio": round(t_full / t_plain, 3),
+        "record_MiB": round(cap.nbytes / 2**20, 2),
+        "attention_precision": cap.attention_precision,
+    }
+
+
+def interaction(folder: Path, runs: int) -> dict:
+    """Server-side rerun of the Heads page after a layer / head / patch change (AppTest, no forward pass)."""
+    from streamlit.runtime.pages_manager import PagesManager
+    from streamlit.testing.v1 import AppTest
+
+    # A running server leaves Streamlit's legacy pages-folder mode once, at its first
+    # run; AppTest re-enters it on every run, which would time the page twice.
+    original = PagesManager.__init__
+
+    def steady_state(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        PagesManager.uses_pages_directory = False
+
+    PagesManager.__init__ = steady_state
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300)
+    at.session_state["model_name"] = str(folder)
+    at.run()
+    at.switch_page("pages/heads.py").run()
+    assert not at.exception, at.exception
+    timings = {"layer": [], "head": [], "patch": []}
+    for i in range(runs):
+        for what in timings:
+            t = time.perf_counter()
+            if what == "layer":
+                at.slider(key="_w_layer").set_value(i % 12).run()
+            elif what == "head":
+                at.radio(key="_w_head").set_value((i * 5) % 12).run()
+            else:
+                at.session_state["query"] = 1 + (i * 37) % 196
+                at.run()
+            timings[what].append(time.perf_counter() - t)
+            assert not at.exception, at.exception
+    return {f"{k}_ms": round(1000 * statistics.median(v), 1) for k, v in timings.items()}
+
+
+def export_throughput(folder: Path, n: int) -> dict:
+    from vitviz.export import export_images
+
+    loaded = load_model(str(folder))
+    rng = np.random.default_rng(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = []
+        for i in range(n):
+            p = Path(tmp) / f"img{i:02d}.jpg"
+            Image.fromarray(rng.integers(0, 256, (300, 400, 3), dtype=np.uint8)).save(p)
+            paths.append(p)
+        export_images(loaded, paths[:2], Path(tmp) / "warm", batch_size=2)
+        out = {}
+        for bs in (1, 8):
+            t = time.perf_counter()
+            export_images(loaded, paths, Path(tmp) / f"b{bs}", batch_size=bs)
+            out[f"batch{bs}_img_per_s"] = round(n / (time.perf_counter() - t), 2)
+    out["batched_vs_single"] = round(out["batch8_img_per_s"] / out["batch1_img_per_s"], 2)
+    return out
+
+
+def browser(folder: Path) -> dict:
+    """Upload -> first attention figure, and layer change -> all head maps drawn (Chromium via Playwright)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import subprocess
+    import urllib.request
+
+    from playwright.sync_api import sync_playwright
+    from test_browser import CHROMIUM, FLAGS, PLOTS, _free_port
+
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.address", "127.0.0.1", "--server.port", str(port)],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    photo = ROOT / "assets" / "examples" / "cat-chelsea.jpg"
+    heads_drawn = f"""() => Array.from(document.querySelectorAll("{PLOTS}")).some(el =>
+        ((el.layout || {{}}).annotations || []).length === 12 && el.querySelector(".hm image"))"""
+    try:
+        for _ in range(180):
+            try:
+                urllib.request.urlopen(f"{url}/_stcore/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.5)
+        with sync_playwright() as pw:
+            b = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+            page = b.new_page(viewport={"width": 1500, "height": 1100})
+            page.goto(url)
+            page.wait_for_selector("text=Top predictions", timeout=120_000)
+            page.wait_for_timeout(1000)
+            page.get_by_test_id("stSelectbox").first.click()
+            page.get_by_role("option", name="other (hub id or local folder)…").click()
+            box = page.get_by_label("Hub id or local folder")
+            box.fill(str(folder))
+            box.press("Enter")
+            page.wait_for_selector("text=12 layers x 12 heads", timeout=120_000)
+            page.get_by_role("link", name="Heads").click()
+            page.wait_for_function(heads_drawn, timeout=120_000)
+            page.wait_for_timeout(1000)
+            t = time.perf_counter()
+            page.get_by_test_id("stFileUploaderDropzoneInput").set_input_files(str(photo))
+            page.wait_for_function(
+                f"""() => Array.from(document.querySelectorAll("{PLOTS}")).some(el =>
+                    ((el.layout.title || {{}}).text || "").includes("where CLS looks")) &&
+                    document.body.innerText.includes("Showing cat-chelsea.jpg")""",
+                timeout=120_000,
+            )
+            page.wait_for_function(heads_drawn, timeout=120_000)
+            upload_s = time.perf_counter() - t
+            page.wait_for_timeout(1000)
+            slider = page.get_by_test_id("stSlider").filter(has_text="Layer").get_by_role("slider")
+            layer_times = []
+            for key in ("Home", "ArrowRight", "ArrowRight"):
+                before = page.evaluate(
+                    f"""() => JSON.stringify(Array.from(document.querySelectorAll("{PLOTS}")).map(el => (el.data||[]).map(t => t.z)))"""
+                )
+                slider.focus()
+                t = time.perf_counter()
+                slider.press(key)
+                page.wait_for_function(
+                    f"""(before) => JSON.stringify(Array.from(document.querySelectorAll("{PLOTS}")).map(el => (el.data||[]).map(t => t.z))) !== before""",
+                    arg=before,
+                    timeout=60_000,
+                )
+                page.wait_for_function(heads_drawn, timeout=60_000)
+                layer_times.append(time.perf_counter() - t)
+                page.wait_for_timeout(800)
+            b.close()
+        return {
+            "upload_to_maps_s": round(upload_s, 2),
+            "layer_change_to_all_heads_s": round(statistics.median(layer_times), 2),
+        }
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks")
+    parser.add_argument("--quick", action="store_true", help="fewer runs")
+    parser.add_argument("--skip-browser", action="store_true")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results.json"))
+    args = parser.parse_args(argv)
+    runs = 3 if args.quick else 7
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    results: dict = {
+        "device": device,
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
+        "torch_threads": torch.get_num_threads(),
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        vit = make_model("vit-b16-224", Path(tmp) / "vit")
+        dino = make_model("dinov2-base-518", Path(tmp) / "dino")
+        results["overhead"] = [overhead("vit-b16-224", vit, runs), overhead("dinov2-base-518", dino, max(2, runs // 2))]
+        results["interaction"] = interaction(vit, runs)
+        results["export"] = export_throughput(vit, 32)
+        if not args.skip_browser and Path("/usr/bin/chromium").exists():
+            results["browser"] = browser(vit)
+    results["peak_rss_MiB"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    Path(args.out).write_text(json.dumps(results, indent=2))
+    print_table(results)
+    return 0
+
+
+def print_table(r: dict) -> None:
+    print(f"\nvitviz benchmark on {r['device']} ({r['machine']})\n")
+    print("| model | tokens | plain inference (s) | vitviz full analysis (s) | overhead ratio | record (MiB) |")
+    print("|---|---|---|---|---|---|")
+    for o in r["overhead"]:
+        print(
+            f"| {o['model']} | {o['tokens']} | {o['plain_s']} | {o['vitviz_s']} | {o['overhead_ratio']} | {o['record_MiB']} ({o['attention_precision']}) |"
+        )
+    i = r["interaction"]
+    print(
+        f"\nHeads page rerun, 12 heads, no forward pass: layer {i['layer_ms']} ms, head {i['head_ms']} ms, patch {i['patch_ms']} ms"
+    )
+    if "browser" in r:
+        b = r["browser"]
+        print(
+            f"Browser: upload -> all head maps {b['upload_to_maps_s']} s; layer change -> all head maps {b['layer_change_to_all_heads_s']} s"
+        )
+    e = r["export"]
+    print(
+        f"Export of 32 images: {e['batch1_img_per_s']} img/s one at a time, {e['batch8_img_per_s']} img/s in batches of 8 ({e['batched_vs_single']}x)"
+    )
+    print(f"Peak resident memory of the benchmark process: {r['peak_rss_MiB']} MiB")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
