@@ -64,23 +64,25 @@ def image_ui() -> None:
         type=["png", "jpg", "jpeg", "webp", "bmp", "gif", "tif", "tiff"],
         help=f"PNG, JPEG, WebP, BMP, GIF or TIFF, up to {common.upload_limit() // 2**20} MB.",
     )
-    if upload is not None:
+    picked_new = ss.get("example_seen", pick) != pick  # a new example choice wins over a lingering upload
+    ss.example_seen = pick
+    if picked_new:
+        ss.image_bytes, ss.image_name = (common.EXAMPLES / pick).read_bytes(), pick
+        ss.query = 0
+    elif upload is not None and common.digest(upload.getvalue()) != ss.get("last_upload"):
         data = upload.getvalue()
-        if common.digest(data) != ss.get("last_upload"):
-            try:
-                intake = read_image(data, max_bytes=common.upload_limit())
-            except VitvizError as exc:
-                st.error(f"{upload.name}: {exc} The previous image is still shown.")
-                return
-            ss.last_upload = common.digest(data)
-            ss.image_bytes, ss.image_name = data, upload.name
+        try:
+            intake = read_image(data, max_bytes=common.upload_limit())
+        except VitvizError as exc:
+            ss.upload_error = f"{upload.name}: {exc} The previous image is still shown."
+        else:
+            ss.image_bytes, ss.image_name, ss.upload_error = data, upload.name, None
             ss.query = 0
             for note in intake.notes:
                 st.info(note)
-    elif pick != ss.image_name:
-        ss.image_bytes, ss.image_name = (common.EXAMPLES / pick).read_bytes(), pick
-        ss.query = 0
-        ss.pop("last_upload", None)
+        ss.last_upload = common.digest(data)  # each file is judged once
+    if upload is not None and ss.get("upload_error"):
+        st.error(ss.upload_error)
     st.caption(f"Showing **{ss.image_name}**")
 
 
@@ -114,9 +116,12 @@ def size_ui() -> None:
 
 with st.sidebar:
     st.title("vitviz")
-    model_ui()
-    image_ui()
-    size_ui()
+    try:
+        model_ui()
+        image_ui()
+        size_ui()
+    except Exception as exc:  # last line of defence for the sidebar too
+        st.error(f"Something went wrong in the sidebar ({type(exc).__name__}: {exc}). Your image and model are kept.")
 
 pages = [
     st.Page("pages/overview.py", title="Image & predictions", icon=":material/image:", default=True),

@@ -201,15 +201,14 @@ def browser(folder: Path) -> dict:
             page.get_by_role("link", name="Heads").click()
             page.wait_for_function(heads_drawn, timeout=120_000)
             page.wait_for_timeout(1000)
+            grid_z = f"""() => JSON.stringify(Array.from(document.querySelectorAll("{PLOTS}"))
+                .filter(el => ((el.layout || {{}}).annotations || []).length === 12).map(el => el.data[0].z))"""
+            before = page.evaluate(grid_z)
             t = time.perf_counter()
             page.get_by_test_id("stFileUploaderDropzoneInput").set_input_files(str(photo))
             page.wait_for_function(
-                f"""() => Array.from(document.querySelectorAll("{PLOTS}")).some(el =>
-                    ((el.layout.title || {{}}).text || "").includes("where CLS looks")) &&
-                    document.body.innerText.includes("Showing cat-chelsea.jpg")""",
-                timeout=120_000,
+                f"(before) => ({grid_z})() !== before && ({heads_drawn})()", arg=before, timeout=120_000, polling=20
             )
-            page.wait_for_function(heads_drawn, timeout=120_000)
             upload_s = time.perf_counter() - t
             page.wait_for_timeout(1000)
             slider = page.get_by_test_id("stSlider").filter(has_text="Layer").get_by_role("slider")
@@ -225,6 +224,7 @@ def browser(folder: Path) -> dict:
                     f"""(before) => JSON.stringify(Array.from(document.querySelectorAll("{PLOTS}")).map(el => (el.data||[]).map(t => t.z))) !== before""",
                     arg=before,
                     timeout=60_000,
+                    polling=20,
                 )
                 page.wait_for_function(heads_drawn, timeout=60_000)
                 layer_times.append(time.perf_counter() - t)

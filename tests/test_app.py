@@ -159,3 +159,29 @@ def test_changing_controls_runs_no_forward_pass(monkeypatch):
     at.slider(key="_w_discard").set_value(0.3).run()
     assert not at.exception
     assert len(calls) == before
+
+
+def _png_bytes() -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGBA", (50, 40), (200, 30, 30, 128)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_uploads_good_and_bad():
+    at = _app()
+    before = at.session_state.image_name
+    at.file_uploader[0].set_value(("report.jpg", b"%PDF-1.4 definitely not a picture", "image/jpeg")).run()
+    assert not at.exception
+    assert any("report.jpg" in e.value and "not an image" in e.value for e in at.error)
+    assert at.session_state.image_name == before  # nothing the user had is lost
+    at.file_uploader[0].set_value(("red.png", _png_bytes(), "image/png")).run()
+    assert not at.exception and not at.error
+    assert at.session_state.image_name == "red.png"
+    assert any("transparency" in i.value for i in at.info)
+    # choosing an example afterwards wins over the file still in the uploader
+    at.selectbox(key="example_pick").set_value("coffee.jpg").run()
+    assert at.session_state.image_name == "coffee.jpg" and not at.exception

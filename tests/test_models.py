@@ -145,3 +145,18 @@ def test_hub_id_loads_from_the_local_cache_without_network(monkeypatch, tmp_path
         assert loaded.source == repo and loaded.id2label[1] == "one"
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_garbage_config_is_a_load_error(tmp_path):
+    (tmp_path / "config.json").write_text("{ not json")
+    (tmp_path / "model.safetensors").write_bytes(b"\x00" * 16)
+    with pytest.raises(ModelLoadError, match="configuration"):
+        load_model(str(tmp_path))
+
+
+def test_truncated_weights_are_a_load_error(tmp_path):
+    folder = save_tiny("vit", tmp_path / "m")
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelLoadError, match="weights"):
+        load_model(str(folder))
