@@ -8,7 +8,8 @@ reads widgets. Caching rules:
   bytes), keyed by (model, image digest, input size). A ``Capture`` is a frozen
   record of read-only arrays, so sharing it is safe and avoids copying ~10 MB
   through pickle on every rerun, as ``st.cache_data`` would;
-* derived analyses (summaries, position similarity): cached per capture the same way.
+* derived analyses (summaries, relevance, position similarity, patch components): small,
+  so ``st.cache_resource`` with an entry bound, keyed like the capture or by model.
 """
 
 from __future__ import annotations

@@ -36,7 +36,10 @@ per_layer = maps.query_map(fused, query=ss.query, num_prefix_tokens=p, grid=cap.
 st.subheader(f"Where {cap.token_label(ss.query)} looks, layer by layer ({ss.fusion} of heads)")
 st.plotly_chart(
     figures.small_multiples_figure(
-        per_layer, [f"layer {i}" for i in range(cap.num_layers)], colorbar_title="attention (raw, shared scale)", cols=6
+        per_layer,
+        [f"layer {i}" for i in range(cap.num_layers)],
+        colorbar_title=f"attention (raw, shared scale, stored {cap.attention_precision})",
+        cols=6,
     ),
     key="layer_grid",
 )
@@ -61,7 +64,7 @@ left, right = st.columns(2)
 with left:
     st.plotly_chart(
         figures.map_figure(cap.image, roll_map, patch_size=cap.patch_size, num_prefix_tokens=p,
-                           title=f"Rollout of {cap.token_label(ss.query)}, layers {start}-{end}", colorbar_title="rollout (raw)"),
+                           title=f"Rollout of {cap.token_label(ss.query)}, layers {start}-{end}", colorbar_title=f"rollout (raw, from {cap.attention_precision} attention)"),
         key="rollout_map",
     )  # fmt: skip
     common.downloads("rollout", "rollout", rollout=roll_map, row=row)
