@@ -91,8 +91,14 @@ def overhead(kind: str, folder: Path, runs: int) -> dict:
         with torch.inference_mode():
             plain(pixel_values=pixels)
 
-    t_plain = median_time(plain_inference, runs)
-    t_full = median_time(lambda: full_analysis(loaded, image), runs)
+    plain_inference(), full_analysis(loaded, image)  # warm-up
+    # Interleaved, so that drift of the machine's speed hits both sides alike.
+    pairs = [
+        (median_time(plain_inference, 1, warmup=0), median_time(lambda: full_analysis(loaded, image), 1, warmup=0))
+        for _ in range(runs)
+    ]
+    t_plain = statistics.median(p for p, _ in pairs)
+    t_full = statistics.median(f for _, f in pairs)
     cap = full_analysis(loaded, image)
     return {
         "model": kind,
@@ -245,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-browser", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results.json"))
     args = parser.parse_args(argv)
-    runs = 3 if args.quick else 7
+    runs = 3 if args.quick else 9
     device = "cuda" if torch.cuda.is_available() else "cpu"
     results: dict = {
         "device": device,
