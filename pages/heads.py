@@ -39,7 +39,7 @@ st.plotly_chart(
     figures.small_multiples_figure(
         head_maps,
         [f"head {h}" for h in range(cap.num_heads)],
-        colorbar_title=f"attention (raw, shared scale, stored {cap.attention_precision})",
+        colorbar_title=f"attention (raw, {cap.attention_precision})",
         cols=6,
     ),
     key="head_grid",
@@ -58,7 +58,7 @@ marked = None if query < p else divmod(query - p, cap.grid[1])
 with big:
     fig = figures.map_figure(
         cap.image, head_maps[head], patch_size=cap.patch_size, num_prefix_tokens=p,
-        title=f"Layer {layer}, head {head}: {what}", colorbar_title=f"attention (raw, stored {cap.attention_precision})", marked=marked,
+        title=f"Layer {layer}, head {head}: {what}", colorbar_title=f"attention (raw, {cap.attention_precision})", marked=marked,
     )  # fmt: skip
     st.plotly_chart(fig, key="head_map", on_select="rerun", selection_mode="points")
 with side:

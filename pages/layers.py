@@ -38,7 +38,7 @@ st.plotly_chart(
     figures.small_multiples_figure(
         per_layer,
         [f"layer {i}" for i in range(cap.num_layers)],
-        colorbar_title=f"attention (raw, shared scale, stored {cap.attention_precision})",
+        colorbar_title=f"attention (raw, {cap.attention_precision})",
         cols=6,
     ),
     key="layer_grid",
@@ -64,7 +64,7 @@ left, right = st.columns(2)
 with left:
     st.plotly_chart(
         figures.map_figure(cap.image, roll_map, patch_size=cap.patch_size, num_prefix_tokens=p,
-                           title=f"Rollout of {cap.token_label(ss.query)}, layers {start}-{end}", colorbar_title=f"rollout (raw, from {cap.attention_precision} attention)"),
+                           title=f"Rollout of {cap.token_label(ss.query)}, layers {start}-{end}", colorbar_title=f"rollout (raw, {cap.attention_precision})"),
         key="rollout_map",
     )  # fmt: skip
     common.downloads("rollout", "rollout", rollout=roll_map, row=row)
