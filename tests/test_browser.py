@@ -188,3 +188,27 @@ def test_several_sessions_at_once_each_see_their_own_image(server, browser):
     finally:
         for ctx in contexts:
             ctx.close()
+
+
+def test_summary_cell_opens_that_head_and_position_tiles_open_large(server, browser):
+    page = browser.new_page(viewport={"width": 1500, "height": 1100})
+    try:
+        page.goto(f"{server}/layers")
+        _wait_for_title(page, "click a cell", timeout=90)
+        _settle(page)
+        plot = page.locator(PLOTS).filter(has=page.locator("text=click a cell")).first
+        plot.scroll_into_view_if_needed()
+        box = plot.locator(".nsewdrag").first.bounding_box()
+        page.mouse.click(box["x"] + box["width"] * 2.5 / 4, box["y"] + box["height"] * 1.5 / 4)  # layer 1, head 2
+        _wait_for_title(page, "Layer 1, head 2: where CLS looks")
+        assert page.url.endswith("/heads")
+
+        page.get_by_role("link", name="Position embeddings").click()
+        _wait_for_title(page, "Similarity to position (0, 0)")
+        _settle(page)
+        grid = page.locator(PLOTS).filter(has=page.locator("text=Position embedding similarity")).first
+        box = grid.locator(".nsewdrag").first.bounding_box()
+        page.mouse.click(box["x"] + box["width"] * 3.5 / 12, box["y"] + box["height"] * 5.5 / 12)
+        _wait_for_title(page, "Similarity to position (5, 3)")
+    finally:
+        page.close()
