@@ -12,6 +12,7 @@ p = cap.num_prefix_tokens
 
 st.header("Attention heads")
 common.take_click("head_map", lambda data: ss.update(query=int(data[0])))
+common.take_click("head_grid", lambda data: ss.update(head=int(data[0])))
 common.clamp_state(cap)
 c1, c2, c3 = st.columns([2, 2, 3])
 with c1:
@@ -41,9 +42,13 @@ st.plotly_chart(
         [f"head {h}" for h in range(cap.num_heads)],
         colorbar_title=f"attention (raw, {cap.attention_precision})",
         cols=6,
+        image=cap.image,
     ),
     key="head_grid",
+    on_select="rerun",
+    selection_mode="points",
 )
+st.caption("All heads share one colour scale; click a head to show it large.")
 st.radio(
     "Head shown large",
     list(range(cap.num_heads)),

@@ -140,6 +140,12 @@ def test_upload_layer_change_and_patch_click(server, browser, tmp_path):
     assert clicked["z"] != after_layer["z"]
     _settle(page)
 
+    tiles = page.locator(PLOTS).filter(has=page.locator("text=head 3")).first  # the demo model's 4 heads in a row
+    box = tiles.locator(".nsewdrag").first.bounding_box()
+    page.mouse.click(box["x"] + box["width"] * 0.62, box["y"] + box["height"] * 0.5)
+    _wait_for_title(page, "Layer 0, head 2: where patch (")
+    _settle(page)
+
     OUTPUT.mkdir(exist_ok=True)
     page.screenshot(path=str(OUTPUT / "heads-page.png"), full_page=True)
     (OUTPUT / "browser-titles.json").write_text(json.dumps([f["title"] for f in _plot_state(page)], indent=1))

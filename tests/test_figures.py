@@ -54,6 +54,12 @@ def test_small_multiples_tiles_share_one_scale():
     assert np.isnan(big[2]).all()  # gap row between the tile rows
     assert (heat.zmin, heat.zmax) == (maps.min(), maps.max())
     assert [a.text for a in fig.layout.annotations] == [f"h{i}" for i in range(5)]
+    targets = _trace(fig, "scatter")[0]
+    assert (targets.x[4], targets.y[4], targets.customdata[4][0]) == (5, 3.5, 4)  # centre of tile 4
+    with_image = figures.small_multiples_figure(
+        maps, ["a"] * 5, colorbar_title="raw", cols=3, image=np.zeros((16, 24, 3), np.uint8)
+    )
+    assert len(with_image.layout.images) == 5 and with_image.layout.images[4].x == 3.5
 
 
 def test_token_sequence_prefix_first():

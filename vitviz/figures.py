@@ -148,6 +148,20 @@ def map_figure(
     return fig
 
 
+def _thumbnail_data_uri(image: np.ndarray, max_side: int = 160) -> str:
+    """A small JPEG data URI of the image, for tiles drawn many times (keeps the figure light)."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    thumb = Image.fromarray(image)
+    thumb.thumbnail((max_side, max_side))
+    buf = io.BytesIO()
+    thumb.save(buf, format="JPEG", quality=80)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
 def small_multiples_figure(
     maps: np.ndarray,
     titles: Sequence[str],
@@ -158,11 +172,15 @@ def small_multiples_figure(
     zmax: float | None = None,
     colorscale: str = ATTENTION_SCALE,
     tile_px: int = 170,
+    image: np.ndarray | None = None,
+    opacity: float = 0.7,
 ) -> go.Figure:
     """``(K, gh, gw)`` maps as a grid of tiles on one shared colour scale (default: shared min/max).
 
     All tiles live in one heatmap with one-cell gaps: a single trace keeps the figure
-    fast to build and to draw (12 subplots cost ten times as much).
+    fast to build and to draw (12 subplots cost ten times as much). With ``image``
+    (h, w, 3) uint8, each tile is drawn over it. Each tile has an invisible click
+    target whose ``customdata`` is ``[tile index]``.
     """
     k, gh, gw = maps.shape
     cols = max(1, min(cols, k))
@@ -171,17 +189,40 @@ def small_multiples_figure(
     for i, m in enumerate(maps):
         r, c = divmod(i, cols)
         big[r * (gh + 1) : r * (gh + 1) + gh, c * (gw + 1) : c * (gw + 1) + gw] = m
+    tile_r, tile_c = np.divmod(np.arange(k), cols)
     fig = go.Figure(
-        go.Heatmap(
-            z=big,
-            zmin=float(np.min(maps)) if zmin is None else zmin,
-            zmax=float(np.max(maps)) if zmax is None else zmax,
-            colorscale=colorscale,
-            colorbar=dict(title=dict(text=colorbar_title, side="right"), thickness=12),
-            hovertemplate="value %{z:.4g}<extra></extra>",
-            hoverongaps=False,
-        )
+        [
+            go.Heatmap(
+                z=big,
+                zmin=float(np.min(maps)) if zmin is None else zmin,
+                zmax=float(np.max(maps)) if zmax is None else zmax,
+                colorscale=colorscale,
+                opacity=opacity if image is not None else 1.0,
+                colorbar=dict(title=dict(text=colorbar_title, side="right"), thickness=12),
+                hovertemplate="value %{z:.4g}<extra></extra>",
+                hoverongaps=False,
+            ),
+            go.Scatter(
+                x=tile_c * (gw + 1) + (gw - 1) / 2,
+                y=tile_r * (gh + 1) + (gh - 1) / 2,
+                mode="markers",
+                marker=dict(size=tile_px // 2, opacity=0.0, symbol="square"),
+                customdata=np.arange(k)[:, None],
+                text=list(titles),
+                hovertemplate="%{text}: click to show it large<extra></extra>",
+                showlegend=False,
+            ),
+        ]
     )
+    if image is not None:
+        uri = _thumbnail_data_uri(image)
+        fig.update_layout(
+            images=[
+                dict(source=uri, xref="x", yref="y", x=c * (gw + 1) - 0.5, y=r * (gh + 1) - 0.5, sizex=gw, sizey=gh,
+                     xanchor="left", yanchor="top", sizing="stretch", layer="below")
+                for r, c in zip(tile_r, tile_c, strict=True)
+            ]
+        )  # fmt: skip
     fig.update_layout(
         annotations=[
             dict(x=(i % cols) * (gw + 1) + (gw - 1) / 2, y=(i // cols) * (gh + 1) - 0.5, text=t, showarrow=False,
