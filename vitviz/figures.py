@@ -71,7 +71,7 @@ def image_figure(image: np.ndarray, *, patch_size: int, num_prefix_tokens: int, 
     """The image cut into its P x P patches; hover names each patch (row, col, sequence position)."""
     h, w = image.shape[:2]
     grid = (h // patch_size, w // patch_size)
-    fig = go.Figure(go.Image(z=image, hoverinfo="skip"))
+    fig = go.Figure(go.Image(source=_data_uri(image), hoverinfo="skip"))
     lines = [dict(type="line", x0=x, x1=x, y0=0, y1=h) for x in range(0, w + 1, patch_size)]
     lines += [dict(type="line", x0=0, x1=w, y0=y, y1=y) for y in range(0, h + 1, patch_size)]
     fig.update_layout(shapes=[{**s, "line": dict(color="rgba(255,255,255,0.7)", width=1)} for s in lines])
@@ -108,7 +108,7 @@ def map_figure(
     h, w = gh * patch_size, gw * patch_size
     fig = go.Figure()
     if image is not None:
-        fig.add_trace(go.Image(z=image, hoverinfo="skip"))
+        fig.add_trace(go.Image(source=_data_uri(image), hoverinfo="skip"))
     fig.add_trace(
         go.Heatmap(
             z=grid_map,
@@ -148,17 +148,18 @@ def map_figure(
     return fig
 
 
-def _thumbnail_data_uri(image: np.ndarray, max_side: int = 160) -> str:
-    """A small JPEG data URI of the image, for tiles drawn many times (keeps the figure light)."""
+def _data_uri(image: np.ndarray, *, max_side: int | None = None, quality: int = 90) -> str:
+    """The image as a JPEG data URI: a tenth of the bytes of a per-pixel ``z`` array, and faster to draw."""
     import base64
     import io
 
     from PIL import Image
 
-    thumb = Image.fromarray(image)
-    thumb.thumbnail((max_side, max_side))
+    img = Image.fromarray(image)
+    if max_side:
+        img.thumbnail((max_side, max_side))
     buf = io.BytesIO()
-    thumb.save(buf, format="JPEG", quality=80)
+    img.save(buf, format="JPEG", quality=quality)
     return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
@@ -215,7 +216,7 @@ def small_multiples_figure(
         ]
     )
     if image is not None:
-        uri = _thumbnail_data_uri(image)
+        uri = _data_uri(image, max_side=160, quality=80)
         fig.update_layout(
             images=[
                 dict(source=uri, xref="x", yref="y", x=c * (gw + 1) - 0.5, y=r * (gh + 1) - 0.5, sizex=gw, sizey=gh,
