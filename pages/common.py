@@ -30,6 +30,7 @@ from vitviz.errors import VitvizError
 from vitviz.images import read_image
 from vitviz.models import LoadedModel, load_model, parse_model_name
 from vitviz.relevance import explain_classes
+from vitviz.rollout import rollout
 from vitviz.stats import attention_entropy, mean_attention_distance
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,6 +109,16 @@ def get_summaries(
         ),
         entropy=attention_entropy(_cap.attentions),
     )
+
+
+@st.cache_resource(max_entries=128, show_spinner=False)
+def get_rollout(
+    model_name: str, image_digest: str, size: tuple[int, int] | None, _cap: vcapture.Capture, *,
+    query: int, start: int, stop: int, fusion: str, discard: float,
+) -> np.ndarray:  # fmt: skip
+    """Rollout row ``(T,)``: fusing every layer's heads is the costly part at large T, so reruns reuse it."""
+    return rollout(_cap.attentions, num_prefix_tokens=_cap.num_prefix_tokens, query=query, start=start, stop=stop,
+                   fusion=fusion, discard_ratio=discard)  # fmt: skip
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)

@@ -7,7 +7,6 @@ from pages import common
 from vitviz import figures, maps
 from vitviz.errors import VitvizError
 from vitviz.masks import dino_masks
-from vitviz.rollout import rollout
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
@@ -31,8 +30,9 @@ c1.selectbox("Head fusion", maps.FUSIONS, **common.keep("fusion"))
 c2.caption(f"Query token: **{cap.token_label(ss.query)}** (pick another on the Heads page).")
 
 # Layers side by side
-fused = maps.fuse_heads(cap.attentions, how=ss.fusion)  # (L, T, T)
-per_layer = maps.query_map(fused, query=ss.query, num_prefix_tokens=p, grid=cap.grid)
+q = ss.query
+rows = maps.fuse_heads(cap.attentions[:, :, q : q + 1, :], how=ss.fusion)  # (L, 1, T): only the query's row
+per_layer = maps.query_map(rows, query=0, num_prefix_tokens=p, grid=cap.grid)
 st.subheader(f"Where {cap.token_label(ss.query)} looks, layer by layer ({ss.fusion} of heads)")
 st.plotly_chart(
     figures.small_multiples_figure(
@@ -50,15 +50,7 @@ r1, r2 = st.columns(2)
 r1.slider("Layers rolled out", 0, cap.num_layers - 1, **common.keep("rollout_range"))
 r2.slider("Discard ratio (smallest patch entries zeroed per layer)", 0.0, 0.95, step=0.05, **common.keep("discard"))
 start, end = ss.rollout_range
-row = rollout(
-    cap.attentions,
-    num_prefix_tokens=p,
-    query=ss.query,
-    start=start,
-    stop=end + 1,
-    fusion=ss.fusion,
-    discard_ratio=ss.discard,
-)
+row = common.get_rollout(*cur.key, cap, query=ss.query, start=start, stop=end + 1, fusion=ss.fusion, discard=ss.discard)
 roll_map = row[p:].reshape(cap.grid)
 left, right = st.columns(2)
 with left:

@@ -207,3 +207,14 @@ def test_dinov2_base_shape_at_518_fits_the_default_budget(tmp_path):
         capture(loaded, random_image(0), size=518, budget_bytes=need - 1)
     with pytest.raises(BudgetError, match="smaller input size"):  # gradients double it past 2 GiB
         check_budget(loaded, (518, 518), batch=1, gradients=True, budget=2 * 1024**3)
+
+
+def test_token_norms_match_the_hidden_states(tiny_models):
+    loaded = tiny_models["dinov2_registers"]
+    img = random_image(11)
+    cap = capture(loaded, img)
+    pixels, _ = preprocess(loaded, [img], input_size_for(loaded))
+    with torch.no_grad():
+        hidden = loaded.model(pixel_values=pixels, output_hidden_states=True).hidden_states
+    ref = np.stack([np.sqrt((h[0].numpy().astype(np.float64) ** 2).sum(-1)) for h in hidden])
+    np.testing.assert_allclose(cap.token_norms, ref, rtol=1e-5)
