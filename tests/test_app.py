@@ -185,3 +185,16 @@ def test_uploads_good_and_bad():
     # choosing an example afterwards wins over the file still in the uploader
     at.selectbox(key="example_pick").set_value("coffee.jpg").run()
     assert at.session_state.image_name == "coffee.jpg" and not at.exception
+
+
+def test_backbone_without_classifier_on_every_page(tiny_dirs):
+    at = _app()
+    at.selectbox(key="model_pick").set_value("other (hub id or local folder)…").run()
+    at.text_input(key="model_text").input(str(tiny_dirs["dinov2_registers"])).run()
+    _no_trouble(at)
+    assert any("backbone without a classifier" in i.value for i in at.info)
+    for page in PAGES[1:]:
+        at.switch_page(page).run()
+        _no_trouble(at)
+    at.switch_page("pages/layers.py").run()
+    assert any("needs a classifier" in i.value for i in at.info)
