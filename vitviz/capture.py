@@ -7,6 +7,7 @@ and threads can capture from one cached model at once.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -31,7 +32,8 @@ __all__ = [
     "capture_batch",
 ]
 
-DEFAULT_BUDGET_BYTES = 2 * 1024**3
+# What one capture may hold (attention of all layers and heads); VITVIZ_MEMORY_BUDGET_MB overrides 2 GiB.
+DEFAULT_BUDGET_BYTES = int(os.environ.get("VITVIZ_MEMORY_BUDGET_MB", "2048")) * 2**20
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,10 @@ def _num_tokens(loaded: LoadedModel, hw: tuple[int, int]) -> int:
     return len(loaded.family.prefix_kinds(loaded.config)) + (hw[0] // p) * (hw[1] // p)
 
 
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
 def check_budget(loaded: LoadedModel, hw: tuple[int, int], *, batch: int, gradients: bool, budget: int) -> None:
     cfg = loaded.config
     need = estimate_capture_bytes(
@@ -149,8 +155,9 @@ def check_budget(loaded: LoadedModel, hw: tuple[int, int], *, batch: int, gradie
     )
     if need > budget:
         raise BudgetError(
-            f"An input of {hw[1]} x {hw[0]} px needs about {need / 2**30:.1f} GiB for attention maps, over the "
-            f"{budget / 2**30:.1f} GiB budget. Choose a smaller input size (e.g. {loaded.default_size[1]} px)."
+            f"An input of {hw[1]} x {hw[0]} px needs about {_size(need)} for attention maps"
+            f"{' and their gradients' if gradients else ''}, over the {_size(budget)} budget "
+            f"(VITVIZ_MEMORY_BUDGET_MB). Choose a smaller input size (e.g. {loaded.default_size[1]} px)."
         )
 
 
