@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from conftest import random_attention
 
-from vitviz.maps import fuse_heads, key_map, normalise_max, prefix_attention, query_map, to_grid
+from vitviz.maps import fuse_heads, key_map, prefix_attention, query_map, to_grid
 
 
 def test_query_and_key_maps_index_the_right_entries():
@@ -29,8 +29,3 @@ def test_fusion():
     np.testing.assert_allclose(fuse_heads(attn, how="min"), attn.min(0), rtol=1e-6)
     with pytest.raises(ValueError):
         fuse_heads(attn, how="median")
-
-
-def test_normalise_max():
-    np.testing.assert_allclose(normalise_max(np.array([1.0, 2.0, 4.0])), [0.25, 0.5, 1.0])
-    np.testing.assert_array_equal(normalise_max(np.zeros(3)), np.zeros(3))

@@ -18,7 +18,6 @@ __all__ = [
     "query_map",
     "key_map",
     "prefix_attention",
-    "normalise_max",
 ]
 
 Fusion = Literal["mean", "max", "min"]
@@ -67,10 +66,3 @@ def prefix_attention(attn: np.ndarray, *, query: int, num_prefix_tokens: int) ->
     Invisible on the image, so shown beside it.
     """
     return np.asarray(attn)[..., query, :num_prefix_tokens].astype(np.float32)
-
-
-def normalise_max(values: np.ndarray) -> np.ndarray:
-    """Divide by the maximum (per whole array); an all-zero array stays zero."""
-    v = np.asarray(values, dtype=np.float32)
-    m = float(v.max()) if v.size else 0.0
-    return v / m if m > 0 else np.zeros_like(v)
