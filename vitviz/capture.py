@@ -25,6 +25,7 @@ __all__ = [
     "input_size_for",
     "estimate_capture_bytes",
     "check_budget",
+    "token_layout",
     "predictions_from_logits",
     "preprocess",
     "forward",
@@ -139,9 +140,9 @@ def estimate_capture_bytes(
     return num_layers * num_heads * num_tokens**2 * itemsize * batch * (2 if gradients else 1)
 
 
-def _num_tokens(loaded: LoadedModel, hw: tuple[int, int]) -> int:
-    p = loaded.patch_size
-    return len(loaded.family.prefix_kinds(loaded.config)) + (hw[0] // p) * (hw[1] // p)
+def token_layout(loaded: LoadedModel, hw: tuple[int, int]) -> tuple[tuple[str, ...], tuple[int, int]]:
+    """(prefix token kinds, patch grid (gh, gw)) of ``loaded`` at input size ``hw``."""
+    return loaded.family.prefix_kinds(loaded.config), (hw[0] // loaded.patch_size, hw[1] // loaded.patch_size)
 
 
 def _size(n: int) -> str:
@@ -150,8 +151,9 @@ def _size(n: int) -> str:
 
 def check_budget(loaded: LoadedModel, hw: tuple[int, int], *, batch: int, gradients: bool, budget: int) -> None:
     cfg = loaded.config
+    prefix, (gh, gw) = token_layout(loaded, hw)
     need = estimate_capture_bytes(
-        cfg.num_hidden_layers, cfg.num_attention_heads, _num_tokens(loaded, hw), batch=batch, gradients=gradients
+        cfg.num_hidden_layers, cfg.num_attention_heads, len(prefix) + gh * gw, batch=batch, gradients=gradients
     )
     if need > budget:
         raise BudgetError(
@@ -234,8 +236,7 @@ def capture_batch(
             layers[i] = None
 
     fam = loaded.family
-    prefix = fam.prefix_kinds(loaded.config)
-    grid = (hw[0] // loaded.patch_size, hw[1] // loaded.patch_size)
+    prefix, grid = token_layout(loaded, hw)
     if attn.shape[-1] != len(prefix) + grid[0] * grid[1]:
         raise CaptureError(
             f"Expected {len(prefix)} prefix tokens + {grid[0]} x {grid[1]} patches, got {attn.shape[-1]} tokens."

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitviz.capture import DEFAULT_BUDGET_BYTES, check_budget, forward, input_size_for, preprocess
+from vitviz.capture import DEFAULT_BUDGET_BYTES, check_budget, forward, input_size_for, preprocess, token_layout
 from vitviz.errors import CaptureError
 from vitviz.models import LoadedModel
 
@@ -77,8 +77,8 @@ def explain_classes(
     check_budget(loaded, hw, batch=1, gradients=True, budget=budget_bytes)
     pixels, _ = preprocess(loaded, [image], hw)
     pixels.requires_grad_(True)
-    prefix = len(loaded.family.prefix_kinds(loaded.config))
-    grid = (hw[0] // loaded.patch_size, hw[1] // loaded.patch_size)
+    prefix_kinds, grid = token_layout(loaded, hw)
+    prefix = len(prefix_kinds)
     result: dict[int, Explanation] = {}
     with torch.enable_grad():
         out = forward(loaded, pixels)
