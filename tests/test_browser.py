@@ -11,6 +11,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,6 +92,16 @@ def _plot_state(page) -> list:
     )
 
 
+def _decode(z) -> np.ndarray:
+    """A Plotly array as the browser holds it: a list, or {dtype, bdata (base64), shape}."""
+    if isinstance(z, dict):
+        import base64
+
+        arr = np.frombuffer(base64.b64decode(z["bdata"]), dtype=z["dtype"])
+        return arr.reshape([int(n) for n in str(z.get("shape", arr.size)).split(",")])
+    return np.array(z, dtype=float)
+
+
 def _wait_for_title(page, words: str, timeout: float = 60) -> dict:
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -143,8 +154,16 @@ def test_upload_layer_change_and_patch_click(server, browser, tmp_path):
     tiles = page.locator(PLOTS).filter(has=page.locator("text=head 3")).first  # the demo model's 4 heads in a row
     box = tiles.locator(".nsewdrag").first.bounding_box()
     page.mouse.click(box["x"] + box["width"] * 0.62, box["y"] + box["height"] * 0.5)
-    _wait_for_title(page, "Layer 0, head 2: where patch (")
+    head2 = _wait_for_title(page, "Layer 0, head 2: where patch (")
     _settle(page)
+
+    with page.expect_download() as download:  # files are built on click, from the shown map
+        page.get_by_role("button", name="Download NPZ").click()
+    saved = tmp_path / "map.npz"
+    download.value.save_as(saved)
+    with np.load(saved, allow_pickle=False) as z:
+        assert z["map"].shape == (12, 12) and z["all_heads"].shape == (4, 12, 12)
+        np.testing.assert_allclose(z["map"], _decode(head2["z"][0]), rtol=1e-5)  # the very map on screen
 
     OUTPUT.mkdir(exist_ok=True)
     page.screenshot(path=str(OUTPUT / "heads-page.png"), full_page=True)
