@@ -69,13 +69,17 @@ with big:
 with side:
     if looking:
         prefix = maps.prefix_attention(attn[head], query=query, num_prefix_tokens=p)
-        st.plotly_chart(
-            figures.prefix_attention_figure(prefix, cap.prefix_kinds, patch_total=float(head_maps[head].sum())),
-            key="prefix",
+        total = float(maps.patch_attention_total(attn[head], query=query, num_prefix_tokens=p))
+        st.plotly_chart(figures.prefix_attention_figure(prefix, cap.prefix_kinds, patch_total=total), key="prefix")
+        st.caption(
+            "Raw attention weights of this query: its row sums to 1 over all tokens, including those not on the image."
         )
     else:
-        st.metric("Attention the prefix tokens pay to it", f"{float(attn[head, :p, query].mean()):.4f}")
-    st.caption("Raw attention weights: each query's row sums to 1 over all tokens, including those not on the image.")
+        to_key = maps.prefix_attention_to(attn[head], key=query, num_prefix_tokens=p)
+        st.plotly_chart(
+            figures.prefix_attention_figure(to_key, cap.prefix_kinds, title=f"Attention the prefix tokens pay to {cap.token_label(query)} (raw)"),
+            key="prefix",
+        )  # fmt: skip
     common.downloads(
         f"layer{layer}_head{head}_token{query}",
         "heads",

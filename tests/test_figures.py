@@ -118,6 +118,10 @@ def test_patch_components_tiles_scaled_per_tile():
 def test_prefix_attention_and_norms_figures():
     fig = figures.prefix_attention_figure(np.array([0.3, 0.1]), ("CLS", "DIST"), patch_total=0.6)
     assert list(fig.data[0].x) == ["CLS", "DIST", "all patches"]
+    assert list(figures.prefix_attention_figure(np.array([0.3, 0.1]), ("CLS", "DIST"), title="t").data[0].x) == [
+        "CLS",
+        "DIST",
+    ]
     norms = np.ones((3, 5))
     fig2 = figures.token_norms_figure(norms, ("CLS",) + ("patch",) * 4)
     assert fig2.data[0].z.shape == (3, 5)

@@ -2,7 +2,15 @@ import numpy as np
 import pytest
 from conftest import random_attention
 
-from vitviz.maps import fuse_heads, key_map, prefix_attention, query_map, to_grid
+from vitviz.maps import (
+    fuse_heads,
+    key_map,
+    patch_attention_total,
+    prefix_attention,
+    prefix_attention_to,
+    query_map,
+    to_grid,
+)
 
 
 def test_query_and_key_maps_index_the_right_entries():
@@ -29,3 +37,25 @@ def test_fusion():
     np.testing.assert_allclose(fuse_heads(attn, how="min"), attn.min(0), rtol=1e-6)
     with pytest.raises(ValueError):
         fuse_heads(attn, how="median")
+
+
+def test_prefix_shares_hand_computed():
+    # T = 4, P = 2: row 3 = [0.1, 0.2, 0.3, 0.4]; column 2 read by the two prefix tokens = 0.5, 0.25.
+    a = np.array(
+        [
+            [0.25, 0.25, 0.5, 0.0],
+            [0.25, 0.25, 0.25, 0.25],
+            [0.0, 0.0, 0.5, 0.5],
+            [0.1, 0.2, 0.3, 0.4],
+        ]
+    )
+    np.testing.assert_allclose(prefix_attention(a, query=3, num_prefix_tokens=2), [0.1, 0.2], rtol=1e-6)
+    assert patch_attention_total(a, query=3, num_prefix_tokens=2) == pytest.approx(0.7)
+    np.testing.assert_allclose(prefix_attention_to(a, key=2, num_prefix_tokens=2), [0.5, 0.25])
+    r = random_attention(5, (3, 7, 7))  # rows sum to 1: prefix shares + patch total = 1
+    np.testing.assert_allclose(
+        prefix_attention(r, query=4, num_prefix_tokens=2).sum(-1)
+        + patch_attention_total(r, query=4, num_prefix_tokens=2),
+        1.0,
+        rtol=1e-6,
+    )

@@ -297,23 +297,27 @@ def predictions_figure(predictions: Sequence[Prediction]) -> go.Figure:
     return fig
 
 
-def prefix_attention_figure(values: np.ndarray, kinds: Sequence[str], *, patch_total: float) -> go.Figure:
-    """Attention a query pays to each prefix token, next to the total it pays to all patches."""
-    names = [*kinds, "all patches"]
-    vals = [*map(float, values), float(patch_total)]
+def prefix_attention_figure(
+    values: np.ndarray,
+    kinds: Sequence[str],
+    *,
+    patch_total: float | None = None,
+    title: str = "Attention to tokens not on the image (raw)",
+) -> go.Figure:
+    """A bar per prefix token (values in [0, 1]), plus one for all patches together when ``patch_total`` is given."""
+    names = list(kinds) + ([] if patch_total is None else ["all patches"])
+    vals = [float(v) for v in values] + ([] if patch_total is None else [float(patch_total)])
     fig = go.Figure(
         go.Bar(
             x=names,
             y=vals,
-            marker_color=[_kind_colour(k) for k in kinds] + ["#7f7f7f"],
+            marker_color=[_kind_colour(k) for k in kinds] + ([] if patch_total is None else ["#7f7f7f"]),
             hovertemplate="%{x}: %{y:.4f}<extra></extra>",
             text=[f"{v:.3f}" for v in vals],
             textposition="auto",
         )
     )
-    fig.update_layout(
-        title="Attention to tokens not on the image (raw)", yaxis=dict(range=[0, 1]), height=260, margin=_MARGIN
-    )
+    fig.update_layout(title=title, yaxis=dict(range=[0, 1]), height=260, margin=_MARGIN)
     return fig
 
 

@@ -18,6 +18,8 @@ __all__ = [
     "query_map",
     "key_map",
     "prefix_attention",
+    "prefix_attention_to",
+    "patch_attention_total",
 ]
 
 Fusion = Literal["mean", "max", "min"]
@@ -66,3 +68,16 @@ def prefix_attention(attn: np.ndarray, *, query: int, num_prefix_tokens: int) ->
     Invisible on the image, so shown beside it.
     """
     return np.asarray(attn)[..., query, :num_prefix_tokens].astype(np.float32)
+
+
+def prefix_attention_to(attn: np.ndarray, *, key: int, num_prefix_tokens: int) -> np.ndarray:
+    """Attention each prefix token pays to token ``key``: ``(..., T, T) -> (..., P)``, i.e. ``A[..., :P, k]``."""
+    return np.asarray(attn)[..., :num_prefix_tokens, key].astype(np.float32)
+
+
+def patch_attention_total(attn: np.ndarray, *, query: int, num_prefix_tokens: int) -> np.ndarray:
+    """Total attention token ``query`` pays to all patches: ``(..., T, T) -> (...)``, summed in float64.
+
+    With the prefix shares it makes up the whole row (1, up to storage precision).
+    """
+    return np.asarray(attn)[..., query, num_prefix_tokens:].astype(np.float64).sum(axis=-1)
