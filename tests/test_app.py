@@ -23,6 +23,12 @@ def _app(page: str | None = None) -> AppTest:
     return at
 
 
+def _choose_model(at: AppTest, text: str) -> None:
+    """Pick "other" in the sidebar and type ``text`` as the model, as a user would."""
+    at.selectbox(key="model_pick").set_value("other (hub id or local folder)…").run()
+    at.text_input(key="model_text").input(text).run()
+
+
 def _figures(at: AppTest) -> list[dict]:
     return [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
 
@@ -107,8 +113,7 @@ def test_positions_page_click_target_and_tile():
 
 def test_bad_model_name_keeps_the_previous_model():
     at = _app()
-    at.selectbox(key="model_pick").set_value("other (hub id or local folder)…").run()
-    at.text_input(key="model_text").input("not a model!").run()
+    _choose_model(at, "not a model!")
     assert any("neither an existing local folder" in e.value for e in at.error)
     assert at.session_state.model_name == "demo"
     assert not at.exception
@@ -120,16 +125,14 @@ def test_unsupported_model_folder_gives_a_readable_error(tmp_path):
     cfg = transformers.ResNetConfig(hidden_sizes=[8], depths=[1], embedding_size=8)
     transformers.ResNetModel(cfg).save_pretrained(tmp_path, safe_serialization=True)
     at = _app()
-    at.selectbox(key="model_pick").set_value("other (hub id or local folder)…").run()
-    at.text_input(key="model_text").input(str(tmp_path)).run()
+    _choose_model(at, str(tmp_path))
     assert any("'resnet' models are not supported" in e.value for e in at.error)
     assert at.session_state.model_name == "demo" and not at.exception
 
 
 def test_backbone_without_positions(tiny_dirs):
     at = _app()
-    at.selectbox(key="model_pick").set_value("other (hub id or local folder)…").run()
-    at.text_input(key="model_text").input(str(tiny_dirs["beit"])).run()
+    _choose_model(at, str(tiny_dirs["beit"]))
     _no_trouble(at)
     at.switch_page("pages/positions.py").run()
     assert any("relative position bias" in i.value for i in at.info)
@@ -189,8 +192,7 @@ def test_uploads_good_and_bad():
 
 def test_backbone_without_classifier_on_every_page(tiny_dirs):
     at = _app()
-    at.selectbox(key="model_pick").set_value("other (hub id or local folder)…").run()
-    at.text_input(key="model_text").input(str(tiny_dirs["dinov2_registers"])).run()
+    _choose_model(at, str(tiny_dirs["dinov2_registers"]))
     _no_trouble(at)
     assert any("backbone without a classifier" in i.value for i in at.info)
     for page in PAGES[1:]:
