@@ -67,20 +67,19 @@ def image_ui() -> None:
     picked_new = ss.get("example_seen", pick) != pick  # a new example choice wins over a lingering upload
     ss.example_seen = pick
     if picked_new:
-        ss.image_bytes, ss.image_name = (common.EXAMPLES / pick).read_bytes(), pick
-        ss.query = 0
-    elif upload is not None and common.digest(upload.getvalue()) != ss.get("last_upload"):
+        common.set_image((common.EXAMPLES / pick).read_bytes(), pick)
+    elif upload is not None and upload.file_id != ss.get("last_upload"):
         data = upload.getvalue()
         try:
             intake = read_image(data, max_bytes=common.upload_limit())
         except VitvizError as exc:
             ss.upload_error = f"{upload.name}: {exc} The previous image is still shown."
         else:
-            ss.image_bytes, ss.image_name, ss.upload_error = data, upload.name, None
-            ss.query = 0
+            common.set_image(data, upload.name, intake.image.size)
+            ss.upload_error = None
             for note in intake.notes:
                 st.info(note)
-        ss.last_upload = common.digest(data)  # each file is judged once
+        ss.last_upload = upload.file_id  # each file is judged once
     if upload is not None and ss.get("upload_error"):
         st.error(ss.upload_error)
     st.caption(f"Showing **{ss.image_name}**")
@@ -101,13 +100,8 @@ def size_ui() -> None:
     keep = st.checkbox(
         "Keep the image's aspect ratio", value=bool(ss.input_size and ss.input_size[0] != ss.input_size[1])
     )
-    width = side
-    if keep:
-        try:
-            img = read_image(ss.image_bytes, max_bytes=common.upload_limit()).image
-            width = max(p, round(side * img.width / img.height / p) * p)
-        except VitvizError:
-            pass
+    img_w, img_h = ss.image_wh
+    width = max(p, round(side * img_w / img_h / p) * p) if keep else side
     size = None if (side, width) == (h, w) else (side, width)
     if size != ss.input_size:
         ss.input_size = size

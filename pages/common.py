@@ -161,7 +161,16 @@ def init_state() -> None:
         if key not in st.session_state:
             st.session_state[key] = value
     if st.session_state.image_bytes is None:
-        st.session_state.image_bytes = (EXAMPLES / st.session_state.image_name).read_bytes()
+        set_image((EXAMPLES / st.session_state.image_name).read_bytes(), st.session_state.image_name)
+
+
+def set_image(data: bytes, name: str, size: tuple[int, int] | None = None) -> None:
+    """Make ``data`` the session's image; its digest and (w, h) are kept so reruns never rehash or decode it."""
+    if size is None:
+        size = read_image(data, max_bytes=upload_limit()).image.size
+    ss = st.session_state
+    ss.image_bytes, ss.image_name, ss.image_digest, ss.image_wh = data, name, digest(data), size
+    ss.query = 0
 
 
 def _copy(src: str, dst: str) -> None:
@@ -207,15 +216,16 @@ class Current:
 
 def current() -> Current | None:
     """The model and capture for the session's image, model and size; shows the error and returns None."""
-    name, data, size = st.session_state.model_name, st.session_state.image_bytes, st.session_state.input_size
+    ss = st.session_state
+    name, data, key, size = ss.model_name, ss.image_bytes, ss.image_digest, ss.input_size
     try:
         model = get_model(name)
         with st.spinner("Running the model…"):
-            cap = get_capture(name, digest(data), size, data)
+            cap = get_capture(name, key, size, data)
     except VitvizError as exc:
         st.error(str(exc))
         return None
-    return Current(model, cap, (name, digest(data), size), data)
+    return Current(model, cap, (name, key, size), data)
 
 
 def require_current() -> Current:

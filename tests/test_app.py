@@ -200,3 +200,12 @@ def test_backbone_without_classifier_on_every_page(tiny_dirs):
         _no_trouble(at)
     at.switch_page("pages/layers.py").run()
     assert any("needs a classifier" in i.value for i in at.info)
+
+
+def test_keep_aspect_ratio_sizes_the_input_from_the_image():
+    at = _app()
+    at.selectbox(key="example_pick").set_value("coffee.jpg").run()  # 600 x 400
+    at.checkbox[0].check().run()
+    assert at.session_state.input_size == (96, 144)  # 96 px high, 1.5 x as wide, whole 8 px patches
+    _no_trouble(at)
+    assert any("input 144 x 96 px" in c.value for c in at.caption)  # the overview states what the model saw
