@@ -14,7 +14,7 @@ from pathlib import Path
 from struct import error as struct_error
 
 import numpy as np
-from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from vitviz.errors import ImageError
 
@@ -84,7 +84,6 @@ def read_image(
             if getattr(img, "n_frames", 1) > 1:
                 notes.append(f"animated image: using the first of its {img.n_frames} frames")
                 img.seek(0)
-            ImageFile.LOAD_TRUNCATED_IMAGES = False
             img.load()
             img = ImageOps.exif_transpose(img) or img
             rgb = _to_rgb(img, notes)
