@@ -9,8 +9,8 @@ from __future__ import annotations
 import streamlit as st
 
 from pages import common
+from vitviz.data.images import read_image
 from vitviz.errors import VitvizError
-from vitviz.images import read_image
 
 common.leave_folder_mode()
 st.set_page_config(page_title="vitviz", page_icon=":material/visibility:", layout="wide")

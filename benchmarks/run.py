@@ -27,12 +27,12 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vitviz.capture import capture, preprocess  # noqa: E402
-from vitviz.embeddings import position_similarity  # noqa: E402
-from vitviz.maps import query_map  # noqa: E402
-from vitviz.models import load_model  # noqa: E402
-from vitviz.rollout import rollout  # noqa: E402
-from vitviz.stats import attention_entropy, mean_attention_distance  # noqa: E402
+from vitviz.analysis.embeddings import position_similarity  # noqa: E402
+from vitviz.analysis.maps import query_map  # noqa: E402
+from vitviz.analysis.rollout import rollout  # noqa: E402
+from vitviz.analysis.stats import attention_entropy, mean_attention_distance  # noqa: E402
+from vitviz.capture.run import capture, preprocess  # noqa: E402
+from vitviz.models.load import load_model  # noqa: E402
 
 
 def median_time(fn: Callable[[], object], runs: int, warmup: int = 1) -> float:

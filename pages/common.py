@@ -23,15 +23,15 @@ from pathlib import Path
 import numpy as np
 import streamlit as st
 
-from vitviz import capture as vcapture
+from vitviz.analysis.embeddings import patch_components, position_similarity
+from vitviz.analysis.relevance import explain_classes
+from vitviz.analysis.rollout import rollout
+from vitviz.analysis.stats import attention_entropy, mean_attention_distance
 from vitviz.cache import BoundedCache
-from vitviz.embeddings import patch_components, position_similarity
+from vitviz.capture import run as vcapture
+from vitviz.data.images import read_image
 from vitviz.errors import VitvizError
-from vitviz.images import read_image
-from vitviz.models import LoadedModel, load_model, parse_model_name
-from vitviz.relevance import explain_classes
-from vitviz.rollout import rollout
-from vitviz.stats import attention_entropy, mean_attention_distance
+from vitviz.models.load import LoadedModel, load_model, parse_model_name
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "assets" / "examples"

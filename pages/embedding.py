@@ -5,7 +5,7 @@ import streamlit as st
 
 from pages import common
 from vitviz import figures
-from vitviz.embeddings import token_norm_outliers
+from vitviz.analysis.embeddings import token_norm_outliers
 
 cur = common.require_current()
 cap = cur.cap

@@ -4,7 +4,8 @@ import numpy as np
 import streamlit as st
 
 from pages import common
-from vitviz import figures, maps
+from vitviz import figures
+from vitviz.analysis import maps
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state

@@ -4,9 +4,10 @@ import numpy as np
 import streamlit as st
 
 from pages import common
-from vitviz import figures, maps
+from vitviz import figures
+from vitviz.analysis import maps
+from vitviz.analysis.masks import dino_masks
 from vitviz.errors import VitvizError
-from vitviz.masks import dino_masks
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state

@@ -4,7 +4,7 @@ import streamlit as st
 
 from pages import common
 from vitviz import figures
-from vitviz.capture import predictions_from_logits
+from vitviz.capture.run import predictions_from_logits
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state

@@ -79,14 +79,14 @@ def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def tiny_models(tiny_dirs):
-    from vitviz.models import load_model
+    from vitviz.models.load import load_model
 
     return {k: load_model(str(d), device="cpu") for k, d in tiny_dirs.items()}
 
 
 @pytest.fixture(scope="session")
 def demo_model():
-    from vitviz.models import load_model
+    from vitviz.models.load import load_model
 
     return load_model("demo", device="cpu")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-import vitviz.capture
+import vitviz.capture.run
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 PAGES = ["pages/overview.py", "pages/heads.py", "pages/layers.py", "pages/positions.py", "pages/embedding.py"]
@@ -150,8 +150,8 @@ def test_state_persists_across_pages():
 
 def test_changing_controls_runs_no_forward_pass(monkeypatch):
     calls = []
-    real = vitviz.capture.capture_batch
-    monkeypatch.setattr(vitviz.capture, "capture_batch", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = vitviz.capture.run.capture_batch
+    monkeypatch.setattr(vitviz.capture.run, "capture_batch", lambda *a, **k: calls.append(1) or real(*a, **k))
     at = _app("pages/heads.py")
     before = len(calls)
     at.slider(key="_w_layer").set_value(0).run()

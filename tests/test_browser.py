@@ -181,9 +181,9 @@ def _bars(page) -> list[float]:
 
 
 def test_several_sessions_at_once_each_see_their_own_image(server, browser):
-    from vitviz.capture import capture
-    from vitviz.images import load_image
-    from vitviz.models import load_model
+    from vitviz.capture.run import capture
+    from vitviz.data.images import load_image
+    from vitviz.models.load import load_model
 
     names = ["coffee.jpg", "rocket.jpg", "astronaut.jpg"]
     demo = load_model("demo", device="cpu")

@@ -6,11 +6,11 @@ import pytest
 from conftest import random_image
 from PIL import Image
 
-from vitviz.capture import capture
-from vitviz.embeddings import position_similarity
+from vitviz.analysis.embeddings import position_similarity
+from vitviz.analysis.rollout import rollout_matrix
+from vitviz.analysis.stats import attention_entropy, mean_attention_distance
+from vitviz.capture.run import capture
 from vitviz.export import capture_arrays, export_images
-from vitviz.rollout import rollout_matrix
-from vitviz.stats import attention_entropy, mean_attention_distance
 
 REQUIRED = {
     "attentions",

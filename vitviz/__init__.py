@@ -1,16 +1,22 @@
 """vitviz: look inside Vision Transformers.
 
 The engine behind the app, free of any UI: load a ViT-family model
-(:func:`load_model`), capture one forward pass (``vitviz.capture.capture``), and
-analyse the record with pure functions (``vitviz.rollout.rollout``, relevance,
-maps, masks, summaries). Submodules keep their own names: ``vitviz.capture`` and
-``vitviz.rollout`` are modules, not the functions inside them.
+(:func:`load_model`), capture one forward pass (``vitviz.capture.run.capture``), and
+analyse the record with pure functions (``vitviz.analysis.rollout.rollout``, relevance,
+maps, masks, summaries). Sub-packages group modules by concern: ``vitviz.capture.run`` and
+``vitviz.analysis.rollout`` are modules, not the functions inside them.
 References: Dosovitskiy et al. 2020 (ViT), Abnar & Zuidema 2020 (rollout),
 Chefer et al. 2021 (relevance), Caron et al. 2021 (DINO masks).
 """
 
-from vitviz.capture import Capture, Prediction, capture_batch
-from vitviz.embeddings import patch_components, position_similarity
+from vitviz.analysis.embeddings import patch_components, position_similarity
+from vitviz.analysis.maps import fuse_heads, key_map, prefix_attention, query_map
+from vitviz.analysis.masks import dino_masks
+from vitviz.analysis.relevance import chefer_relevance, explain_classes
+from vitviz.analysis.rollout import rollout_matrix
+from vitviz.analysis.stats import attention_entropy, mean_attention_distance
+from vitviz.capture.run import Capture, Prediction, capture_batch
+from vitviz.data.images import load_image, read_image
 from vitviz.errors import (
     BudgetError,
     CaptureError,
@@ -19,13 +25,7 @@ from vitviz.errors import (
     UnsupportedModelError,
     VitvizError,
 )
-from vitviz.images import load_image, read_image
-from vitviz.maps import fuse_heads, key_map, prefix_attention, query_map
-from vitviz.masks import dino_masks
-from vitviz.models import LoadedModel, load_model
-from vitviz.relevance import chefer_relevance, explain_classes
-from vitviz.rollout import rollout_matrix
-from vitviz.stats import attention_entropy, mean_attention_distance
+from vitviz.models.load import LoadedModel, load_model
 
 __all__ = [
     "BudgetError",

@@ -15,7 +15,7 @@ def _export(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from vitviz.export import export_images, print_failures
-    from vitviz.models import load_model
+    from vitviz.models.load import load_model
 
     missing = [p for p in args.images if not Path(p).is_file()]
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, allow_pickle=args.allow_pickle)
@@ -30,7 +30,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _demo_data(args: argparse.Namespace) -> int:
-    from vitviz.demo_data import write_dataset
+    from vitviz.data.shapes import write_dataset
 
     csv_path = write_dataset(args.out, n=args.n, seed=args.seed)
     print(f"wrote {args.n} images and {csv_path}")
@@ -38,7 +38,7 @@ def _demo_data(args: argparse.Namespace) -> int:
 
 
 def _train_demo(args: argparse.Namespace) -> int:
-    from vitviz.demo_model import DEMO_DIR, train_demo
+    from vitviz.demo.vit import DEMO_DIR, train_demo
 
     score = train_demo(args.out or DEMO_DIR, seed=args.seed, steps=args.steps, batch_size=args.batch_size)
     return 0 if score.accuracy >= 0.95 and score.peak_in_box >= 0.9 else 1

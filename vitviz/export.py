@@ -10,14 +10,14 @@ from pathlib import Path
 
 import numpy as np
 
-from vitviz.capture import Capture, capture_batch
-from vitviz.embeddings import position_similarity
+from vitviz.analysis.embeddings import position_similarity
+from vitviz.analysis.rollout import rollout
+from vitviz.analysis.stats import attention_entropy, mean_attention_distance
+from vitviz.capture.run import Capture, capture_batch
+from vitviz.data.images import load_image
 from vitviz.errors import VitvizError
-from vitviz.images import load_image
-from vitviz.models import LoadedModel
-from vitviz.overlay import overlay
-from vitviz.rollout import rollout
-from vitviz.stats import attention_entropy, mean_attention_distance
+from vitviz.figures.overlay import overlay
+from vitviz.models.load import LoadedModel
 
 __all__ = ["capture_arrays", "ExportReport", "export_images"]
 

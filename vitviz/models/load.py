@@ -19,9 +19,9 @@ from urllib.parse import urlparse
 import numpy as np
 import torch
 
-from vitviz.demo_model import DEMO_DIR
+from vitviz.demo.vit import DEMO_DIR
 from vitviz.errors import ModelLoadError
-from vitviz.families import Family, family_for
+from vitviz.models.families import Family, family_for
 
 __all__ = ["LoadedModel", "DEMO_NAME", "load_model", "pick_device", "resolve_source", "parse_model_name"]
 

@@ -1,6 +1,6 @@
 import numpy as np
 
-from vitviz.demo_data import CLASSES, make_sample, write_dataset
+from vitviz.data.shapes import CLASSES, make_sample, write_dataset
 
 
 def test_same_seed_same_image_and_box():

@@ -8,7 +8,7 @@ import torch
 from conftest import EXPECTED_PREFIX, FAMILY_KEYS, save_tiny
 
 from vitviz.errors import ModelLoadError, UnsupportedModelError
-from vitviz.models import DEMO_NAME, load_model, parse_model_name, pick_device
+from vitviz.models.load import DEMO_NAME, load_model, parse_model_name, pick_device
 
 
 @pytest.mark.parametrize("key", FAMILY_KEYS)

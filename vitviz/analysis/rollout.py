@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vitviz.maps import Fusion, fuse_heads
+from vitviz.analysis.maps import Fusion, fuse_heads
 
 __all__ = ["discard_smallest", "rollout_layer_matrix", "rollout_matrix", "rollout"]
 

@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from vitviz.errors import BudgetError, CaptureError
-from vitviz.models import LoadedModel
+from vitviz.models.load import LoadedModel
 
 __all__ = [
     "Prediction",

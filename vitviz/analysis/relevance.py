@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitviz.capture import DEFAULT_BUDGET_BYTES, check_budget, forward, input_size_for, preprocess, token_layout
+from vitviz.capture.run import DEFAULT_BUDGET_BYTES, check_budget, forward, input_size_for, preprocess, token_layout
 from vitviz.errors import CaptureError
-from vitviz.models import LoadedModel
+from vitviz.models.load import LoadedModel
 
 __all__ = ["chefer_relevance", "Explanation", "explain_classes"]
 

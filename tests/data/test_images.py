@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from vitviz.data.images import load_image, read_image
 from vitviz.errors import ImageError
-from vitviz.images import load_image, read_image
 
 
 def _encode(img: Image.Image, fmt: str, **kw) -> bytes:

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from conftest import random_attention
 
-from vitviz.maps import (
+from vitviz.analysis.maps import (
     fuse_heads,
     key_map,
     patch_attention_total,

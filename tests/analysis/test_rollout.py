@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from conftest import random_attention
 
-from vitviz.rollout import discard_smallest, rollout, rollout_matrix
+from vitviz.analysis.rollout import discard_smallest, rollout, rollout_matrix
 
 
 def _hand_b(f: np.ndarray) -> np.ndarray:

@@ -5,11 +5,11 @@ import json
 import numpy as np
 from PIL import Image
 
-from vitviz import demo_data
-from vitviz.capture import capture_batch
-from vitviz.demo_model import DEMO_DIR, peak_in_box, train_demo
-from vitviz.models import load_model
-from vitviz.rollout import rollout
+from vitviz.analysis.rollout import rollout
+from vitviz.capture.run import capture_batch
+from vitviz.data import shapes as demo_data
+from vitviz.demo.vit import DEMO_DIR, peak_in_box, train_demo
+from vitviz.models.load import load_model
 
 # Seeds far from the training images (0..40 000) and from train-demo's own held-out set.
 HELD_OUT = range(5_000_000, 5_000_400)

@@ -3,9 +3,9 @@ import pytest
 import torch
 from conftest import random_image
 
-from vitviz.capture import input_size_for, preprocess
+from vitviz.analysis.relevance import chefer_relevance, explain_classes
+from vitviz.capture.run import input_size_for, preprocess
 from vitviz.errors import CaptureError
-from vitviz.relevance import chefer_relevance, explain_classes
 
 
 def test_one_layer_hand_computed():

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from conftest import random_attention
 
-from vitviz.stats import attention_entropy, mean_attention_distance, patch_distances
+from vitviz.analysis.stats import attention_entropy, mean_attention_distance, patch_distances
 
 
 def test_uniform_attention_distance_closed_form_2x2():

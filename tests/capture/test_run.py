@@ -3,7 +3,7 @@ import pytest
 import torch
 from conftest import EXPECTED_PREFIX, FAMILY_KEYS, random_image
 
-from vitviz.capture import capture, capture_batch, check_budget, estimate_capture_bytes, input_size_for, preprocess
+from vitviz.capture.run import capture, capture_batch, check_budget, estimate_capture_bytes, input_size_for, preprocess
 from vitviz.errors import BudgetError, CaptureError
 
 
@@ -128,7 +128,7 @@ def test_budget_refuses_huge_inputs(tiny_models):
 
 
 def test_nothing_captured_raises(tiny_dirs):
-    from vitviz.models import load_model
+    from vitviz.models.load import load_model
 
     loaded = load_model(str(tiny_dirs["vit"]))
     loaded.model.set_attn_implementation("sdpa")  # a private copy: simulate fused attention
@@ -152,7 +152,7 @@ def test_sixteen_concurrent_analyses_equal_the_ones_computed_alone(tiny_models):
 
 
 def test_failure_halfway_leaves_no_hook_and_next_call_is_correct(tiny_dirs):
-    from vitviz.models import load_model
+    from vitviz.models.load import load_model
 
     loaded = load_model(str(tiny_dirs["vit"]))
     img = random_image(9)
@@ -178,7 +178,7 @@ def test_failure_halfway_leaves_no_hook_and_next_call_is_correct(tiny_dirs):
 def test_model_with_no_attention_layers_is_named(tmp_path):
     from transformers import ViTConfig, ViTModel
 
-    from vitviz.models import load_model
+    from vitviz.models.load import load_model
 
     cfg = ViTConfig(
         hidden_size=16, num_hidden_layers=0, num_attention_heads=2, intermediate_size=32, image_size=16, patch_size=8
@@ -192,7 +192,7 @@ def test_dinov2_base_shape_at_518_fits_the_default_budget(tmp_path):
     """ViT-B-sized DINOv2 at 518 px (T = 1370): within 2 GiB, stored as float16."""
     from transformers import Dinov2Config, Dinov2Model
 
-    from vitviz.models import load_model
+    from vitviz.models.load import load_model
 
     torch.manual_seed(0)
     Dinov2Model(Dinov2Config(image_size=518, patch_size=14)).save_pretrained(tmp_path, safe_serialization=True)

@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vitviz import demo_data
-from vitviz.rollout import rollout
+from vitviz.analysis.rollout import rollout
+from vitviz.data import shapes as demo_data
 
 __all__ = ["DEMO_DIR", "DemoScore", "demo_config", "train_demo", "peak_in_box", "score_demo"]
 
-DEMO_DIR = Path(__file__).resolve().parent / "assets" / "demo-vit"
+DEMO_DIR = Path(__file__).resolve().parents[1] / "assets" / "demo-vit"
 PATCH = 8
 MEAN = STD = (0.5, 0.5, 0.5)
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from vitviz.embeddings import patch_components, position_similarity, token_norm_outliers
+from vitviz.analysis.embeddings import patch_components, position_similarity, token_norm_outliers
 
 
 def test_position_similarity_is_cosine():

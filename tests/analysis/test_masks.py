@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from vitviz.masks import dino_masks
+from vitviz.analysis.masks import dino_masks
 
 
 def _attn_with_last_cls_row(rows: np.ndarray, prefix: int = 1) -> np.ndarray:

@@ -1,0 +1,1 @@
+"""Pure analyses of a capture: maps, rollout, relevance, masks, summaries, embeddings."""

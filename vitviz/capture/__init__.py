@@ -1,0 +1,1 @@
+"""One forward pass -> one immutable record of what the model did (``run``)."""

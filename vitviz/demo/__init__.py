@@ -1,0 +1,1 @@
+"""Training and scoring of the bundled demo models."""

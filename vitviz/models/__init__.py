@@ -1,0 +1,1 @@
+"""Loading models (``load``) and one adapter per model family (``families``)."""
