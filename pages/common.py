@@ -24,11 +24,11 @@ import numpy as np
 import streamlit as st
 
 from vitviz.analysis.embeddings import patch_components, position_similarity
-from vitviz.analysis.relevance import explain_classes
 from vitviz.analysis.rollout import rollout
 from vitviz.analysis.stats import attention_entropy, mean_attention_distance
 from vitviz.cache import BoundedCache
 from vitviz.capture import run as vcapture
+from vitviz.capture.gradients import explain_classes
 from vitviz.data.images import read_image
 from vitviz.errors import VitvizError
 from vitviz.models.load import LoadedModel, load_model, parse_model_name

@@ -12,9 +12,10 @@ Chefer et al. 2021 (relevance), Caron et al. 2021 (DINO masks).
 from vitviz.analysis.embeddings import patch_components, position_similarity
 from vitviz.analysis.maps import fuse_heads, key_map, prefix_attention, query_map
 from vitviz.analysis.masks import dino_masks
-from vitviz.analysis.relevance import chefer_relevance, explain_classes
+from vitviz.analysis.relevance import chefer_relevance
 from vitviz.analysis.rollout import rollout_matrix
 from vitviz.analysis.stats import attention_entropy, mean_attention_distance
+from vitviz.capture.gradients import explain_classes
 from vitviz.capture.run import Capture, Prediction, capture_batch
 from vitviz.data.images import load_image, read_image
 from vitviz.errors import (

@@ -3,7 +3,8 @@ import pytest
 import torch
 from conftest import random_image
 
-from vitviz.analysis.relevance import chefer_relevance, explain_classes
+from vitviz.analysis.relevance import chefer_relevance
+from vitviz.capture.gradients import explain_classes
 from vitviz.capture.run import input_size_for, preprocess
 from vitviz.errors import CaptureError
 

@@ -9,9 +9,20 @@ from __future__ import annotations
 
 import numpy as np
 
+from vitviz.analysis.blocks import left_apply, row_sums, select
+from vitviz.analysis.flow import propagate
 from vitviz.analysis.maps import Fusion, fuse_heads
+from vitviz.capture.record import Capture, Geometry
 
-__all__ = ["discard_smallest", "rollout_layer_matrix", "rollout_matrix", "rollout"]
+__all__ = [
+    "discard_smallest",
+    "rollout_layer_matrix",
+    "rollout_matrix",
+    "rollout",
+    "discard_native",
+    "rollout_step",
+    "capture_rollout",
+]
 
 
 def discard_smallest(fused: np.ndarray, *, num_prefix_tokens: int, ratio: float) -> np.ndarray:
@@ -105,3 +116,60 @@ def rollout(
         )
         row = row @ b
     return row
+
+
+def discard_native(g: Geometry, mat: np.ndarray, *, ratio: float) -> np.ndarray:
+    """Zero the fraction ``ratio`` of smallest entries of a block's fused native matrix.
+
+    Candidates: every entry in a grid-key column (prefix-token columns are never
+    discarded): ``mat[:, P:]`` of global attention, which is :func:`discard_smallest`
+    exactly; every window entry, or every unfolded entry, of the other kinds. The
+    ``floor(ratio * count)`` smallest are set to 0, ties to the lower flat index.
+    """
+    if g.kind == "global":
+        return discard_smallest(mat, num_prefix_tokens=g.num_prefix, ratio=ratio)
+    if not 0.0 <= ratio < 1.0:
+        raise ValueError(f"discard ratio must be in [0, 1), got {ratio}")
+    flat = np.array(mat, dtype=np.float32, copy=True).reshape(-1)
+    k = int(np.floor(ratio * flat.size))
+    if k:
+        flat[np.argsort(flat, kind="stable")[:k]] = 0.0
+    return flat.reshape(mat.shape)
+
+
+def rollout_step(g: Geometry, mat: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """``r @ B`` with ``B = rownorm(0.5 * dense(F) + 0.5 * I)``, from F's native form."""
+    v = r / (0.5 * row_sums(g, mat).astype(np.float64) + 0.5)
+    return 0.5 * left_apply(g, mat, v) + 0.5 * v
+
+
+def capture_rollout(
+    cap: Capture,
+    *,
+    query: int | None = None,
+    start: int = 0,
+    stop: int | None = None,
+    fusion: Fusion = "mean",
+    discard_ratio: float = 0.0,
+) -> tuple[np.ndarray, int]:
+    """Rollout of a readout row through every block and stage of a capture (``ALGORITHMS.md``).
+
+    Per block: fuse heads (mean: the float32 values kept before storage), discard
+    (optional, :func:`discard_native`), ``B = rownorm(0.5 * dense(F) + 0.5 * I)``; merges
+    between stages as in :mod:`vitviz.analysis.flow`. ``query``: a token of the
+    last block's stage, ``POOLED``, or None for the readout (CLS where the stage has
+    one, else the pooled query). Returns the row over the tokens of the stage of
+    block ``start`` (the first stage by default), renormalised to sum to 1, and that
+    stage's index. For a plain ViT this equals :func:`rollout`.
+    """
+    if cap.rollout_note:
+        raise ValueError(cap.rollout_note)
+    stop = cap.num_blocks if stop is None else stop
+    mats = {}
+    for b in range(start, stop):
+        mat = select(cap.blocks[b], fusion=fusion)
+        mats[b] = discard_native(cap.blocks[b].geometry, mat, ratio=discard_ratio) if discard_ratio > 0 else mat
+    geoms = [b.geometry for b in cap.blocks]
+    row, stage = propagate(geoms, cap.stages, mats, rollout_step, query=query, start=start, stop=stop)
+    total = row.sum()
+    return (row / total if total > 0 else row).astype(np.float32), stage

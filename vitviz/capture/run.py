@@ -1,21 +1,29 @@
-"""One forward pass -> one immutable :class:`Capture` of everything the views need.
+"""One forward pass -> one immutable :class:`~vitviz.capture.record.Capture` per image.
 
-Attention comes from ``output_attentions`` of an eager-attention model, so a call
-registers nothing on the shared model and leaves no state behind: many sessions
-and threads can capture from one cached model at once.
+Attention is read by the hooks installed when the model was loaded
+(``vitviz.capture.hooks``); a capture call sets its own recorder for the length of
+its forward, so many sessions and threads can capture from one cached model at
+once. As each block finishes, its float32 probabilities are reduced to what the
+record keeps: a float16 copy in native form for display, the float32 head mean
+(rollout reads it), and float32 per-head summaries (mean attention distance,
+entropy). The float32 weights of a block are released before the next block runs.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from PIL import Image
 
+from vitviz.analysis.blocks import block_summaries
+from vitviz.capture.hooks import Site, installed_sites, recording
+from vitviz.capture.record import Block, Capture, Geometry, Prediction, Stage
 from vitviz.errors import BudgetError, CaptureError
+from vitviz.models.families.base import Call, to_native
 from vitviz.models.load import LoadedModel
 
 __all__ = [
@@ -28,7 +36,7 @@ __all__ = [
     "token_layout",
     "predictions_from_logits",
     "preprocess",
-    "forward",
+    "run_forward",
     "capture",
     "capture_batch",
 ]
@@ -37,112 +45,36 @@ __all__ = [
 DEFAULT_BUDGET_BYTES = int(os.environ.get("VITVIZ_MEMORY_BUDGET_MB", "2048")) * 2**20
 
 
-@dataclass(frozen=True)
-class Prediction:
-    index: int
-    label: str
-    probability: float  # softmax over all classes
-    logit: float
-
-
-def _frozen(a: np.ndarray | None) -> np.ndarray | None:
-    if a is not None:
-        a.setflags(write=False)
-    return a
-
-
-@dataclass(frozen=True, eq=False)
-class Capture:
-    """What one forward pass saw. Arrays are read-only.
-
-    Shapes: ``attentions`` (L, H, T, T) with T = P + gh*gw; ``image`` (h, w, 3) uint8,
-    the resized input the model saw; ``logits`` (C,) or None for backbones;
-    ``position_embeddings`` (G*G, D) patch rows on the native grid ``position_grid``;
-    ``token_norms`` (L+1, T) L2 norms of the residual stream (embeddings, then each
-    layer's output); ``patch_weights`` (D, C, p, p).
-    """
-
-    model_name: str
-    family: str
-    input_size: tuple[int, int]
-    patch_size: int
-    grid: tuple[int, int]
-    token_kinds: tuple[str, ...]
-    attentions: np.ndarray = field(repr=False)
-    image: np.ndarray = field(repr=False)
-    logits: np.ndarray | None = field(repr=False)
-    predictions: tuple[Prediction, ...]
-    position_embeddings: np.ndarray | None = field(repr=False)
-    position_grid: tuple[int, int] | None
-    position_note: str
-    token_norms: np.ndarray = field(repr=False)
-    patch_weights: np.ndarray = field(repr=False)
-
-    def __post_init__(self) -> None:
-        for name in ("attentions", "image", "logits", "position_embeddings", "token_norms", "patch_weights"):
-            _frozen(getattr(self, name))
-
-    @property
-    def num_prefix_tokens(self) -> int:
-        return len(self.token_kinds) - self.grid[0] * self.grid[1]
-
-    @property
-    def prefix_kinds(self) -> tuple[str, ...]:
-        return self.token_kinds[: self.num_prefix_tokens]
-
-    @property
-    def num_layers(self) -> int:
-        return self.attentions.shape[0]
-
-    @property
-    def num_heads(self) -> int:
-        return self.attentions.shape[1]
-
-    @property
-    def num_tokens(self) -> int:
-        return self.attentions.shape[-1]
-
-    @property
-    def attention_precision(self) -> str:
-        return str(self.attentions.dtype)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes this image's arrays hold (position embeddings and patch weights are the model's, shared)."""
-        return sum(a.nbytes for a in (self.attentions, self.image, self.logits, self.token_norms) if a is not None)
-
-    def token_label(self, index: int) -> str:
-        """``CLS``, ``DIST``, ``REG1``, or ``patch (row, col)`` for a sequence position."""
-        p = self.num_prefix_tokens
-        if index < p:
-            return self.token_kinds[index]
-        row, col = divmod(index - p, self.grid[1])
-        return f"patch ({row}, {col})"
-
-
 def input_size_for(loaded: LoadedModel, size: int | tuple[int, int] | None = None) -> tuple[int, int]:
-    """(h, w) the model will see: the processor's default, or ``size`` snapped to whole patches."""
+    """(h, w) the model will see: the processor's default, or ``size`` snapped to the family's multiple.
+
+    A family that runs at one size only (PvT v1) always gets that size.
+    """
+    fixed = loaded.family.fixed_size(loaded.config)
+    if fixed is not None:
+        return fixed
     if size is None:
         h, w = loaded.default_size
     elif isinstance(size, int):
         h = w = size
     else:
         h, w = size
-    p = loaded.patch_size
-    h, w = max(p, round(h / p) * p), max(p, round(w / p) * p)
+    m = loaded.family.size_multiple(loaded.config)
+    h, w = max(m, round(h / m) * m), max(m, round(w / m) * m)
     return int(h), int(w)
 
 
 def estimate_capture_bytes(
     num_layers: int, num_heads: int, num_tokens: int, *, batch: int = 1, gradients: bool = False, itemsize: int = 4
 ) -> int:
-    """Memory the attention capture holds: L x H x T^2 values per image, doubled with gradients."""
+    """Memory a plain ViT's attention takes: L x H x T^2 values per image, doubled with gradients."""
     return num_layers * num_heads * num_tokens**2 * itemsize * batch * (2 if gradients else 1)
 
 
 def token_layout(loaded: LoadedModel, hw: tuple[int, int]) -> tuple[tuple[str, ...], tuple[int, int]]:
-    """(prefix token kinds, patch grid (gh, gw)) of ``loaded`` at input size ``hw``."""
-    return loaded.family.prefix_kinds(loaded.config), (hw[0] // loaded.patch_size, hw[1] // loaded.patch_size)
+    """(prefix token kinds, first-stage grid (gh, gw)) of ``loaded`` at input size ``hw``."""
+    p = loaded.patch_size
+    return loaded.family.prefix_kinds(loaded.config), (hw[0] // p, hw[1] // p)
 
 
 def _size(n: int) -> str:
@@ -150,11 +82,8 @@ def _size(n: int) -> str:
 
 
 def check_budget(loaded: LoadedModel, hw: tuple[int, int], *, batch: int, gradients: bool, budget: int) -> None:
-    cfg = loaded.config
-    prefix, (gh, gw) = token_layout(loaded, hw)
-    need = estimate_capture_bytes(
-        cfg.num_hidden_layers, cfg.num_attention_heads, len(prefix) + gh * gw, batch=batch, gradients=gradients
-    )
+    """Refuse, before any forward, an input whose attention (float32) would exceed ``budget`` bytes."""
+    need = loaded.family.attention_numel(loaded.config, hw) * 4 * batch * (2 if gradients else 1)
     if need > budget:
         raise BudgetError(
             f"An input of {hw[1]} x {hw[0]} px needs about {_size(need)} for attention maps"
@@ -180,16 +109,82 @@ def preprocess(
     return pixels.to(device=loaded.device, dtype=loaded.dtype), resized
 
 
-def forward(loaded: LoadedModel, pixels: torch.Tensor):
-    """The model's forward pass with attentions and hidden states; grad mode is the caller's."""
-    kwargs = {"output_attentions": True, "output_hidden_states": True}
-    if loaded.family.interpolate_kwarg:
-        kwargs["interpolate_pos_encoding"] = True
-    out = loaded.model(pixel_values=pixels, **kwargs)
-    if not out.attentions or any(a is None for a in out.attentions):
+class BlockRecorder:
+    """Base recorder: pairs each site's probabilities with its block and reads the block's geometry."""
+
+    def __init__(self, loaded: LoadedModel, call: Call) -> None:
+        self.loaded, self.call = loaded, call
+        self._pending: dict[int, torch.Tensor | None] = {}
+        self.geometries: dict[int, Geometry] = {}
+        self.missing = 0  # sites whose module returned no weights (fused attention)
+
+    def on_attention(self, site: Site, module, args, kwargs, output) -> None:
+        self._pending[site.index] = self.loaded.family.probs(self.call, site, module, args, kwargs, output)
+
+    def on_block(self, site: Site, module, args, kwargs, output) -> None:
+        raw = self._pending.pop(site.index, None)
+        if raw is None:
+            self.missing += 1
+            return
+        g = self.loaded.family.geometry(self.call, site, module, args, kwargs, output, raw)
+        self.geometries[site.index] = g
+        self.block(site, g, raw, module, args, kwargs, output)
+
+    def block(self, site: Site, g: Geometry, raw: torch.Tensor, module, args, kwargs, output) -> None:
+        raise NotImplementedError
+
+
+@dataclass
+class _BlockArrays:
+    attention: np.ndarray  # (B, *native) float16 (or float32), or a view into the plain stack
+    fused: np.ndarray  # (B, *native without heads) float32
+    summaries: list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # per image: distance, entropy, entropy_norm
+
+
+class SummaryRecorder(BlockRecorder):
+    """What :func:`capture_batch` keeps of each block, computed from its float32 weights as it arrives."""
+
+    def __init__(self, loaded: LoadedModel, call: Call, attention_dtype: str, num_sites: int) -> None:
+        super().__init__(loaded, call)
+        self.dtype = getattr(torch, attention_dtype)
+        self.num_sites = num_sites
+        self.arrays: dict[int, _BlockArrays] = {}
+        self.norms: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.stack: np.ndarray | None = None  # (B, L, H, T, T) for plain models
+
+    def _store(self, site: Site, g: Geometry, native: torch.Tensor) -> np.ndarray:
+        low = native.to(self.dtype).cpu().numpy()  # torch casts faster than numpy
+        if self.loaded.family.hierarchical:
+            return low
+        if self.stack is None:
+            self.stack = np.empty((low.shape[0], self.num_sites, *low.shape[1:]), dtype=low.dtype)
+        self.stack[:, site.index] = low
+        return self.stack[:, site.index]
+
+    def block(self, site, g, raw, module, args, kwargs, output) -> None:
+        native = to_native(g, raw.detach(), self.call.batch)
+        f32 = native.float()
+        head_axis = {"global": 1, "window": 2, "unfolded": 2}.get(g.kind)
+        fused = (f32 if head_axis is None else f32.mean(dim=head_axis)).cpu().numpy()
+        full = f32.cpu().numpy()  # zero-copy on the CPU
+        summaries = [block_summaries(g, full[i], self.call.input_size) for i in range(self.call.batch)]
+        self.arrays[site.index] = _BlockArrays(self._store(site, g, native), fused, summaries)
+        tokens = self.loaded.family.tokens(self.call, site, module, args, kwargs, output)
+        if tokens is not None:
+            self.norms[site.index] = tuple(t.detach().float().norm(dim=-1).cpu().numpy() for t in tokens)
+
+
+def run_forward(loaded: LoadedModel, pixels: torch.Tensor, recorder: BlockRecorder):
+    """The model's forward with ``recorder`` receiving this call's hook calls; grad mode is the caller's."""
+    sites = installed_sites(loaded.model)
+    kwargs = loaded.family.forward_kwargs(loaded.config, recorder.call.input_size)
+    with loaded.family.running(loaded.model), recording(recorder):
+        out = loaded.model(pixel_values=pixels, **kwargs)
+    if not sites or recorder.missing or len(recorder.geometries) != len(sites):
         raise CaptureError(
-            f"'{loaded.name}' returned no attention weights: it must run with eager attention "
-            "(fused SDPA / flash kernels never materialise them)."
+            f"'{loaded.name}' returned no attention weights from {recorder.missing or len(sites) or 'any'} of its "
+            f"{len(sites)} attention blocks: it must run with eager attention (fused SDPA / flash kernels never "
+            "materialise them)."
         )
     return out
 
@@ -205,6 +200,23 @@ def predictions_from_logits(
     return tuple(Prediction(int(i), id2label.get(int(i), f"class {i}"), float(probs[i]), float(z[i])) for i in order)
 
 
+def build_stages(loaded: LoadedModel, geometries: Sequence[Geometry], norms: dict, image: int) -> tuple[Stage, ...]:
+    """Group blocks (in forward order) into stages; the merge rule between stages comes from the family."""
+    by_stage: dict[int, list[int]] = {}
+    for i, g in enumerate(geometries):
+        by_stage.setdefault(g.stage, []).append(i)
+    stages = []
+    for s, idx in enumerate(by_stage.values()):
+        first = geometries[idx[0]]
+        if any(geometries[i].grid != first.grid or geometries[i].prefix_kinds != first.prefix_kinds for i in idx):
+            raise CaptureError(f"blocks of stage {s + 1} disagree on their grid; the {loaded.family.name} adapter is wrong")
+        parents = None if s == 0 else loaded.family.merge_parents(geometries[stages[-1].blocks[-1]], first)
+        rows = [norms[idx[0]][0][image]] + [norms[i][1][image] for i in idx] if all(i in norms for i in idx) else None
+        stage_norms = np.stack(rows).astype(np.float32) if rows else None
+        stages.append(Stage(s, first.grid, first.prefix_kinds, tuple(idx), parents, stage_norms))
+    return tuple(stages)
+
+
 def capture_batch(
     loaded: LoadedModel,
     images: Sequence[Image.Image],
@@ -217,51 +229,46 @@ def capture_batch(
     """Capture a batch of images at one input size in a single forward pass.
 
     ``attention_dtype`` float16 (default) halves the record; attention weights lie in
-    [0, 1], where float16 keeps about 3 significant digits. Use float32 for parity work.
+    [0, 1], where float16 keeps about 3 significant digits. Every summary is computed
+    from the float32 weights whatever is stored. Use float32 storage for parity work.
     """
     if not images:
         return []
     hw = input_size_for(loaded, size)
     check_budget(loaded, hw, batch=len(images), gradients=False, budget=budget_bytes)
     pixels, resized = preprocess(loaded, images, hw)
+    call = Call(loaded.config, hw, len(images))
+    rec = SummaryRecorder(loaded, call, attention_dtype, len(installed_sites(loaded.model)))
     with torch.inference_mode():
-        out = forward(loaded, pixels)
-        norms = torch.stack([h.float().norm(dim=-1) for h in out.hidden_states], dim=1).cpu().numpy()
+        out = run_forward(loaded, pixels, rec)
         logits = out.logits.float().cpu().numpy() if loaded.has_classifier else None
-        layers = list(out.attentions)
-        del out  # from here each layer's float32 weights are freed as soon as they are converted
-        attn = np.empty((layers[0].shape[0], len(layers), *layers[0].shape[1:]), dtype=attention_dtype)
-        for i in range(len(layers)):
-            attn[:, i] = layers[i].to(getattr(torch, attention_dtype)).cpu().numpy()  # torch casts faster
-            layers[i] = None
-
+    geometries = [rec.geometries[i] for i in sorted(rec.geometries)]
     fam = loaded.family
-    prefix, grid = token_layout(loaded, hw)
-    if attn.shape[-1] != len(prefix) + grid[0] * grid[1]:
-        raise CaptureError(
-            f"Expected {len(prefix)} prefix tokens + {grid[0]} x {grid[1]} patches, got {attn.shape[-1]} tokens."
+    captures = []
+    for i in range(len(images)):
+        blocks = tuple(
+            Block(b, g, rec.arrays[b].attention[i], rec.arrays[b].fused[i], *rec.arrays[b].summaries[i])
+            for b, g in enumerate(geometries)
         )
-    kinds = prefix + ("patch",) * (grid[0] * grid[1])
-    return [
-        Capture(
-            model_name=loaded.name,
-            family=fam.name,
-            input_size=hw,
-            patch_size=loaded.patch_size,
-            grid=grid,
-            token_kinds=kinds,
-            attentions=attn[i],
-            image=resized[i],
-            logits=None if logits is None else logits[i],
-            predictions=() if logits is None else predictions_from_logits(logits[i], loaded.id2label, top_k),
-            position_embeddings=loaded.position_embeddings,
-            position_grid=loaded.position_grid,
-            position_note=loaded.position_note,
-            token_norms=norms[i],
-            patch_weights=loaded.patch_weights,
+        captures.append(
+            Capture(
+                model_name=loaded.name,
+                family=fam.name,
+                input_size=hw,
+                patch_size=loaded.patch_size,
+                stages=build_stages(loaded, geometries, rec.norms, i),
+                blocks=blocks,
+                image=resized[i],
+                logits=None if logits is None else logits[i],
+                predictions=() if logits is None else predictions_from_logits(logits[i], loaded.id2label, top_k),
+                readout=fam.readout(loaded.config),
+                position=loaded.position,
+                patch_weights=loaded.patch_weights,
+                rollout_note=fam.rollout_note(loaded.config),
+                attention_stack=None if rec.stack is None else rec.stack[i],
+            )
         )
-        for i in range(len(images))
-    ]
+    return captures
 
 
 def capture(

@@ -19,6 +19,8 @@ from urllib.parse import urlparse
 import numpy as np
 import torch
 
+from vitviz.capture.hooks import install
+from vitviz.capture.record import PositionInfo
 from vitviz.demo.vit import DEMO_DIR
 from vitviz.errors import ModelLoadError
 from vitviz.models.families import Family, family_for
@@ -50,14 +52,25 @@ class LoadedModel:
     resample: int  # PIL resampling filter of the processor
     id2label: dict[int, str] | None  # None for backbones without a classifier
     # Model-level arrays, computed once and shared read-only by every capture:
-    position_embeddings: np.ndarray | None = field(repr=False)  # (G*G, D) patch rows, native grid
-    position_grid: tuple[int, int] | None
-    position_note: str  # why there are none, when there are none
-    patch_weights: np.ndarray = field(repr=False)  # (D, C, p, p)
+    position: PositionInfo  # absolute tables per stage, relative biases, or a note saying why none
+    patch_weights: np.ndarray | None = field(repr=False)  # (D, C, k, k) first convolution
 
     @property
     def config(self):
         return self.model.config
+
+    @property
+    def position_embeddings(self) -> np.ndarray | None:
+        """``(G*G, D)`` patch rows of the first absolute position table on its native grid, or None."""
+        return self.position.tables[0].embeddings if self.position.tables else None
+
+    @property
+    def position_grid(self) -> tuple[int, int] | None:
+        return self.position.tables[0].grid if self.position.tables else None
+
+    @property
+    def position_note(self) -> str:
+        return self.position.note
 
     @property
     def base_model(self) -> torch.nn.Module:
@@ -176,17 +189,6 @@ def _processor_settings(source: str, config, hub_kwargs: dict) -> tuple[tuple[in
     return hw, mean, std, rescale, int(getattr(res, "value", res) if res is not None else resample)
 
 
-def _position_embeddings(family: Family, base, config, patch: int) -> tuple[np.ndarray | None, tuple[int, int] | None]:
-    pos = family.patch_position_embeddings(base, config)
-    if pos is None:
-        return None, None
-    native = int(config.image_size) // patch
-    if pos.shape[0] != native * native:
-        raise ModelLoadError(f"{pos.shape[0]} position embeddings do not fill the native {native} x {native} grid.")
-    pos.setflags(write=False)
-    return pos, (native, native)
-
-
 def load_model(
     name: str,
     *,
@@ -252,12 +254,16 @@ def load_model(
         raise ModelLoadError(f"Could not load the weights of '{name}': {str(exc)[:400]}.{hint}") from None
     model.eval().requires_grad_(False).to(dev)
 
-    patch = config.patch_size
-    patch = int(patch[0] if isinstance(patch, (tuple, list)) else patch)
     hw, mean, std, rescale, resample = _processor_settings(source, config, hub_kwargs)
-    pos, pos_grid = _position_embeddings(family, model.base_model, config, patch)
-    weights = family.patch_weight(model.base_model)
-    weights.setflags(write=False)
+    try:
+        position = family.position_info(model)
+        weights = family.patch_weight(model)
+        install(model, family.sites(model))  # once per loaded model; they record only inside a capture call
+    except (ValueError, RuntimeError, AttributeError) as exc:
+        raise ModelLoadError(f"'{name}' does not have the layout of a {family.name} model: {exc}") from None
+    if weights is not None:
+        weights.setflags(write=False)
+    fixed = family.fixed_size(config)
     has_head = hasattr(model, "classifier") or hasattr(model, "cls_classifier")
     labels = {int(k): str(v) for k, v in config.id2label.items()} if has_head else None
     return LoadedModel(
@@ -267,15 +273,13 @@ def load_model(
         family=family,
         device=dev,
         dtype=_DTYPES[dtype],
-        patch_size=patch,
-        default_size=hw,
+        patch_size=family.patch_size(config),
+        default_size=fixed or hw,
         image_mean=mean,
         image_std=std,
         rescale_factor=rescale,
         resample=resample,
         id2label=labels,
-        position_embeddings=pos,
-        position_grid=pos_grid,
-        position_note=family.position_note(config),
+        position=position,
         patch_weights=weights,
     )

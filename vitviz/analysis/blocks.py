@@ -1,0 +1,416 @@
+"""Questions about one block's attention, whatever its native form (see ``vitviz.capture.record``).
+
+Every function takes a block's :class:`~vitviz.capture.record.Geometry` and one
+native matrix with the head axis already chosen (``select`` does that):
+
+* ``global``: ``(Tq, Tk)``; ``window``: ``(nW, w*w, w*w)``; ``unfolded``: ``(A, N, N)``;
+  ``separable``: ``(A, N)``.
+
+Definitions (``ALGORITHMS.md``, "Hierarchical models"):
+
+* **Windows** (Swin): the grid is padded on the bottom and right to multiples of w
+  and rolled by ``(-s, -s)``. Original position i along an axis sits at shifted
+  index ``(i - s) mod n``; the key at shifted index j is original position
+  ``(j + s) mod n``. A query's map is its window row with every key moved back to
+  its original position, zero outside its window; attention to padding tokens is
+  left out of the map and reported as a share.
+* **Reduced keys** (PvT, PvT v2, CvT): the query map is the row on the key grid as
+  it is. The dense view spreads each key's weight evenly over the stage tokens its
+  cell covers (``Geometry.key_rule``), so rows still sum to 1.
+* **Unfolded patches** (MobileViT): the map of query patch q is the mean over
+  offsets of that offset's row of q. **Separable** (MobileViT V2): the mean over
+  offsets of the context scores; there is no query.
+* The **pooled query** (``POOLED``) is the mean of the rows of all grid tokens
+  (padding tokens excluded): the global view of models without a CLS token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Literal
+
+import numpy as np
+
+from vitviz.capture.record import POOLED, Block, Geometry
+from vitviz.errors import BudgetError
+
+__all__ = [
+    "RowMap",
+    "select",
+    "window_layout",
+    "key_assignment",
+    "key_spread",
+    "key_of_token",
+    "row_map",
+    "column_map",
+    "dense",
+    "left_apply",
+    "row_sums",
+    "cell_centres",
+    "block_summaries",
+    "allowed_keys",
+]
+
+Fusion = Literal["mean", "max", "min"]
+
+
+@dataclass(frozen=True, eq=False)
+class RowMap:
+    """A query's attention placed on a grid.
+
+    ``values``: ``(gh, gw)`` float32 on ``grid`` (the key grid for reduced keys, else
+    the stage grid), raw weights; ``prefix``: ``(P,)`` weights on the prefix tokens;
+    ``padding``: the share that went to padding tokens (not on the image).
+    """
+
+    values: np.ndarray
+    grid: tuple[int, int]
+    prefix: np.ndarray
+    padding: float
+
+
+def select(block: Block, *, head: int | None = None, fusion: Fusion = "mean") -> np.ndarray:
+    """The block's native matrix for one head, or fused over heads (mean: float32 from before storage)."""
+    a = block.attention
+    if block.kind == "separable":
+        return np.asarray(block.fused if head is None else a, dtype=np.float32)
+    axis = 0 if block.kind == "global" else 1
+    if head is not None:
+        if not 0 <= head < block.num_heads:
+            raise ValueError(f"head {head} is outside 0..{block.num_heads - 1}")
+        return np.asarray(np.take(a, head, axis=axis), dtype=np.float32)
+    if fusion == "mean":
+        return np.asarray(block.fused, dtype=np.float32)
+    if fusion == "max":
+        return a.max(axis=axis).astype(np.float32)
+    if fusion == "min":
+        return a.min(axis=axis).astype(np.float32)
+    raise ValueError(f"unknown head fusion {fusion!r}; choose mean, max or min")
+
+
+# --- windows -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class WindowLayout:
+    """Where each window slot comes from, and where each real token went.
+
+    ``rows``, ``cols``: ``(nW, w*w)`` original grid position of every window slot
+    (padding positions included: ``valid`` is False there); ``slot_window``,
+    ``slot_index``: ``(gh*gw,)`` window and slot of each real token, row-major.
+    ``region``: ``(nW, w*w)`` shift-mask region id of each slot (keys of another
+    region are masked for a query).
+    """
+
+    rows: np.ndarray
+    cols: np.ndarray
+    valid: np.ndarray
+    slot_window: np.ndarray
+    slot_index: np.ndarray
+    region: np.ndarray
+
+
+@lru_cache(maxsize=256)
+def window_layout(g: Geometry) -> WindowLayout:
+    w, s = g.window, g.shift
+    hp, wp = g.padded
+    gh, gw = g.grid
+    nwr, nwc = hp // w, wp // w
+    win = np.arange(nwr * nwc)
+    wr, wc = np.divmod(win, nwc)
+    i = np.arange(w * w)
+    ir, ic = np.divmod(i, w)
+    sr = wr[:, None] * w + ir[None, :]  # shifted row of each slot
+    sc = wc[:, None] * w + ic[None, :]
+    rows, cols = (sr + s) % hp, (sc + s) % wp
+    valid = (rows < gh) & (cols < gw)
+    # Swin's shift mask: three regions per axis, in shifted coordinates.
+    reg_r = (sr >= hp - w).astype(int) + (sr >= hp - s).astype(int) if s else np.zeros_like(sr)
+    reg_c = (sc >= wp - w).astype(int) + (sc >= wp - s).astype(int) if s else np.zeros_like(sc)
+    tr, tc = np.divmod(np.arange(gh * gw), gw)
+    tsr, tsc = (tr - s) % hp, (tc - s) % wp
+    slot_window = (tsr // w) * nwc + tsc // w
+    slot_index = (tsr % w) * w + tsc % w
+    out = WindowLayout(rows, cols, valid, slot_window, slot_index, reg_r * 3 + reg_c)
+    for a in (out.rows, out.cols, out.valid, out.slot_window, out.slot_index, out.region):
+        a.setflags(write=False)
+    return out
+
+
+def _place_windows(g: Geometry, values: np.ndarray) -> tuple[np.ndarray, float]:
+    """Per-slot values ``(nW, w*w)`` -> ``(gh, gw)`` at original positions, plus the sum over padding slots."""
+    lay = window_layout(g)
+    out = np.zeros(g.grid, dtype=np.float32)
+    out[lay.rows[lay.valid], lay.cols[lay.valid]] = values[lay.valid]
+    return out, float(values[~lay.valid].sum())
+
+
+# --- reduced keys --------------------------------------------------------------------
+
+
+def _axis_assignment(n: int, k: int, rule: str, stride: int) -> np.ndarray:
+    i = np.arange(n)
+    if rule == "same":
+        return i
+    if rule == "strided":
+        return np.minimum(i // stride, k - 1)
+    return np.minimum(((i + 0.5) * k / n).astype(int), k - 1)  # centre rule
+
+
+@lru_cache(maxsize=256)
+def key_assignment(g: Geometry) -> tuple[np.ndarray, np.ndarray]:
+    """Key row of each stage row, key column of each stage column: ``(gh,)``, ``(gw,)``."""
+    (gh, gw), (kh, kw) = g.grid, g.keys
+    return (
+        _axis_assignment(gh, kh, g.key_rule, g.key_stride[0]),
+        _axis_assignment(gw, kw, g.key_rule, g.key_stride[1]),
+    )
+
+
+def _axis_spread(assign: np.ndarray, k: int) -> np.ndarray:
+    n = len(assign)
+    s = np.zeros((k, n), dtype=np.float32)
+    s[assign, np.arange(n)] = 1.0
+    for j in np.flatnonzero(s.sum(axis=1) == 0):  # a key cell with no token centre: its centre's token
+        s[j, min(int((j + 0.5) * n / k), n - 1)] = 1.0
+    return s / s.sum(axis=1, keepdims=True)
+
+
+@lru_cache(maxsize=256)
+def key_spread(g: Geometry) -> tuple[np.ndarray, np.ndarray]:
+    """Per-axis spread ``(kh, gh)``, ``(kw, gw)``: row j spreads key j's weight evenly over its tokens."""
+    ar, ac = key_assignment(g)
+    return _axis_spread(ar, g.keys[0]), _axis_spread(ac, g.keys[1])
+
+
+def key_of_token(g: Geometry, token: int) -> int:
+    """The key (index in the key sequence) whose cell holds stage token ``token``; prefix tokens map to themselves."""
+    p = g.num_prefix
+    if token < p or g.kind != "global" or g.key_grid is None:
+        return token
+    r, c = divmod(token - p, g.grid[1])
+    ar, ac = key_assignment(g)
+    return p + int(ar[r]) * g.keys[1] + int(ac[c])
+
+
+def _spread_keys(g: Geometry, rows: np.ndarray) -> np.ndarray:
+    """``(..., Nk)`` weights on the key grid -> ``(..., N)`` on the stage grid (sums preserved)."""
+    if g.key_grid is None or g.key_rule == "same":
+        return rows
+    sr, sc = key_spread(g)
+    y = rows.reshape(*rows.shape[:-1], *g.keys)
+    return np.einsum("...ab,ai,bj->...ij", y, sr, sc).reshape(*rows.shape[:-1], -1)
+
+
+# --- maps ----------------------------------------------------------------------------
+
+
+def row_map(g: Geometry, mat: np.ndarray, query: int) -> RowMap:
+    """Where ``query`` (an index into the stage's sequence, or ``POOLED``) looks."""
+    p = g.num_prefix
+    empty = np.zeros(p, dtype=np.float32)
+    if g.kind == "global":
+        row = mat[p:].mean(axis=0) if query == POOLED else mat[query]
+        return RowMap(row[p:].reshape(g.keys).astype(np.float32), g.keys, row[:p].astype(np.float32), 0.0)
+    if g.kind == "window":
+        lay = window_layout(g)
+        if query == POOLED:  # column sums over each window's real queries, then placed
+            per_slot = np.einsum("ni,nij->nj", lay.valid.astype(np.float32), mat) / (g.grid[0] * g.grid[1])
+        else:
+            n, i = lay.slot_window[query - p], lay.slot_index[query - p]
+            per_slot = np.zeros(mat.shape[:2], dtype=np.float32)
+            per_slot[n] = mat[n, i]
+        values, pad = _place_windows(g, per_slot)
+        return RowMap(values, g.grid, empty, pad)
+    if g.kind == "unfolded":
+        row = mat.mean(axis=(0, 1)) if query == POOLED else mat[:, query - p].mean(axis=0)
+        return RowMap(row.reshape(g.grid).astype(np.float32), g.grid, empty, 0.0)
+    return RowMap(mat.mean(axis=0).reshape(g.grid).astype(np.float32), g.grid, empty, 0.0)
+
+
+def column_map(g: Geometry, mat: np.ndarray, key: int) -> RowMap:
+    """Who looks at stage token ``key``: the weight every grid query pays to it, on the stage grid.
+
+    For reduced keys the column is that of the key cell holding the token. ``prefix``
+    holds what each prefix token pays to it. Separable attention has no queries: its
+    context scores are returned as they are.
+    """
+    p = g.num_prefix
+    if g.kind == "global":
+        k = key_of_token(g, key)
+        return RowMap(mat[p:, k].reshape(g.grid).astype(np.float32), g.grid, mat[:p, k].astype(np.float32), 0.0)
+    empty = np.zeros(p, dtype=np.float32)
+    if g.kind == "window":
+        lay = window_layout(g)
+        n, j = lay.slot_window[key - p], lay.slot_index[key - p]
+        per_slot = np.zeros(mat.shape[:2], dtype=np.float32)
+        per_slot[n] = mat[n, :, j]
+        values, _ = _place_windows(g, per_slot)
+        return RowMap(values, g.grid, empty, 0.0)
+    if g.kind == "unfolded":
+        return RowMap(mat[:, :, key - p].mean(axis=0).reshape(g.grid).astype(np.float32), g.grid, empty, 0.0)
+    return row_map(g, mat, POOLED)
+
+
+def dense(g: Geometry, mat: np.ndarray, *, budget_bytes: int | None = None) -> np.ndarray:
+    """The ``(Tq, Tq)`` matrix over the stage's tokens (prefix + grid), float32.
+
+    Windows are undone and padding keys dropped (rows then sum to 1 minus their
+    padding share); reduced keys are spread over the tokens their cells cover;
+    unfolded attention is averaged over offsets. Refuses with :class:`BudgetError`
+    when the matrix would exceed ``budget_bytes``.
+    """
+    n = g.grid[0] * g.grid[1]
+    t = g.num_prefix + n
+    if budget_bytes is not None and t * t * 4 > budget_bytes:
+        raise BudgetError(
+            f"A dense view of a {g.grid[0]} x {g.grid[1]} grid needs {t * t * 4 / 2**20:.0f} MiB, over the "
+            f"{budget_bytes / 2**20:.0f} MiB budget (VITVIZ_MEMORY_BUDGET_MB). Choose a smaller input size."
+        )
+    if g.kind == "separable":
+        raise ValueError("separable attention (MobileViT V2) has no query: it has no token-to-token matrix")
+    if g.kind == "global":
+        p = g.num_prefix
+        out = np.empty((t, t), dtype=np.float32)
+        out[:, :p] = mat[:, :p]
+        out[:, p:] = _spread_keys(g, mat[:, p:])
+        return out
+    if g.kind == "unfolded":
+        return mat.mean(axis=0).astype(np.float32)
+    lay = window_layout(g)
+    out = np.zeros((n, n), dtype=np.float32)
+    token_of = np.full(g.padded, -1)
+    token_of[: g.grid[0], : g.grid[1]] = np.arange(n).reshape(g.grid)
+    slots = token_of[lay.rows, lay.cols]  # (nW, w*w) token index or -1 for padding
+    for win in range(slots.shape[0]):
+        q = slots[win]
+        ok = q >= 0
+        out[np.ix_(q[ok], q[ok])] = mat[win][np.ix_(ok, ok)]
+    return out
+
+
+def row_sums(g: Geometry, mat: np.ndarray) -> np.ndarray:
+    """Row sums of :func:`dense` without building it: ``(Tq,)``."""
+    if g.kind == "global":
+        return mat.sum(axis=-1, dtype=np.float32)
+    if g.kind == "unfolded":
+        return mat.mean(axis=0).sum(axis=-1, dtype=np.float32)
+    if g.kind == "window":
+        lay = window_layout(g)
+        per_slot = np.einsum("nij,nj->ni", mat, lay.valid.astype(np.float32))
+        return per_slot[lay.slot_window, lay.slot_index]
+    raise ValueError("separable attention (MobileViT V2) has no token-to-token matrix")
+
+
+def left_apply(g: Geometry, mat: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """``r @ dense(g, mat)`` for a row vector ``r`` ``(Tq,)``, without building the dense matrix."""
+    p = g.num_prefix
+    if g.kind == "global":
+        y = r @ mat
+        return np.concatenate([y[:p], _spread_keys(g, y[p:])]).astype(np.float32)
+    if g.kind == "unfolded":
+        return np.einsum("q,aqk->k", r, mat) / mat.shape[0]
+    if g.kind == "window":
+        lay = window_layout(g)
+        r_slots = np.zeros(mat.shape[:2], dtype=np.float32)
+        r_slots[lay.slot_window, lay.slot_index] = r
+        y_slots = np.einsum("ni,nij->nj", r_slots, mat)
+        y_slots[~lay.valid] = 0.0
+        return y_slots[lay.slot_window, lay.slot_index]
+    raise ValueError("separable attention (MobileViT V2) has no token-to-token matrix")
+
+
+# --- summaries -----------------------------------------------------------------------
+
+
+def cell_centres(grid: tuple[int, int], input_size: tuple[int, int]) -> np.ndarray:
+    """``(gh*gw, 2)`` pixel (y, x) of every cell centre of ``grid`` laid over the input."""
+    gh, gw = grid
+    h, w = input_size
+    r, c = np.divmod(np.arange(gh * gw), gw)
+    return np.stack([(r + 0.5) * h / gh, (c + 0.5) * w / gw], axis=1)
+
+
+def _distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.sqrt(((a[:, None, :] - b[None, :, :]) ** 2).sum(-1)).astype(np.float32)
+
+
+@lru_cache(maxsize=64)
+def _distance_table(g: Geometry, input_size: tuple[int, int]) -> np.ndarray:
+    """Pixel distance from each query cell to each key cell, in the shape of the native grid part."""
+    if g.kind == "window":
+        lay = window_layout(g)
+        centres = cell_centres(g.padded, input_size)  # padding slots get a position; their weight is masked out
+        centres = centres * np.array([g.padded[0] / g.grid[0], g.padded[1] / g.grid[1]])  # same pixel pitch
+        pos = centres.reshape(*g.padded, 2)[lay.rows, lay.cols]  # (nW, w*w, 2)
+        table = np.sqrt(((pos[:, :, None, :] - pos[:, None, :, :]) ** 2).sum(-1)).astype(np.float32)
+    else:
+        table = _distances(cell_centres(g.grid, input_size), cell_centres(g.keys, input_size))
+    table.setflags(write=False)
+    return table
+
+
+def allowed_keys(g: Geometry) -> np.ndarray:
+    """Keys each query may attend (masked keys do not count), in the shape of the native rows' leading axes."""
+    if g.kind == "window":
+        reg = window_layout(g).region
+        return (reg[:, :, None] == reg[:, None, :]).sum(-1)  # (nW, w*w)
+    if g.kind == "global":
+        return np.full(g.native_shape()[1], g.native_shape()[2])
+    n = g.grid[0] * g.grid[1]
+    return np.full(n, n)
+
+
+def block_summaries(g: Geometry, native: np.ndarray, input_size: tuple[int, int]):
+    """Per-head mean attention distance (px), entropy (nats) and entropy / log(allowed keys): ``(H,)`` each.
+
+    ``native`` is the block's float32 native array with its head axis. Distance:
+    for each grid query, the weights over grid keys (prefix and padding keys left
+    out) renormalised, times the pixel distance between the query's and the key's
+    cell centres, each on its own grid; mean over the real queries. Entropy: mean
+    over queries of ``-sum A log A`` over the native row (all queries for global
+    attention, real tokens only for windows), and the same divided by the log of
+    the number of keys the query was allowed to attend.
+    """
+    a = np.asarray(native, dtype=np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if g.kind == "separable":
+            ent = _entropy(a, axis=-1).mean()  # (A,) context vectors, one "head"
+            n = g.grid[0] * g.grid[1]
+            return np.array([np.nan]), np.array([ent]), np.array([ent / np.log(n) if n > 1 else 0.0])
+        table = _distance_table(g, input_size)
+        if g.kind == "global":
+            p = g.num_prefix
+            w = a[:, p:, p:]  # (H, N, Nk)
+            weighted = np.einsum("hqk,qk->hq", w, table)
+            dist = (weighted / np.maximum(w.sum(-1), np.finfo(np.float32).tiny)).mean(-1)
+            ent_q = _entropy(a, axis=-1)  # (H, Tq)
+            norm_q = ent_q / np.log(np.maximum(allowed_keys(g), 2))[None, :]
+            norm_q[:, allowed_keys(g) < 2] = 0.0
+            return dist.astype(np.float64), ent_q.mean(-1).astype(np.float64), norm_q.mean(-1).astype(np.float64)
+        if g.kind == "unfolded":
+            weighted = np.einsum("ahqk,qk->ahq", a, table)
+            dist = (weighted / np.maximum(a.sum(-1), np.finfo(np.float32).tiny)).mean(axis=(0, 2))
+            ent = _entropy(a, axis=-1).mean(axis=(0, 2))
+            n = g.grid[0] * g.grid[1]
+            return dist.astype(np.float64), ent.astype(np.float64), (ent / np.log(max(n, 2))).astype(np.float64)
+        lay = window_layout(g)  # window: a (nW, H, w*w, w*w)
+        keys = lay.valid.astype(np.float32)
+        wk = a * keys[:, None, None, :]
+        weighted = np.einsum("nhqk,nqk->nhq", wk, table)
+        dist_q = weighted / np.maximum(wk.sum(-1), np.finfo(np.float32).tiny)  # (nW, H, w*w)
+        real = lay.valid[:, None, :]
+        count = lay.valid.sum()
+        dist = np.where(real, dist_q, 0.0).sum(axis=(0, 2)) / count
+        ent_q = _entropy(a, axis=-1)  # (nW, H, w*w)
+        allowed = allowed_keys(g)
+        norm_q = np.where(allowed[:, None, :] > 1, ent_q / np.log(np.maximum(allowed, 2))[:, None, :], 0.0)
+        ent = np.where(real, ent_q, 0.0).sum(axis=(0, 2)) / count
+        norm = np.where(real, norm_q, 0.0).sum(axis=(0, 2)) / count
+        return dist.astype(np.float64), ent.astype(np.float64), norm.astype(np.float64)
+
+
+def _entropy(a: np.ndarray, *, axis: int) -> np.ndarray:
+    logs = np.log(np.where(a > 0, a, 1.0))  # log 1 = 0 makes the 0 log 0 terms vanish
+    return -(a * logs).sum(axis=axis, dtype=np.float32)

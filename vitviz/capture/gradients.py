@@ -1,0 +1,101 @@
+"""Forward passes with gradients through the same hooks: class-specific relevance.
+
+The recorder keeps each block's probabilities as the live tensors the forward
+used, so ``torch.autograd.grad`` pairs every gradient with its own block.
+Gradients flow to the input only (the shared model's parameters never require
+grad and no ``.grad`` is written), so concurrent calls do not interact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+
+from vitviz.analysis.relevance import Explanation, relevance_abar, relevance_row
+from vitviz.capture.record import Geometry
+from vitviz.capture.run import (
+    DEFAULT_BUDGET_BYTES,
+    BlockRecorder,
+    build_stages,
+    check_budget,
+    input_size_for,
+    preprocess,
+    run_forward,
+)
+from vitviz.errors import CaptureError
+from vitviz.models.families.base import Call, to_native
+from vitviz.models.load import LoadedModel
+
+__all__ = ["GraphRecorder", "explain_classes"]
+
+
+class GraphRecorder(BlockRecorder):
+    """Keeps every block's probabilities in the autograd graph (the tensors the forward went on with)."""
+
+    def __init__(self, loaded: LoadedModel, call: Call) -> None:
+        super().__init__(loaded, call)
+        self.raw: dict[int, torch.Tensor] = {}
+
+    def block(self, site, g: Geometry, raw: torch.Tensor, module, args, kwargs, output) -> None:
+        self.raw[site.index] = raw
+
+
+def _native_grad(g: Geometry, grad: torch.Tensor | None, like: np.ndarray) -> np.ndarray:
+    """A block's gradient in native form; a block the logit does not depend on has a zero gradient."""
+    if grad is None:
+        return np.zeros_like(like)
+    return to_native(g, grad, 1)[0].float().cpu().numpy()
+
+
+def explain_classes(
+    loaded: LoadedModel,
+    image: Image.Image,
+    classes: Sequence[int],
+    *,
+    size: int | tuple[int, int] | None = None,
+    budget_bytes: int = DEFAULT_BUDGET_BYTES,
+) -> dict[int, Explanation]:
+    """Chefer et al.'s relevance for each class: one forward pass with gradients, one backward pass per class."""
+    if not loaded.has_classifier:
+        raise CaptureError(
+            f"'{loaded.name}' is a backbone without a classifier: class-specific relevance needs class logits."
+        )
+    note = loaded.family.rollout_note(loaded.config)
+    if note:
+        raise CaptureError(f"Class-specific relevance is not defined for {loaded.family.name}: {note}")
+    n_classes = len(loaded.id2label)
+    bad = [c for c in classes if not 0 <= int(c) < n_classes]
+    if bad:
+        raise ValueError(f"class indices {bad} are outside 0..{n_classes - 1}")
+    hw = input_size_for(loaded, size)
+    check_budget(loaded, hw, batch=1, gradients=True, budget=budget_bytes)
+    pixels, _ = preprocess(loaded, [image], hw)
+    pixels.requires_grad_(True)  # the graph reaches every block although the parameters need no grad
+    call = Call(loaded.config, hw, 1)
+    rec = GraphRecorder(loaded, call)
+    result: dict[int, Explanation] = {}
+    with torch.enable_grad():
+        out = run_forward(loaded, pixels, rec)
+        order = sorted(rec.raw)
+        geoms = [rec.geometries[b] for b in order]
+        stages = build_stages(loaded, geoms, {}, 0)
+        attn = [to_native(geoms[i], rec.raw[b].detach(), 1)[0].float().cpu().numpy() for i, b in enumerate(order)]
+        tensors = [rec.raw[b] for b in order]
+        readout = "CLS" if "CLS" in stages[-1].prefix_kinds else "pooled query"
+        for k, c in enumerate(classes):
+            grads = torch.autograd.grad(
+                out.logits[0, int(c)], tensors, retain_graph=k < len(classes) - 1, allow_unused=True
+            )
+            abars = {
+                i: relevance_abar(geoms[i], attn[i], _native_grad(geoms[i], gr, attn[i]))
+                for i, gr in enumerate(grads)
+            }
+            row = relevance_row(geoms, stages, abars).astype(np.float32)
+            row.setflags(write=False)
+            first = stages[0]
+            label = loaded.id2label[int(c)]
+            result[int(c)] = Explanation(int(c), label, row, first.num_prefix, first.grid, readout)
+    return result

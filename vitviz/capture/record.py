@@ -1,0 +1,379 @@
+"""The capture record: one forward pass -> stages -> blocks, each block's attention in its native form.
+
+A plain ViT is the one-stage case: one grid, every block ``global`` attention over
+the same tokens. Hierarchical models (Swin, PvT, CvT, MobileViT) have several
+stages, each with its own token grid over the input, and blocks whose attention
+has another shape. The native forms (one image, no batch axis):
+
+* ``global``: ``(H, Tq, Tk)``, queries = prefix tokens + the stage grid, keys =
+  the same prefix tokens + the key grid (the stage grid itself, or a coarser grid
+  after spatial reduction: PvT, PvT v2, CvT);
+* ``window`` (Swin): ``(nW, H, w*w, w*w)``: the grid is padded on the bottom and
+  right to multiples of ``w``, rolled by ``(-shift, -shift)`` and cut into
+  ``nW`` windows, row-major over the padded grid; rows and columns are the
+  window's tokens in row-major order, in the shifted frame;
+* ``unfolded`` (MobileViT): ``(A, H, N, N)``: attention among the N patches of
+  the block's patch grid, once per offset inside a patch (A = ph * pw offsets);
+* ``separable`` (MobileViT V2): ``(A, N)``: one context-score vector over the N
+  patches per offset; there is no query and one "head".
+
+Every record field is read-only. Where cells are placed on the image: token
+(r, c) of a grid (gh, gw) covers rows ``[r H / gh, (r + 1) H / gh)`` and columns
+``[c W / gw, (c + 1) W / gw)`` of the ``H x W`` model input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+__all__ = [
+    "BlockKind",
+    "KeyRule",
+    "Geometry",
+    "Block",
+    "Stage",
+    "Prediction",
+    "PositionTable",
+    "RelativeBias",
+    "PositionInfo",
+    "Capture",
+    "POOLED",
+    "frozen",
+]
+
+BlockKind = Literal["global", "window", "unfolded", "separable"]
+KeyRule = Literal["same", "strided", "centre"]
+POOLED = -1  # the pooled query (mean of the grid tokens' rows): the global view of models without CLS
+
+
+def frozen(a: np.ndarray | None) -> np.ndarray | None:
+    if a is not None:
+        a.setflags(write=False)
+    return a
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """How one block attended, read from the block as it ran (not from the config).
+
+    ``key_rule`` says how a key cell of a reduced key grid covers the stage tokens:
+    ``same`` (keys are the stage grid), ``strided`` (key j came from the block of
+    ``stride`` tokens starting at ``j * stride``; the last key takes the rest), or
+    ``centre`` (a token belongs to the key cell that contains its centre).
+    """
+
+    stage: int
+    kind: BlockKind
+    num_heads: int
+    grid: tuple[int, int]  # query grid (the stage grid)
+    prefix_kinds: tuple[str, ...] = ()  # tokens before the grid, in queries and keys alike
+    key_grid: tuple[int, int] | None = None  # global: keys' grid; None = the stage grid
+    key_rule: KeyRule = "same"
+    key_stride: tuple[int, int] = (1, 1)
+    window: int = 0  # window: side w
+    shift: int = 0  # window: cyclic shift s (0 for regular windows)
+    padded: tuple[int, int] | None = None  # window: grid padded to multiples of w
+    offsets: int = 1  # unfolded / separable: A = ph * pw
+
+    @property
+    def num_prefix(self) -> int:
+        return len(self.prefix_kinds)
+
+    @property
+    def keys(self) -> tuple[int, int]:
+        """The grid the keys live on: the key grid of reduced attention, else the stage grid."""
+        return self.key_grid or self.grid
+
+    @property
+    def num_windows(self) -> int:
+        if self.kind != "window":
+            return 0
+        return (self.padded[0] // self.window) * (self.padded[1] // self.window)
+
+    def native_shape(self) -> tuple[int, ...]:
+        gh, gw = self.grid
+        p = self.num_prefix
+        if self.kind == "global":
+            kh, kw = self.keys
+            return (self.num_heads, p + gh * gw, p + kh * kw)
+        if self.kind == "window":
+            return (self.num_windows, self.num_heads, self.window**2, self.window**2)
+        if self.kind == "unfolded":
+            return (self.offsets, self.num_heads, gh * gw, gh * gw)
+        return (self.offsets, gh * gw)
+
+
+@dataclass(frozen=True, eq=False)
+class Block:
+    """One attention block of one image.
+
+    ``attention``: native form (see the module docstring), stored as float16 for
+    display. ``fused``: the head mean of the same values, float32, computed before
+    storage (rollout reads it). ``distance``, ``entropy``, ``entropy_norm``:
+    ``(H,)`` float64 per-head summaries computed from the float32 weights as the
+    block ran (``nan`` where undefined, e.g. distance of separable attention).
+    """
+
+    index: int
+    geometry: Geometry
+    attention: np.ndarray = field(repr=False)
+    fused: np.ndarray = field(repr=False)
+    distance: np.ndarray = field(repr=False)
+    entropy: np.ndarray = field(repr=False)
+    entropy_norm: np.ndarray = field(repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("attention", "fused", "distance", "entropy", "entropy_norm"):
+            frozen(getattr(self, name))
+
+    @property
+    def stage(self) -> int:
+        return self.geometry.stage
+
+    @property
+    def kind(self) -> BlockKind:
+        return self.geometry.kind
+
+    @property
+    def num_heads(self) -> int:
+        return self.geometry.num_heads
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.attention, self.fused, self.distance, self.entropy, self.entropy_norm))
+
+
+@dataclass(frozen=True, eq=False)
+class Stage:
+    """A run of blocks on one token grid.
+
+    ``parents``: for each row (and column) of the previous stage's grid, the row
+    (column) of this stage's grid whose cell it merges into (``None`` for the first
+    stage, and where no token-to-token path crosses the boundary, as in MobileViT).
+    ``token_norms``: ``(len(blocks) + 1, P + N)`` L2 norms of the tokens entering
+    the stage (row 0) and after each of its blocks.
+    """
+
+    index: int
+    grid: tuple[int, int]
+    prefix_kinds: tuple[str, ...]
+    blocks: tuple[int, ...]
+    parents: tuple[np.ndarray, np.ndarray] | None = field(repr=False)
+    token_norms: np.ndarray | None = field(repr=False)
+
+    def __post_init__(self) -> None:
+        frozen(self.token_norms)
+        for a in self.parents or ():
+            frozen(a)
+
+    @property
+    def num_prefix(self) -> int:
+        return len(self.prefix_kinds)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefix + self.grid[0] * self.grid[1]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    index: int
+    label: str
+    probability: float  # softmax over all classes
+    logit: float
+
+
+@dataclass(frozen=True, eq=False)
+class PositionTable:
+    """Absolute position embeddings of the patch tokens of one stage: ``(G_h * G_w, D)`` on the native grid."""
+
+    name: str
+    embeddings: np.ndarray = field(repr=False)
+    grid: tuple[int, int]
+
+    def __post_init__(self) -> None:
+        frozen(self.embeddings)
+
+
+@dataclass(frozen=True, eq=False)
+class RelativeBias:
+    """A relative position bias per head over offsets: ``(H, 2w - 1, 2w - 1)``; centre = offset (0, 0)."""
+
+    name: str
+    bias: np.ndarray = field(repr=False)
+
+    def __post_init__(self) -> None:
+        frozen(self.bias)
+
+
+@dataclass(frozen=True)
+class PositionInfo:
+    tables: tuple[PositionTable, ...] = ()
+    biases: tuple[RelativeBias, ...] = ()
+    note: str = ""  # what the model uses instead, when it has neither
+
+
+@dataclass(frozen=True, eq=False)
+class Capture:
+    """What one forward pass saw: stages of blocks, predictions, position information. Arrays are read-only.
+
+    ``image``: ``(h, w, 3)`` uint8, the resized input the model saw; ``logits``:
+    ``(C,)`` or None for backbones. ``readout``: ``cls`` when the last stage has a
+    CLS token the prediction reads, else ``pooled`` (the mean of the final grid
+    tokens). ``rollout_note``: why rollout is undefined, when it is. Plain ViTs
+    also keep their attention as one ``(L, H, T, T)`` float16 stack
+    (``attention_stack``); their blocks are views into it.
+    """
+
+    model_name: str
+    family: str
+    input_size: tuple[int, int]
+    patch_size: int  # pixels per first-stage token (the patch-embedding stride)
+    stages: tuple[Stage, ...]
+    blocks: tuple[Block, ...]
+    image: np.ndarray = field(repr=False)
+    logits: np.ndarray | None = field(repr=False)
+    predictions: tuple[Prediction, ...]
+    readout: Literal["cls", "pooled"]
+    position: PositionInfo
+    patch_weights: np.ndarray | None = field(repr=False)
+    rollout_note: str = ""
+    attention_stack: np.ndarray | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        frozen(self.image)
+        frozen(self.logits)
+        frozen(self.attention_stack)
+
+    # --- the shape of the record -------------------------------------------------
+    @property
+    def is_hierarchical(self) -> bool:
+        return len(self.stages) > 1 or any(b.kind != "global" for b in self.blocks)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_layers(self) -> int:
+        """Blocks, in forward order (plain ViTs call them layers)."""
+        return len(self.blocks)
+
+    @property
+    def num_heads(self) -> int:
+        """Heads of the widest block."""
+        return max(b.num_heads for b in self.blocks)
+
+    def stage_of(self, block: int) -> Stage:
+        return self.stages[self.blocks[block].stage]
+
+    def block_label(self, block: int) -> str:
+        b = self.blocks[block]
+        if len(self.stages) == 1:
+            return f"layer {block}"
+        within = self.stages[b.stage].blocks.index(block)
+        return f"stage {b.stage + 1}, block {within}"
+
+    # --- the first (or only) stage, as plain ViT views know it ----------------------
+    @property
+    def grid(self) -> tuple[int, int]:
+        return self.stages[0].grid
+
+    @property
+    def prefix_kinds(self) -> tuple[str, ...]:
+        return self.stages[0].prefix_kinds
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return self.stages[0].num_prefix
+
+    @property
+    def token_kinds(self) -> tuple[str, ...]:
+        s = self.stages[0]
+        return s.prefix_kinds + ("patch",) * (s.grid[0] * s.grid[1])
+
+    @property
+    def num_tokens(self) -> int:
+        return self.stages[0].num_tokens
+
+    @property
+    def token_norms(self) -> np.ndarray | None:
+        return self.stages[0].token_norms
+
+    @property
+    def attentions(self) -> np.ndarray:
+        """``(L, H, T, T)`` float16 of a plain (one-grid) ViT; hierarchical models have no dense stack."""
+        if self.attention_stack is None:
+            raise ValueError(
+                f"{self.model_name} is hierarchical: its blocks attend in windows or over reduced keys; "
+                "ask a block for its query map instead of a dense (L, H, T, T) stack"
+            )
+        return self.attention_stack
+
+    @property
+    def attention_precision(self) -> str:
+        return str(self.blocks[0].attention.dtype)
+
+    @property
+    def position_embeddings(self) -> np.ndarray | None:
+        return self.position.tables[0].embeddings if self.position.tables else None
+
+    @property
+    def position_grid(self) -> tuple[int, int] | None:
+        return self.position.tables[0].grid if self.position.tables else None
+
+    @property
+    def position_note(self) -> str:
+        return self.position.note
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this image's arrays hold (position embeddings and patch weights are the model's, shared)."""
+        arrays = [self.image, self.logits, *(s.token_norms for s in self.stages)]
+        return sum(a.nbytes for a in arrays if a is not None) + sum(b.nbytes for b in self.blocks)
+
+    # --- tokens and pixels -------------------------------------------------------
+    def token_label(self, index: int, stage: int = 0) -> str:
+        """``CLS``, ``DIST``, ``REG1``, ``pooled``, or ``patch (row, col)`` for a position in a stage's sequence."""
+        if index == POOLED:
+            return "pooled query"
+        s = self.stages[stage]
+        if index < s.num_prefix:
+            return s.prefix_kinds[index]
+        row, col = divmod(index - s.num_prefix, s.grid[1])
+        return f"patch ({row}, {col})" if len(self.stages) == 1 else f"token ({row}, {col})"
+
+    def token_at(self, stage: int, x: float, y: float) -> int:
+        """The stage token whose cell contains pixel ``(x, y)`` of the model input (clipped to the image)."""
+        s = self.stages[stage]
+        h, w = self.input_size
+        row = min(max(int(y * s.grid[0] // h), 0), s.grid[0] - 1)
+        col = min(max(int(x * s.grid[1] // w), 0), s.grid[1] - 1)
+        return s.num_prefix + row * s.grid[1] + col
+
+    def token_centre(self, stage: int, token: int) -> tuple[float, float] | None:
+        """Pixel ``(x, y)`` of a grid token's cell centre; None for prefix tokens and the pooled query."""
+        s = self.stages[stage]
+        if token < s.num_prefix:
+            return None
+        row, col = divmod(token - s.num_prefix, s.grid[1])
+        h, w = self.input_size
+        return (col + 0.5) * w / s.grid[1], (row + 0.5) * h / s.grid[0]
+
+    def carry_query(self, token: int, from_stage: int, to_stage: int) -> int:
+        """The same query at another stage: the prefix token of that kind, the cell at that pixel, or pooled."""
+        if from_stage == to_stage or token == POOLED:
+            return token
+        src, dst = self.stages[from_stage], self.stages[to_stage]
+        if token < src.num_prefix:
+            kind = src.prefix_kinds[token]
+            return dst.prefix_kinds.index(kind) if kind in dst.prefix_kinds else self.default_query(to_stage)
+        x, y = self.token_centre(from_stage, token)
+        return self.token_at(to_stage, x, y)
+
+    def default_query(self, stage: int) -> int:
+        """CLS where the stage has one, else the pooled query."""
+        return 0 if self.stages[stage].num_prefix else POOLED

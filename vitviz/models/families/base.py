@@ -1,0 +1,132 @@
+"""What a family adapter answers: where a model's attention is, what it means, how its tokens map to the image.
+
+Adding a family touches its adapter, its tests and the presets, nothing else. An
+adapter names the attention sites (``sites``), extracts the probabilities a site
+computed (``probs``) and reads, from the block as it ran, how it attended
+(``geometry``). Everything else (capture, rollout, maps, summaries) works on the
+record those answers produce.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from vitviz.capture.hooks import Site
+from vitviz.capture.record import Geometry, PositionInfo
+
+__all__ = ["Call", "Family", "to_native", "centre_parents"]
+
+
+@dataclass
+class Call:
+    """One capture call as the adapter sees it: the config, the input size, the batch, and a scratch pad.
+
+    ``scratch`` is private to the call (hooks of a family may leave notes for later
+    hooks of the same forward, e.g. the feature-map size a MobileViT stage saw).
+    """
+
+    config: Any
+    input_size: tuple[int, int]
+    batch: int
+    scratch: dict = field(default_factory=dict)
+
+
+def to_native(g: Geometry, raw: torch.Tensor, batch: int) -> torch.Tensor:
+    """The site's probabilities (as the model computed them) -> ``(B, *native shape)`` (a view).
+
+    Raw layouts: global ``(B, H, Tq, Tk)``; window ``(B * nW, H, w*w, w*w)``; unfolded
+    ``(B * A, H, N, N)``; separable ``(B, 1, A, N)`` (any layout with the same order).
+    """
+    native = raw.reshape(batch, *g.native_shape())
+    return native
+
+
+def centre_parents(prev: tuple[int, int], cur: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Merge rule "a token is inside a cell when its centre is": the cell of ``cur`` holding each ``prev`` row/col."""
+
+    def axis(n: int, k: int) -> np.ndarray:
+        return np.minimum(((np.arange(n) + 0.5) * k / n).astype(int), k - 1)
+
+    return axis(prev[0], cur[0]), axis(prev[1], cur[1])
+
+
+class Family:
+    """Base adapter. Subclasses set ``name`` and ``model_types`` and answer the questions below."""
+
+    name = "?"
+    model_types: tuple[str, ...] = ()
+    hierarchical = False  # several stages or non-global attention
+    interpolate_kwarg = False  # the forward takes ``interpolate_pos_encoding``
+
+    # --- loading ---------------------------------------------------------------------
+    def patch_size(self, config) -> int:
+        """Pixels per token of the first stage (the patch-embedding stride)."""
+        p = config.patch_size
+        return int(p[0] if isinstance(p, (tuple, list)) else p)
+
+    def size_multiple(self, config) -> int:
+        """Input sides are snapped to multiples of this."""
+        return self.patch_size(config)
+
+    def fixed_size(self, config) -> tuple[int, int] | None:
+        """The only input size the model runs at, when it has one (PvT v1)."""
+        return None
+
+    def patch_weight(self, model: torch.nn.Module) -> np.ndarray | None:
+        """The first convolution's weight ``(D, C, k, k)`` float32 (the patch-embedding filters)."""
+        return None
+
+    def position_info(self, model: torch.nn.Module) -> PositionInfo:
+        return PositionInfo(note=f"{self.name} has no position embeddings vitviz can show.")
+
+    def prefix_kinds(self, config) -> tuple[str, ...]:
+        """Prefix tokens of the first stage."""
+        return ()
+
+    def readout(self, config) -> Literal["cls", "pooled"]:
+        """What the prediction reads: the last stage's CLS token, or the mean of its grid tokens."""
+        return "pooled"
+
+    def rollout_note(self, config) -> str:
+        """Why rollout and relevance are undefined for this family ("" when they are defined)."""
+        return ""
+
+    # --- capture ---------------------------------------------------------------------
+    def sites(self, model: torch.nn.Module) -> list[Site]:
+        raise NotImplementedError
+
+    def forward_kwargs(self, config, hw: tuple[int, int]) -> dict:
+        return {"interpolate_pos_encoding": True} if self.interpolate_kwarg else {}
+
+    def running(self, model: torch.nn.Module):
+        """Context around every forward (Swin v1: restore window and shift, one forward at a time)."""
+        return nullcontext()
+
+    def probs(self, call: Call, site: Site, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any):
+        """The attention probabilities the site computed: the very tensor the forward goes on with."""
+        return output[1]
+
+    def geometry(
+        self, call: Call, site: Site, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any, raw: torch.Tensor
+    ) -> Geometry:
+        """How the block attended, read from the block as it ran (``module`` is the site's block module)."""
+        raise NotImplementedError
+
+    def tokens(self, call: Call, site: Site, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any):
+        """The block's input and output tokens ``(B, T, C)`` in the stage's order (prefix, then the grid)."""
+        out = output[0] if isinstance(output, (tuple, list)) else output
+        inp = args[0] if args else kwargs["hidden_states"]
+        return inp, out
+
+    def merge_parents(self, prev: Geometry, cur: Geometry) -> tuple[np.ndarray, np.ndarray] | None:
+        """How the previous stage's grid merges into ``cur``'s (None: no token-to-token path crosses)."""
+        return centre_parents(prev.grid, cur.grid)
+
+    def attention_numel(self, config, hw: tuple[int, int]) -> int:
+        """Attention values one image's capture holds (for the memory budget)."""
+        raise NotImplementedError

@@ -1,0 +1,150 @@
+"""Plain one-grid ViTs: ViT and DINO v1, DeiT (with its distillation token), DINOv2 (with registers), BEiT.
+
+One stage, every block ``global`` attention over prefix tokens + the patch grid.
+The attention sites are found the way ``transformers`` finds them for its own
+recorders: the classes a model declares in ``_can_record_outputs`` (its layer and
+its attention module), in forward order, so no module path is hard-coded.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import torch
+
+from vitviz.capture.hooks import Site
+from vitviz.capture.record import Geometry, PositionInfo, PositionTable
+from vitviz.models.families.base import Family
+
+__all__ = ["PlainViT", "DeiT", "Dinov2", "Dinov2Registers", "Beit", "FAMILIES", "recorded_classes"]
+
+
+def recorded_classes(model: torch.nn.Module, key: str) -> tuple[type, ...]:
+    """The module classes a ``transformers`` model records for ``key`` (``attentions``, ``hidden_states``)."""
+    spec = getattr(type(model.base_model), "_can_record_outputs", None) or {}
+    entry = spec.get(key)
+    entries = entry if isinstance(entry, (list, tuple)) else [entry]
+    return tuple(getattr(e, "target_class", e) for e in entries if e is not None)
+
+
+def paired_sites(model: torch.nn.Module, *, stage: int = 0) -> list[Site]:
+    """Each layer module with the attention module inside it, in forward order."""
+    layer_cls = recorded_classes(model, "hidden_states")
+    attn_cls = recorded_classes(model, "attentions")
+    layers = [m for m in model.base_model.modules() if isinstance(m, layer_cls)]
+    sites = []
+    for i, layer in enumerate(layers):
+        inner = [m for m in layer.modules() if isinstance(m, attn_cls)]
+        if len(inner) != 1:
+            raise RuntimeError(f"expected one attention module in {type(layer).__name__}, found {len(inner)}")
+        sites.append(Site(index=i, stage=stage, attention=inner[0], block=layer))
+    return sites
+
+
+class PlainViT(Family):
+    """ViT layout (google/vit-*, facebook/dino-*): CLS then patches, one position row per token."""
+
+    name = "ViT"
+    model_types = ("vit",)
+    interpolate_kwarg = True
+
+    def prefix_kinds(self, config) -> tuple[str, ...]:
+        return ("CLS",)
+
+    def readout(self, config) -> Literal["cls", "pooled"]:
+        return "cls" if self.prefix_kinds(config) else "pooled"
+
+    def position_prefix_rows(self, config) -> int:
+        """How many leading rows of the position table belong to prefix tokens."""
+        return 1
+
+    def position_note(self, config) -> str:
+        return ""
+
+    def position_table(self, model: torch.nn.Module) -> torch.Tensor | None:
+        return getattr(model.base_model.embeddings, "position_embeddings", None)
+
+    def position_info(self, model: torch.nn.Module) -> PositionInfo:
+        config = model.config
+        table = self.position_table(model)
+        if table is None:
+            return PositionInfo(note=self.position_note(config))
+        rows = table.detach().float().cpu().numpy().reshape(-1, table.shape[-1])[self.position_prefix_rows(config) :]
+        native = int(config.image_size) // self.patch_size(config)
+        if rows.shape[0] != native * native:
+            raise ValueError(f"{rows.shape[0]} position embeddings do not fill the native {native} x {native} grid")
+        return PositionInfo(tables=(PositionTable("patches", rows, (native, native)),))
+
+    def patch_weight(self, model: torch.nn.Module) -> np.ndarray:
+        proj = model.base_model.embeddings.patch_embeddings.projection
+        return proj.weight.detach().float().cpu().numpy()
+
+    def sites(self, model: torch.nn.Module) -> list[Site]:
+        return paired_sites(model)
+
+    def geometry(self, call, site, module, args, kwargs, output, raw) -> Geometry:
+        kinds = self.prefix_kinds(call.config)
+        p = self.patch_size(call.config)
+        grid = (call.input_size[0] // p, call.input_size[1] // p)
+        if raw.shape[-1] != len(kinds) + grid[0] * grid[1]:
+            raise RuntimeError(
+                f"expected {len(kinds)} prefix tokens + {grid[0]} x {grid[1]} patches, got {raw.shape[-1]} tokens"
+            )
+        return Geometry(stage=0, kind="global", num_heads=raw.shape[1], grid=grid, prefix_kinds=kinds)
+
+    def attention_numel(self, config, hw: tuple[int, int]) -> int:
+        p = self.patch_size(config)
+        t = len(self.prefix_kinds(config)) + (hw[0] // p) * (hw[1] // p)
+        return config.num_hidden_layers * config.num_attention_heads * t * t
+
+
+class DeiT(PlainViT):
+    """DeiT (facebook/deit-*): CLS, distillation token, patches; both prefix tokens have position rows."""
+
+    name = "DeiT"
+    model_types = ("deit",)
+
+    def prefix_kinds(self, config) -> tuple[str, ...]:
+        return ("CLS", "DIST")
+
+    def position_prefix_rows(self, config) -> int:
+        return 2
+
+
+class Dinov2(PlainViT):
+    """DINOv2 (facebook/dinov2-*): interpolates its 37 x 37 position grid to any input by itself."""
+
+    name = "DINOv2"
+    model_types = ("dinov2",)
+    interpolate_kwarg = False
+
+
+class Dinov2Registers(Dinov2):
+    """DINOv2 with registers: CLS, k registers (no position rows), patches."""
+
+    name = "DINOv2 with registers"
+    model_types = ("dinov2_with_registers",)
+
+    def prefix_kinds(self, config) -> tuple[str, ...]:
+        return ("CLS", *(f"REG{i + 1}" for i in range(config.num_register_tokens)))
+
+
+class Beit(PlainViT):
+    """BEiT: relative position bias by default, so usually no absolute position embeddings."""
+
+    name = "BEiT"
+    model_types = ("beit",)
+
+    def position_table(self, model: torch.nn.Module) -> torch.Tensor | None:
+        if not getattr(model.config, "use_absolute_position_embeddings", False):
+            return None
+        return super().position_table(model)
+
+    def position_note(self, config) -> str:
+        if getattr(config, "use_absolute_position_embeddings", False):
+            return ""
+        return "BEiT encodes position with a relative position bias inside attention; it has no absolute position embeddings."
+
+
+FAMILIES: tuple[Family, ...] = (PlainViT(), DeiT(), Dinov2(), Dinov2Registers(), Beit())
