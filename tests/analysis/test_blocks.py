@@ -1,0 +1,147 @@
+"""Block primitives on hand-made native arrays: windows with shift and padding, reduced keys, unfolded patches."""
+
+import numpy as np
+import pytest
+from reference import centres, mean_distance_reference
+
+from vitviz.analysis import blocks
+from vitviz.capture.record import POOLED, Geometry
+from vitviz.errors import BudgetError
+
+
+def _window_geometry(grid=(5, 6), w=4, s=2):
+    padded = (-(-grid[0] // w) * w, -(-grid[1] // w) * w)
+    return Geometry(stage=0, kind="window", num_heads=2, grid=grid, window=w, shift=s, padded=padded)
+
+
+def _random_rows(rng, shape):
+    a = rng.random(shape) ** 2
+    return (a / a.sum(-1, keepdims=True)).astype(np.float32)
+
+
+def _dense_by_loops(g: Geometry, mat: np.ndarray) -> np.ndarray:
+    """Windows undone the slow way: shifted index -> original position, padding dropped."""
+    gh, gw = g.grid
+    hp, wp = g.padded
+    w, s = g.window, g.shift
+    out = np.zeros((gh * gw, gh * gw))
+    nwc = wp // w
+    for win in range(mat.shape[0]):
+        wr, wc = divmod(win, nwc)
+        for i in range(w * w):
+            qr, qc = (wr * w + i // w + s) % hp, (wc * w + i % w + s) % wp
+            if qr >= gh or qc >= gw:
+                continue
+            for j in range(w * w):
+                kr, kc = (wr * w + j // w + s) % hp, (wc * w + j % w + s) % wp
+                if kr < gh and kc < gw:
+                    out[qr * gw + qc, kr * gw + kc] = mat[win, i, j]
+    return out
+
+
+def test_window_layout_undoes_shift_and_padding():
+    g = _window_geometry()
+    lay = blocks.window_layout(g)
+    assert lay.rows.shape == (g.num_windows, 16) and g.num_windows == 4
+    # shifted slot (0, 0) of window 0 is original (s, s) = (2, 2)
+    assert (lay.rows[0, 0], lay.cols[0, 0]) == (2, 2)
+    # every real token appears exactly once, and its slot points back to it
+    real = [(r, c) for r, c in zip(lay.rows[lay.valid], lay.cols[lay.valid], strict=True)]
+    assert sorted(real) == [(r, c) for r in range(5) for c in range(6)]
+    for t in range(30):
+        n, i = lay.slot_window[t], lay.slot_index[t]
+        assert (lay.rows[n, i], lay.cols[n, i]) == divmod(t, 6)
+
+
+def test_dense_row_map_and_left_apply_match_the_loops():
+    rng = np.random.default_rng(0)
+    g = _window_geometry()
+    mat = _random_rows(rng, (g.num_windows, 16, 16))
+    ref = _dense_by_loops(g, mat)
+    np.testing.assert_allclose(blocks.dense(g, mat), ref, atol=1e-7)
+    np.testing.assert_allclose(blocks.row_sums(g, mat), ref.sum(1), atol=1e-6)
+    r = rng.random(30)
+    np.testing.assert_allclose(blocks.left_apply(g, mat, r), r @ ref, rtol=1e-5)
+    for q in (0, 7, 29):
+        m = blocks.row_map(g, mat, q)
+        np.testing.assert_allclose(m.values.ravel(), ref[q], atol=1e-7)
+        assert m.padding == pytest.approx(1 - ref[q].sum(), abs=1e-6)  # the rest went to padding
+        np.testing.assert_allclose(blocks.column_map(g, mat, q).values.ravel(), ref[:, q], atol=1e-7)
+    pooled = blocks.row_map(g, mat, POOLED)
+    np.testing.assert_allclose(pooled.values.ravel(), ref.mean(0), atol=1e-7)
+
+
+def test_window_shift_mask_regions_count_allowed_keys():
+    g = _window_geometry(grid=(8, 8), w=4, s=2)
+    allowed = blocks.allowed_keys(g)
+    assert allowed.shape == (4, 16)
+    assert (allowed[0] == 16).all()  # the top-left window mixes no regions
+    # bottom-right window: four regions of 2 x 2 tokens each
+    assert (allowed[3] == 4).all()
+
+
+def test_reduced_keys_spread_evenly_and_keep_row_sums():
+    rng = np.random.default_rng(1)
+    g = Geometry(stage=0, kind="global", num_heads=1, grid=(7, 4), prefix_kinds=("CLS",), key_grid=(4, 2),
+                 key_rule="strided", key_stride=(2, 2))  # fmt: skip
+    mat = _random_rows(rng, (1 + 28, 1 + 8))
+    d = blocks.dense(g, mat)
+    assert d.shape == (29, 29)
+    np.testing.assert_allclose(d.sum(1), 1.0, atol=1e-6)
+    # key (row 3, col 0) came from stage row 6 only (7 rows, stride 2), cols 0-1: split over 2 tokens
+    key = 1 + 3 * 2 + 0
+    for tok in (1 + 6 * 4 + 0, 1 + 6 * 4 + 1):
+        np.testing.assert_allclose(d[:, tok], mat[:, key] / 2, atol=1e-7)
+    np.testing.assert_allclose(d[:, 0], mat[:, 0])  # CLS column untouched
+    r = rng.random(29)
+    np.testing.assert_allclose(blocks.left_apply(g, mat, r), r @ d, rtol=1e-5)
+    m = blocks.row_map(g, mat, 5)
+    assert m.grid == (4, 2)
+    np.testing.assert_allclose(m.values.ravel(), mat[5, 1:])
+    assert blocks.key_of_token(g, 1 + 6 * 4 + 3) == 1 + 3 * 2 + 1
+
+
+def test_centre_rule_gives_empty_key_cells_to_the_token_under_their_centre():
+    g = Geometry(stage=0, kind="global", num_heads=1, grid=(3, 3), key_grid=(7, 7), key_rule="centre")
+    sr, _ = blocks.key_spread(g)
+    np.testing.assert_allclose(sr.sum(1), 1.0)  # every key cell lands somewhere
+    assert sr[0, 0] == 1.0 and sr[6, 2] == 1.0
+
+
+def test_unfolded_maps_average_offsets():
+    rng = np.random.default_rng(2)
+    g = Geometry(stage=0, kind="unfolded", num_heads=2, grid=(3, 4), offsets=4)
+    mat = _random_rows(rng, (4, 12, 12))
+    np.testing.assert_allclose(blocks.row_map(g, mat, 5).values.ravel(), mat[:, 5].mean(0), rtol=1e-6)
+    np.testing.assert_allclose(blocks.dense(g, mat), mat.mean(0), rtol=1e-6)
+
+
+def test_summaries_of_a_window_block_match_the_definition():
+    rng = np.random.default_rng(3)
+    g = _window_geometry()
+    native = _random_rows(rng, (g.num_windows, 2, 16, 16))
+    dist, ent, norm = blocks.block_summaries(g, native, (20, 24))  # 4 px cells
+    c = centres(g.grid, (20, 24))
+    for h in range(2):
+        ref = _dense_by_loops(g, native[:, h])
+        assert dist[h] == pytest.approx(mean_distance_reference(ref, c, c), rel=1e-5)
+        lay = blocks.window_layout(g)
+        rows = native[:, h][lay.slot_window, lay.slot_index]  # native rows of the real tokens
+        assert ent[h] == pytest.approx(float(-(rows * np.log(rows)).sum(1).mean()), rel=1e-5)
+        allowed = blocks.allowed_keys(g)[lay.slot_window, lay.slot_index]
+        assert norm[h] == pytest.approx(float((-(rows * np.log(rows)).sum(1) / np.log(allowed)).mean()), rel=1e-5)
+
+
+def test_uniform_global_attention_distance_is_the_paper_example():
+    g = Geometry(stage=0, kind="global", num_heads=1, grid=(2, 2), prefix_kinds=("CLS",))
+    a = np.full((1, 5, 5), 0.2, dtype=np.float32)
+    dist, ent, norm = blocks.block_summaries(g, a, (32, 32))
+    assert dist[0] == pytest.approx(16 * (0 + 1 + 1 + np.sqrt(2)) / 4, rel=1e-6)
+    assert ent[0] == pytest.approx(np.log(5), rel=1e-6)
+    assert norm[0] == pytest.approx(1.0, rel=1e-6)
+
+
+def test_dense_view_refuses_over_budget():
+    g = Geometry(stage=0, kind="global", num_heads=1, grid=(64, 64))
+    with pytest.raises(BudgetError, match="dense view"):
+        blocks.dense(g, np.zeros((4096, 4096), np.float32), budget_bytes=2**20)

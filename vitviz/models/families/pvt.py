@@ -1,0 +1,3 @@
+"""Placeholder: the pvt adapters arrive with their tests."""
+
+FAMILIES: tuple = ()
