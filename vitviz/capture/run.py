@@ -82,7 +82,10 @@ def _size(n: int) -> str:
 
 
 def check_budget(loaded: LoadedModel, hw: tuple[int, int], *, batch: int, gradients: bool, budget: int) -> None:
-    """Refuse, before any forward, an input whose attention (float32) would exceed ``budget`` bytes."""
+    """Refuse, before any forward, an input the model cannot run at or whose attention would exceed ``budget``."""
+    problem = loaded.family.size_problem(loaded.config, hw)
+    if problem:
+        raise BudgetError(problem)
     need = loaded.family.attention_numel(loaded.config, hw) * 4 * batch * (2 if gradients else 1)
     if need > budget:
         raise BudgetError(

@@ -77,6 +77,10 @@ class Family:
         """The only input size the model runs at, when it has one (PvT v1)."""
         return None
 
+    def size_problem(self, config, hw: tuple[int, int]) -> str:
+        """Why the model cannot run at input size ``hw`` ("" when it can); checked before any forward."""
+        return ""
+
     def patch_weight(self, model: torch.nn.Module) -> np.ndarray | None:
         """The first convolution's weight ``(D, C, k, k)`` float32 (the patch-embedding filters)."""
         return None
