@@ -24,11 +24,11 @@ import numpy as np
 import streamlit as st
 
 from vitviz.analysis.embeddings import patch_components, position_similarity
-from vitviz.analysis.rollout import rollout
-from vitviz.analysis.stats import attention_entropy, mean_attention_distance
+from vitviz.analysis.rollout import capture_rollout
 from vitviz.cache import BoundedCache
 from vitviz.capture import run as vcapture
 from vitviz.capture.gradients import explain_classes
+from vitviz.capture.record import POOLED
 from vitviz.data.images import read_image
 from vitviz.errors import VitvizError
 from vitviz.models.load import LoadedModel, load_model, parse_model_name
@@ -42,6 +42,13 @@ PRESETS = (
     "facebook/dino-vits8",
     "facebook/dinov2-small",
     "facebook/dinov2-with-registers-small",
+    "microsoft/swin-tiny-patch4-window7-224",
+    "microsoft/swinv2-tiny-patch4-window8-256",
+    "Zetatech/pvt-tiny-224",
+    "OpenGVLab/pvt_v2_b0",
+    "microsoft/cvt-13",
+    "apple/mobilevit-small",
+    "apple/mobilevitv2-1.0-imagenet1k-256",
 )
 DEFAULTS = {
     "model_name": "demo",
@@ -50,14 +57,16 @@ DEFAULTS = {
     "input_size": None,
     "layer": None,
     "head": 0,
-    "query": 0,
+    "query": 0,  # a token of stage ``query_stage`` (or POOLED): carried to other stages through its pixel
+    "query_stage": 0,
+    "show_windows": True,
     "direction": "where does it look?",
     "class_index": None,
     "fusion": "mean",
     "rollout_range": None,
     "discard": 0.0,
     "tau": 0.6,
-    "metric": "mean attention distance (px)",
+    "metric": "distance",
     "position": 0,
 }
 DIRECTIONS = ("where does it look?", "who looks at it?")
@@ -92,44 +101,25 @@ def upload_limit() -> int:
     return int(st.get_option("server.maxUploadSize")) * 2**20
 
 
-@dataclass(frozen=True)
-class Summaries:
-    distance: np.ndarray  # (L, H) pixels
-    entropy: np.ndarray  # (L, H) nats
-
-
-@st.cache_resource(max_entries=32, show_spinner=False)
-def get_summaries(
-    model_name: str, image_digest: str, size: tuple[int, int] | None, _cap: vcapture.Capture
-) -> Summaries:
-    p = _cap.num_prefix_tokens
-    return Summaries(
-        distance=mean_attention_distance(
-            _cap.attentions, num_prefix_tokens=p, grid=_cap.grid, patch_size=_cap.patch_size
-        ),
-        entropy=attention_entropy(_cap.attentions),
-    )
-
-
 @st.cache_resource(max_entries=128, show_spinner=False)
 def get_rollout(
     model_name: str, image_digest: str, size: tuple[int, int] | None, _cap: vcapture.Capture, *,
-    query: int, start: int, stop: int, fusion: str, discard: float,
-) -> np.ndarray:  # fmt: skip
-    """Rollout row ``(T,)``: fusing every layer's heads is the costly part at large T, so reruns reuse it."""
-    return rollout(_cap.attentions, num_prefix_tokens=_cap.num_prefix_tokens, query=query, start=start, stop=stop,
-                   fusion=fusion, discard_ratio=discard)  # fmt: skip
+    query: int | None, start: int, stop: int, fusion: str, discard: float,
+) -> tuple[np.ndarray, int]:  # fmt: skip
+    """Rollout row and the stage it lives on: fusing every block's heads is the costly part, so reruns reuse it."""
+    return capture_rollout(_cap, query=query, start=start, stop=stop, fusion=fusion, discard_ratio=discard)
 
 
-@st.cache_resource(max_entries=4, show_spinner=False)
-def get_position_similarity(model_name: str) -> np.ndarray | None:
-    pos = get_model(model_name).position_embeddings
-    return None if pos is None else position_similarity(pos)
+@st.cache_resource(max_entries=8, show_spinner=False)
+def get_position_similarity(model_name: str, table: int = 0) -> np.ndarray | None:
+    tables = get_model(model_name).position.tables
+    return position_similarity(tables[table].embeddings) if table < len(tables) else None
 
 
 @st.cache_resource(max_entries=4, show_spinner=False)
 def get_patch_components(model_name: str):
-    return patch_components(get_model(model_name).patch_weights, k=28)
+    weights = get_model(model_name).patch_weights
+    return None if weights is None else patch_components(weights, k=28)
 
 
 @st.cache_resource(max_entries=64, show_spinner=False)
@@ -189,17 +179,34 @@ def keep(state_key: str) -> dict:
 
 
 def clamp_state(cap: vcapture.Capture) -> None:
-    """Keep layer, head and query inside the current capture (models differ in depth and tokens)."""
+    """Keep block, head and query inside the current capture (models differ in depth, stages and tokens)."""
     ss = st.session_state
-    if ss.layer is None or not 0 <= ss.layer < cap.num_layers:
-        ss.layer = cap.num_layers - 1
-    if not 0 <= ss.head < cap.num_heads:
+    if ss.layer is None or not 0 <= ss.layer < cap.num_blocks:
+        ss.layer = cap.num_blocks - 1
+    if not 0 <= ss.head < cap.blocks[ss.layer].num_heads:
         ss.head = 0
-    if not 0 <= ss.query < cap.num_tokens:
-        ss.query = 0
+    if not 0 <= ss.query_stage < len(cap.stages):
+        ss.query_stage, ss.query = 0, cap.default_query(0)
+    if ss.query != POOLED and not 0 <= ss.query < cap.stages[ss.query_stage].num_tokens:
+        ss.query = cap.default_query(ss.query_stage)
     rr = ss.rollout_range
-    if rr is None or not (0 <= rr[0] <= rr[1] < cap.num_layers):
-        ss.rollout_range = (0, cap.num_layers - 1)
+    if rr is None or not (0 <= rr[0] <= rr[1] < cap.num_blocks):
+        ss.rollout_range = (0, cap.num_blocks - 1)
+
+
+def query_at(cap: vcapture.Capture, stage: int) -> int:
+    """The session's query carried to ``stage``: same prefix token, the cell at the same pixel, or pooled."""
+    ss = st.session_state
+    return cap.carry_query(ss.query, ss.query_stage, stage)
+
+
+def set_query(stage: int, token: int) -> None:
+    st.session_state.update(query=int(token), query_stage=int(stage))
+
+
+def click_query(cap: vcapture.Capture, stage: int, data: list) -> None:
+    """A click on a map cell: customdata ``[token, row, col, value, x, y]``; the pixel picks the stage's token."""
+    set_query(stage, cap.token_at(stage, float(data[4]), float(data[5])))
 
 
 def digest(data: bytes) -> str:

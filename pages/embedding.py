@@ -12,19 +12,34 @@ cap = cur.cap
 
 st.header("Patch embedding and token norms")
 pcs = common.get_patch_components(cap.model_name)
-st.plotly_chart(figures.patch_components_figure(pcs.components, pcs.explained_variance_ratio), key="components")
-common.downloads(
-    "patch_components", "components", explained_variance_ratio=pcs.explained_variance_ratio, components=pcs.components
-)
+if pcs is None:
+    st.info(f"{cap.family} has no patch-embedding filters vitviz can show.")
+else:
+    st.plotly_chart(figures.patch_components_figure(pcs.components, pcs.explained_variance_ratio), key="components")
+    common.downloads(
+        "patch_components",
+        "components",
+        explained_variance_ratio=pcs.explained_variance_ratio,
+        components=pcs.components,
+    )
 
-st.plotly_chart(figures.token_norms_figure(cap.token_norms, cap.token_kinds), key="norms")
-outliers = token_norm_outliers(cap.token_norms)
+s = 0
+if len(cap.stages) > 1:
+    s = st.radio("Stage", range(len(cap.stages)), horizontal=True, key="norm_stage",
+                 format_func=lambda i: f"{i + 1} ({cap.stages[i].grid[0]} x {cap.stages[i].grid[1]})")  # fmt: skip
+stage = cap.stages[s]
+if stage.token_norms is None:
+    st.info(f"{cap.family} gives no token states vitviz can measure at this stage.")
+    st.stop()
+kinds = stage.prefix_kinds + ("patch",) * (stage.grid[0] * stage.grid[1])
+st.plotly_chart(figures.token_norms_figure(stage.token_norms, kinds), key="norms")
+outliers = token_norm_outliers(stage.token_norms)
 layers, tokens = np.nonzero(outliers)
 if len(tokens):
-    listed = sorted({cap.token_label(int(t)) for t in tokens})
+    listed = sorted({cap.token_label(int(t), s) for t in tokens})
     st.warning(
-        f"High-norm tokens (over 3x the layer's median): {', '.join(listed[:12])}{' …' if len(listed) > 12 else ''}."
+        f"High-norm tokens (over 3x the block's median): {', '.join(listed[:12])}{' …' if len(listed) > 12 else ''}."
     )
 else:
-    st.caption("No token's norm exceeds 3x its layer's median.")
-common.downloads("token_norms", "norms", token_norms=cap.token_norms)
+    st.caption("No token's norm exceeds 3x its block's median.")
+common.downloads("token_norms", "norms", token_norms=stage.token_norms)

@@ -1,90 +1,126 @@
-"""Heads: every head of a layer over the image; click a patch to make it the query."""
+"""Heads: every head of a block over the image; click a cell to make it the query (at any stage)."""
 
 import numpy as np
 import streamlit as st
 
 from pages import common
 from vitviz import figures
-from vitviz.analysis import maps
+from vitviz.analysis.blocks import head_maps, select, window_edges
+from vitviz.capture.record import POOLED
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
-p = cap.num_prefix_tokens
 
 st.header("Attention heads")
-common.take_click("head_map", lambda data: ss.update(query=int(data[0])))
-common.take_click("head_grid", lambda data: ss.update(head=int(data[0])))
 common.clamp_state(cap)
-c1, c2, c3 = st.columns([2, 2, 3])
+stage_now = cap.blocks[ss.layer].stage
+common.take_click("head_map", lambda data: common.click_query(cap, stage_now, data))
+common.take_click("head_grid", lambda data: ss.update(head=int(data[0])))
+
+
+def _go_to_stage() -> None:
+    first = cap.stages[ss["_stage_pick"]].blocks[0]
+    ss.update(layer=first, head=min(ss.head, cap.blocks[first].num_heads - 1))
+
+
+c1, c2, c3 = st.columns([3, 2, 3])
 with c1:
-    st.slider("Layer", 0, cap.num_layers - 1, **common.keep("layer"))
+    if len(cap.stages) > 1:
+        st.radio(
+            "Stage", range(len(cap.stages)), index=stage_now, horizontal=True, key="_stage_pick", on_change=_go_to_stage,
+            format_func=lambda s: f"{s + 1} ({cap.stages[s].grid[0]} x {cap.stages[s].grid[1]})",
+        )  # fmt: skip
+        blocks = list(cap.stages[stage_now].blocks)
+        st.select_slider("Block", blocks, format_func=cap.block_label, **common.keep("layer"))
+    else:
+        st.slider("Layer", 0, cap.num_blocks - 1, **common.keep("layer"))
 with c2:
     st.radio("Direction", common.DIRECTIONS, **common.keep("direction"), horizontal=True)
+
+block = cap.blocks[ss.layer]
+g, stage = block.geometry, cap.stages[block.stage]
+query = common.query_at(cap, block.stage)
 with c3:
-    tokens = list(range(p)) + ([ss.query] if ss.query >= p else [])
+    tokens = [*range(stage.num_prefix), POOLED] + ([query] if query >= stage.num_prefix else [])
     st.selectbox(
-        "Query token (or click a patch)", tokens, index=tokens.index(ss.query), format_func=cap.token_label,
-        key=f"query_pick_{ss.query}", on_change=lambda: ss.update(query=ss[f"query_pick_{ss.query}"]),
+        "Query token (or click a cell)", tokens, index=tokens.index(query),
+        format_func=lambda t: cap.token_label(t, block.stage), key=f"query_pick_{block.stage}_{query}",
+        on_change=lambda: common.set_query(block.stage, ss[f"query_pick_{block.stage}_{query}"]),
     )  # fmt: skip
 
-layer, query = ss.layer, ss.query
-looking = ss.direction == common.DIRECTIONS[0]
-attn = cap.attentions[layer]  # (H, T, T)
-if looking:
-    head_maps = maps.query_map(attn, query=query, num_prefix_tokens=p, grid=cap.grid)
-    what = f"where {cap.token_label(query)} looks"
-else:
-    head_maps = maps.key_map(attn, key=query, num_prefix_tokens=p, grid=cap.grid)
-    what = f"who looks at {cap.token_label(query)}"
+looking = ss.direction == common.DIRECTIONS[0] or query == POOLED or g.kind == "separable"
+maps = head_maps(block, query, direction="query" if looking else "key")
+what = (
+    f"where {cap.token_label(query, block.stage)} looks"
+    if looking
+    else f"who looks at {cap.token_label(query, block.stage)}"
+)
+if g.kind == "separable":
+    st.caption(
+        "MobileViT V2 attends with one context score per patch and offset (no query): every query sees this map."
+    )
+elif looking and ss.direction == common.DIRECTIONS[1]:
+    st.caption("The pooled query is a mean of rows and has no column: the map shows where it looks.")
 
 st.plotly_chart(
     figures.small_multiples_figure(
-        head_maps,
-        [f"head {h}" for h in range(cap.num_heads)],
-        colorbar_title=f"attention (raw, {cap.attention_precision})",
-        cols=6,
-        image=cap.image,
+        maps.values, [f"head {h}" for h in range(block.num_heads)],
+        colorbar_title=f"attention (raw, {cap.attention_precision})", cols=6, image=cap.image,
     ),
-    key="head_grid",
-    on_select="rerun",
-    selection_mode="points",
+    key="head_grid", on_select="rerun", selection_mode="points",
+)  # fmt: skip
+st.caption(
+    f"{cap.block_label(ss.layer)}: maps on the {maps.grid[0]} x {maps.grid[1]} "
+    f"{'key grid' if maps.grid != g.grid else 'token grid'}; all heads share one colour scale; click a head to show it large."
 )
-st.caption("All heads share one colour scale; click a head to show it large.")
 st.radio(
-    "Head shown large",
-    list(range(cap.num_heads)),
-    **common.keep("head"),
-    horizontal=True,
+    "Head shown large", list(range(block.num_heads)), **common.keep("head"), horizontal=True,
     format_func=lambda h: f"head {h}",
-)
+)  # fmt: skip
 
 big, side = st.columns([3, 2])
 head = ss.head
-marked = None if query < p else divmod(query - p, cap.grid[1])
+marked = None
+centre = cap.token_centre(block.stage, query)
+if centre is not None:
+    h_px, w_px = cap.input_size
+    marked = (int(centre[1] * maps.grid[0] // h_px), int(centre[0] * maps.grid[1] // w_px))
 with big:
+    if g.kind == "window":
+        st.checkbox("Show the windows (shifted blocks show shifted windows)", **common.keep("show_windows"))
     fig = figures.map_figure(
-        cap.image, head_maps[head], patch_size=cap.patch_size, num_prefix_tokens=p,
-        title=f"Layer {layer}, head {head}: {what}", colorbar_title=f"attention (raw, {cap.attention_precision})", marked=marked,
+        cap.image, maps.values[head], title=f"{cap.block_label(ss.layer)}, head {head}: {what}",
+        colorbar_title=f"attention (raw, {cap.attention_precision})", marked=marked,
+        windows=window_edges(g) if (g.kind == "window" and ss.show_windows) else None,
     )  # fmt: skip
     st.plotly_chart(fig, key="head_map", on_select="rerun", selection_mode="points")
+    if g.kind == "window":
+        st.caption(
+            f"Window {g.window} x {g.window}, shift {g.shift}, grid {g.grid[0]} x {g.grid[1]} padded to "
+            f"{g.padded[0]} x {g.padded[1]}. Keys outside the query's window get no attention."
+        )
 with side:
     if looking:
-        prefix = maps.prefix_attention(attn[head], query=query, num_prefix_tokens=p)
-        total = float(maps.patch_attention_total(attn[head], query=query, num_prefix_tokens=p))
-        st.plotly_chart(figures.prefix_attention_figure(prefix, cap.prefix_kinds, patch_total=total), key="prefix")
+        total = float(maps.values[head].sum(dtype=np.float64))
+        names = list(g.prefix_kinds)
+        values = maps.prefix[head]
+        if maps.padding[head] > 0:
+            names, values = [*names, "padding"], np.append(values, maps.padding[head])
+        st.plotly_chart(figures.prefix_attention_figure(values, names, patch_total=total), key="prefix")
         st.caption(
-            "Raw attention weights of this query: its row sums to 1 over all tokens, including those not on the image."
+            "Raw attention weights of this query: its row sums to 1 over all its keys, "
+            "including tokens not on the image (prefix tokens, and padding in windowed blocks)."
         )
     else:
-        to_key = maps.prefix_attention_to(attn[head], key=query, num_prefix_tokens=p)
         st.plotly_chart(
-            figures.prefix_attention_figure(to_key, cap.prefix_kinds, title=f"Attention the prefix tokens pay to {cap.token_label(query)} (raw)"),
+            figures.prefix_attention_figure(maps.prefix[head], g.prefix_kinds,
+                                            title=f"Attention the prefix tokens pay to {cap.token_label(query, block.stage)} (raw)"),
             key="prefix",
         )  # fmt: skip
     common.downloads(
-        f"layer{layer}_head{head}_token{query}",
+        f"block{ss.layer}_head{head}_token{query}",
         "heads",
-        map=head_maps[head],
-        all_heads=head_maps,
-        attention=np.asarray(attn[head], np.float32),
+        map=maps.values[head],
+        all_heads=maps.values,
+        attention=select(block, head=head),
     )

@@ -1,4 +1,4 @@
-"""Layers & rollout: layers side by side, rollout, class-specific relevance, DINO masks, per-head summaries."""
+"""Layers & rollout: blocks side by side, rollout, class-specific relevance, DINO masks, per-head summaries."""
 
 import numpy as np
 import streamlit as st
@@ -6,13 +6,13 @@ import streamlit as st
 from pages import common
 from vitviz import figures
 from vitviz.analysis import maps
-from vitviz.analysis.masks import dino_masks
+from vitviz.analysis.blocks import global_query, head_maps, row_map, select
+from vitviz.analysis.masks import mass_masks
+from vitviz.analysis.stats import SUMMARIES, summary_table
 from vitviz.errors import VitvizError
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
-p = cap.num_prefix_tokens
-METRICS = {"mean attention distance (px)": "distance", "attention entropy (nats)": "entropy"}
 
 
 def open_head(data) -> None:
@@ -24,89 +24,122 @@ common.take_click("summary_map", open_head)
 if ss.pop("open_heads_page", False):
     st.switch_page("pages/heads.py")
 common.clamp_state(cap)
+if ss.metric not in SUMMARIES:
+    ss.metric = "distance"
+stage_of_block = [b.stage for b in cap.blocks]
 
-st.header("Layers, rollout and explanations")
+st.header("Blocks, rollout and explanations" if cap.is_hierarchical else "Layers, rollout and explanations")
 c1, c2 = st.columns(2)
 c1.selectbox("Head fusion", maps.FUSIONS, **common.keep("fusion"))
-c2.caption(f"Query token: **{cap.token_label(ss.query)}** (pick another on the Heads page).")
+c2.caption(f"Query token: **{cap.token_label(ss.query, ss.query_stage)}** (pick another on the Heads page).")
 
-# Layers side by side
-q = ss.query
-rows = maps.fuse_heads(cap.attentions[:, :, q : q + 1, :], how=ss.fusion)  # (L, 1, T): only the query's row
-per_layer = maps.query_map(rows, query=0, num_prefix_tokens=p, grid=cap.grid)
-st.subheader(f"Where {cap.token_label(ss.query)} looks, layer by layer ({ss.fusion} of heads)")
-st.plotly_chart(
-    figures.small_multiples_figure(
-        per_layer,
-        [f"layer {i}" for i in range(cap.num_layers)],
-        colorbar_title=f"attention (raw, {cap.attention_precision})",
-        cols=6,
-    ),
-    key="layer_grid",
-)
+# Blocks side by side: one row of tiles per stage (each stage has its own grid)
+precision = "float32 mean" if ss.fusion == "mean" else cap.attention_precision
+for stage in cap.stages:
+    q = common.query_at(cap, stage.index)
+    tiles = np.stack([row_map(cap.blocks[b].geometry, select(cap.blocks[b], fusion=ss.fusion), q).values
+                      for b in stage.blocks])  # fmt: skip
+    where = f"stage {stage.index + 1} ({stage.grid[0]} x {stage.grid[1]}): " if len(cap.stages) > 1 else ""
+    st.subheader(f"{where}where {cap.token_label(q, stage.index)} looks, block by block ({ss.fusion} of heads)")
+    st.plotly_chart(
+        figures.small_multiples_figure(
+            tiles, [cap.block_label(b) for b in stage.blocks], colorbar_title=f"attention (raw, {precision})", cols=6
+        ),
+        key=f"layer_grid_{stage.index}",
+    )
 
 # Rollout and relevance
 st.subheader("Attention rollout and class-specific relevance")
-r1, r2 = st.columns(2)
-r1.slider("Layers rolled out", 0, cap.num_layers - 1, **common.keep("rollout_range"))
-r2.slider("Discard ratio (smallest patch entries zeroed per layer)", 0.0, 0.95, step=0.05, **common.keep("discard"))
-start, end = ss.rollout_range
-row = common.get_rollout(*cur.key, cap, query=ss.query, start=start, stop=end + 1, fusion=ss.fusion, discard=ss.discard)
-roll_map = row[p:].reshape(cap.grid)
-left, right = st.columns(2)
-with left:
-    st.plotly_chart(
-        figures.map_figure(cap.image, roll_map, patch_size=cap.patch_size, num_prefix_tokens=p,
-                           title=f"Rollout of {cap.token_label(ss.query)}, layers {start}-{end}", colorbar_title=f"rollout (raw, {cap.attention_precision})"),
-        key="rollout_map",
-    )  # fmt: skip
-    common.downloads("rollout", "rollout", rollout=roll_map, row=row)
-with right:
-    if not cur.model.has_classifier:
-        st.info("Class-specific relevance needs a classifier; this checkpoint is a backbone.")
-    else:
-        cls = ss.class_index if ss.class_index in cur.model.id2label else cap.predictions[0].index
-        try:
-            with st.spinner("Computing gradients for the relevance map…"):
-                exp = common.get_relevance(*cur.key, cls, cur.image_bytes)
-        except VitvizError as exc:
-            st.error(str(exc))
+if cap.rollout_note:
+    st.info(cap.rollout_note)
+else:
+    r1, r2 = st.columns(2)
+    r1.slider(
+        "Blocks rolled out" if cap.is_hierarchical else "Layers rolled out",
+        0,
+        cap.num_blocks - 1,
+        **common.keep("rollout_range"),
+    )
+    r2.slider("Discard ratio (smallest entries zeroed per block)", 0.0, 0.95, step=0.05, **common.keep("discard"))
+    start, end = ss.rollout_range
+    q_end = common.query_at(cap, cap.blocks[end].stage)
+    try:
+        row, st_idx = common.get_rollout(
+            *cur.key, cap, query=q_end, start=start, stop=end + 1, fusion=ss.fusion, discard=ss.discard
+        )
+    except (VitvizError, ValueError) as exc:
+        st.error(str(exc))
+        st.stop()
+    rs = cap.stages[st_idx]
+    roll_map = row[rs.num_prefix :].reshape(rs.grid)
+    left, right = st.columns(2)
+    with left:
+        st.plotly_chart(
+            figures.map_figure(cap.image, roll_map, title=f"Rollout of {cap.token_label(q_end, cap.blocks[end].stage)}, "
+                               f"{'blocks' if cap.is_hierarchical else 'layers'} {start}-{end}", colorbar_title=f"rollout (raw, {precision})"),
+            key="rollout_map",
+        )  # fmt: skip
+        if cap.is_hierarchical:
+            st.caption(
+                f"On stage {st_idx + 1}'s grid: windows undone, reduced keys spread over the tokens they came from, "
+                "merged tokens averaged (ALGORITHMS.md). The row sums to 1."
+            )
+        common.downloads("rollout", "rollout", rollout=roll_map, row=row)
+    with right:
+        if not cur.model.has_classifier:
+            st.info("Class-specific relevance needs a classifier; this checkpoint is a backbone.")
         else:
-            st.plotly_chart(
-                figures.map_figure(cap.image, exp.patch_map(), patch_size=cap.patch_size, num_prefix_tokens=p,
-                                   title=f"Relevance for '{exp.label}' (Chefer et al. 2021)", colorbar_title="relevance (raw)"),
-                key="relevance_map",
-            )  # fmt: skip
-            st.caption("Choose the class on the *Image & predictions* page.")
-            common.downloads(f"relevance_{exp.class_index}", "relevance", relevance=exp.patch_map())
+            cls = ss.class_index if ss.class_index in cur.model.id2label else cap.predictions[0].index
+            try:
+                with st.spinner("Computing gradients for the relevance map…"):
+                    exp = common.get_relevance(*cur.key, cls, cur.image_bytes)
+            except VitvizError as exc:
+                st.error(str(exc))
+            else:
+                st.plotly_chart(
+                    figures.map_figure(cap.image, exp.patch_map(), title=f"Relevance for '{exp.label}' (Chefer et al. 2021)",
+                                       colorbar_title="relevance (raw)"),
+                    key="relevance_map",
+                )  # fmt: skip
+                st.caption(f"Row of the {exp.readout}. Choose the class on the *Image & predictions* page.")
+                common.downloads(f"relevance_{exp.class_index}", "relevance", relevance=exp.patch_map())
 
-# DINO masks
-st.subheader("DINO attention masks (last layer, CLS query)")
+# DINO masks on the last block's global map
+last = cap.blocks[-1]
+gq = global_query(last)
+st.subheader(f"DINO attention masks (last block, {cap.token_label(gq, last.stage)})")
 st.slider("Kept attention mass (tau)", 0.1, 1.0, step=0.05, **common.keep("tau"))
-masks = dino_masks(cap.attentions, num_prefix_tokens=p, grid=cap.grid, tau=ss.tau).astype(np.float32)
+masks = mass_masks(head_maps(last, gq).values, tau=ss.tau).astype(np.float32)
 st.plotly_chart(
     figures.small_multiples_figure(
-        masks,
-        [f"head {h}" for h in range(cap.num_heads)],
-        colorbar_title="kept (1) / dropped (0)",
-        cols=6,
-        zmin=0,
-        zmax=1,
+        masks, [f"head {h}" for h in range(last.num_heads)], colorbar_title="kept (1) / dropped (0)", cols=6,
+        zmin=0, zmax=1,
     ),
     key="masks",
-)
+)  # fmt: skip
 
 # Per-head summaries
 st.subheader("Per-head summaries")
-summ = common.get_summaries(*cur.key, cap)
-st.radio("Metric", list(METRICS), **common.keep("metric"), horizontal=True)
-values = getattr(summ, METRICS[ss.metric])
+st.radio("Metric", list(SUMMARIES), format_func=SUMMARIES.get, **common.keep("metric"), horizontal=True)
+values = summary_table(cap.blocks, ss.metric)
+labels = [cap.block_label(b) for b in range(cap.num_blocks)]
 s1, s2 = st.columns(2)
 with s1:
     st.plotly_chart(
-        figures.layer_head_figure(values, title=f"{ss.metric}: click a cell to open that head", colorbar_title=ss.metric, marked=(ss.layer, ss.head)),
+        figures.layer_head_figure(values, title=f"{SUMMARIES[ss.metric]}: click a cell to open that head",
+                                  colorbar_title=SUMMARIES[ss.metric], marked=(ss.layer, ss.head), row_labels=labels,
+                                  stage_of_block=stage_of_block if len(cap.stages) > 1 else None),
         key="summary_map", on_select="rerun", selection_mode="points",
     )  # fmt: skip
-    common.downloads("summaries", "summaries", mean_attention_distance=summ.distance, attention_entropy=summ.entropy)
+    st.caption("Computed from the float32 weights as each block ran; blank cells are heads a block does not have.")
+    common.downloads(
+        "summaries", "summaries", mean_attention_distance=summary_table(cap.blocks, "distance"),
+        attention_entropy=summary_table(cap.blocks, "entropy"),
+        attention_entropy_normalised=summary_table(cap.blocks, "entropy_norm"),
+    )  # fmt: skip
 with s2:
-    st.plotly_chart(figures.distance_depth_figure(summ.distance, image_px=max(cap.input_size)), key="distance_depth")
+    st.plotly_chart(
+        figures.distance_depth_figure(summary_table(cap.blocks, "distance"), image_px=max(cap.input_size),
+                                      stage_of_block=stage_of_block if len(cap.stages) > 1 else None),
+        key="distance_depth",
+    )  # fmt: skip

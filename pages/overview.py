@@ -10,10 +10,23 @@ cur = common.require_current()
 cap, ss = cur.cap, st.session_state
 
 st.header("How the ViT reads the image")
-st.caption(
-    f"**{cap.model_name}** ({cap.family}): {cap.num_layers} layers x {cap.num_heads} heads, "
-    f"input {cap.input_size[1]} x {cap.input_size[0]} px, {cap.num_tokens} tokens, attention stored as {cap.attention_precision}."
-)
+if cap.is_hierarchical:
+    grids = "; ".join(
+        f"stage {s.index + 1}: {s.grid[0]} x {s.grid[1]} tokens{' + CLS' if s.num_prefix else ''}, "
+        f"{len(s.blocks)} blocks of {cap.blocks[s.blocks[0]].num_heads} heads ({cap.blocks[s.blocks[0]].kind} attention)"
+        for s in cap.stages
+    )
+    st.caption(
+        f"**{cap.model_name}** ({cap.family}), input {cap.input_size[1]} x {cap.input_size[0]} px, "
+        f"attention stored as {cap.attention_precision}. {grids}."
+    )
+else:
+    st.caption(
+        f"**{cap.model_name}** ({cap.family}): {cap.num_layers} layers x {cap.num_heads} heads, "
+        f"input {cap.input_size[1]} x {cap.input_size[0]} px, {cap.num_tokens} tokens, attention stored as {cap.attention_precision}."
+    )
+if cur.model.family.fixed_size(cur.model.config) is not None:
+    st.caption(f"{cap.family} runs only at its configured input size, so every image is resized to it.")
 left, right = st.columns([3, 2])
 with left:
     fig = figures.image_figure(cap.image, patch_size=cap.patch_size, num_prefix_tokens=cap.num_prefix_tokens)
@@ -39,4 +52,9 @@ st.plotly_chart(figures.token_sequence_figure(cap.token_kinds, cap.grid), key="s
 st.caption(
     "As in the ViT paper, the image is cut into patches, each flattened and linearly projected, "
     "and the sequence starts with the prefix tokens (CLS, and DeiT's DIST or DINOv2's registers)."
+    + (
+        " Hierarchical models start from this first-stage grid and merge tokens between stages."
+        if cap.is_hierarchical
+        else ""
+    )
 )

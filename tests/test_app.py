@@ -99,7 +99,7 @@ def test_layers_rollout_controls_change_the_rollout():
     at.selectbox(key="_w_fusion").set_value("max").run()
     _no_trouble(at)
     assert _titled(at, "Relevance for")  # class-specific relevance next to rollout
-    at.radio(key="_w_metric").set_value("attention entropy (nats)").run()
+    at.radio(key="_w_metric").set_value("entropy").run()
     assert "entropy" in _titled(at, "click a cell")["layout"]["title"]["text"]
 
 

@@ -50,6 +50,10 @@ __all__ = [
     "cell_centres",
     "block_summaries",
     "allowed_keys",
+    "HeadMaps",
+    "head_maps",
+    "global_query",
+    "window_edges",
 ]
 
 Fusion = Literal["mean", "max", "min"]
@@ -414,3 +418,54 @@ def block_summaries(g: Geometry, native: np.ndarray, input_size: tuple[int, int]
 def _entropy(a: np.ndarray, *, axis: int) -> np.ndarray:
     logs = np.log(np.where(a > 0, a, 1.0))  # log 1 = 0 makes the 0 log 0 terms vanish
     return -(a * logs).sum(axis=axis, dtype=np.float32)
+
+
+# --- per-head views ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class HeadMaps:
+    """One block's map for one query (or key), every head: ``values`` ``(H, gh, gw)`` on ``grid``.
+
+    ``prefix`` ``(H, P)``: weight on (or from) the prefix tokens; ``padding`` ``(H,)``:
+    share that went to padding tokens.
+    """
+
+    values: np.ndarray
+    grid: tuple[int, int]
+    prefix: np.ndarray
+    padding: np.ndarray
+
+
+def head_maps(block: Block, token: int, *, direction: Literal["query", "key"] = "query") -> HeadMaps:
+    """:func:`row_map` (where ``token`` looks) or :func:`column_map` (who looks at it) for every head."""
+    fn = row_map if direction == "query" else column_map
+    maps = [fn(block.geometry, select(block, head=h), token) for h in range(block.num_heads)]
+    return HeadMaps(
+        np.stack([m.values for m in maps]),
+        maps[0].grid,
+        np.stack([m.prefix for m in maps]),
+        np.array([m.padding for m in maps]),
+    )
+
+
+def global_query(block: Block) -> int:
+    """The global view of a block: its CLS token where the stage has one, else the pooled query."""
+    kinds = block.geometry.prefix_kinds
+    return kinds.index("CLS") if "CLS" in kinds else POOLED
+
+
+def window_edges(g: Geometry) -> tuple[list[int], list[int]]:
+    """Window boundaries of a windowed block on the original grid, in token units: (row edges, col edges).
+
+    Edges sit where the shifted index is a multiple of w: original index ``(k w + s) mod n``,
+    kept inside the real grid (0 and the grid's end excluded).
+    """
+    if g.kind != "window":
+        return [], []
+
+    def axis(n_real: int, n_pad: int) -> list[int]:
+        edges = {(k * g.window + g.shift) % n_pad for k in range(n_pad // g.window)}
+        return sorted((edges - {0}) & set(range(n_real)))
+
+    return axis(g.grid[0], g.padded[0]), axis(g.grid[1], g.padded[1])

@@ -6,9 +6,21 @@ by layer so large inputs never need a float64 copy of the whole stack.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Literal
+
 import numpy as np
 
-__all__ = ["patch_distances", "mean_attention_distance", "attention_entropy"]
+from vitviz.capture.record import Block
+
+__all__ = ["patch_distances", "mean_attention_distance", "attention_entropy", "SUMMARIES", "summary_table"]
+
+# What the record holds per block and head (``Block.distance``, ``.entropy``, ``.entropy_norm``), with a label.
+SUMMARIES = {
+    "distance": "mean attention distance (px)",
+    "entropy": "attention entropy (nats)",
+    "entropy_norm": "entropy / log(keys allowed)",
+}
 
 
 def patch_distances(grid: tuple[int, int], patch_size: int) -> np.ndarray:
@@ -51,4 +63,22 @@ def attention_entropy(attn: np.ndarray) -> np.ndarray:
         a = np.asarray(attn[layer], dtype=np.float32)
         logs = np.log(np.where(a > 0, a, 1.0))  # log 1 = 0 makes the 0 log 0 terms vanish
         out[layer] = -np.einsum("hqk,hqk->hq", a, logs).astype(np.float64).mean(axis=-1)
+    return out
+
+
+def summary_table(
+    blocks: Sequence[Block], what: Literal["distance", "entropy", "entropy_norm"] = "distance"
+) -> np.ndarray:
+    """A per-head summary of every block as one ``(L, H_max)`` float64 table; ``nan`` where a block has fewer heads.
+
+    The values were computed from float32 weights as each block ran
+    (``vitviz.analysis.blocks.block_summaries``).
+    """
+    if what not in SUMMARIES:
+        raise ValueError(f"unknown summary {what!r}; choose one of {', '.join(SUMMARIES)}")
+    width = max(b.num_heads for b in blocks)
+    out = np.full((len(blocks), width), np.nan)
+    for i, b in enumerate(blocks):
+        values = getattr(b, what)
+        out[i, : len(values)] = values
     return out

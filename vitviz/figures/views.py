@@ -49,18 +49,24 @@ def _image_axes(fig: go.Figure, h: int, w: int, **where) -> None:
 
 
 def _patch_targets(
-    grid: tuple[int, int], patch: int, prefix: int, hover: str, values: np.ndarray | None = None
+    grid: tuple[int, int], cell: float | tuple[float, float], prefix: int, hover: str, values: np.ndarray | None = None
 ) -> go.Scatter:
-    """Invisible markers on patch centres: the only hover/click targets (heatmaps cannot be selected)."""
+    """Invisible markers on cell centres: the only hover/click targets (heatmaps cannot be selected).
+
+    ``customdata`` rows: ``[token, row, col, value, x, y]`` with (x, y) the cell centre in
+    pixels of the model input, so a click can pick the token at that point on any stage.
+    """
     gh, gw = grid
+    ch, cw = (cell, cell) if np.isscalar(cell) else cell
     rows, cols = np.divmod(np.arange(gh * gw), gw)
     vals = np.zeros(gh * gw) if values is None else np.asarray(values, dtype=np.float64).ravel()
+    x, y = (cols + 0.5) * cw, (rows + 0.5) * ch
     return go.Scatter(
-        x=(cols + 0.5) * patch,
-        y=(rows + 0.5) * patch,
+        x=x,
+        y=y,
         mode="markers",
         marker=dict(size=max(4, min(24, 400 // max(gh, gw))), opacity=0.0, symbol="square"),
-        customdata=np.stack([prefix + np.arange(gh * gw), rows, cols, vals], axis=1),
+        customdata=np.stack([prefix + np.arange(gh * gw), rows, cols, vals, x, y], axis=1),
         hovertemplate=hover,
         name="patches",
         showlegend=False,
@@ -92,30 +98,41 @@ def map_figure(
     image: np.ndarray | None,
     grid_map: np.ndarray,
     *,
-    patch_size: int,
-    num_prefix_tokens: int,
     title: str,
     colorbar_title: str,
+    patch_size: float | None = None,
+    num_prefix_tokens: int = 0,
     zmin: float | None = None,
     zmax: float | None = None,
     colorscale: str = ATTENTION_SCALE,
     opacity: float = 0.65,
     marked: tuple[int, int] | None = None,
+    windows: tuple[Sequence[int], Sequence[int]] | None = None,
     height: int = 480,
 ) -> go.Figure:
-    """A ``(gh, gw)`` map over the image (or alone), clickable patch by patch; ``marked`` outlines a patch."""
+    """A ``(gh, gw)`` map over the image (or alone), clickable cell by cell.
+
+    Cells span the image evenly (``image`` height / gh by width / gw pixels), so maps
+    on a stage grid or a coarser key grid sit where their tokens are; without an
+    image each cell is ``patch_size`` (default 1) pixels. ``marked`` outlines a cell;
+    ``windows`` (row edges, column edges in cells) draws window boundaries.
+    """
     gh, gw = grid_map.shape
-    h, w = gh * patch_size, gw * patch_size
+    if image is not None:
+        h, w = image.shape[:2]
+    else:
+        h, w = gh * (patch_size or 1), gw * (patch_size or 1)
+    ch, cw = h / gh, w / gw
     fig = go.Figure()
     if image is not None:
         fig.add_trace(go.Image(source=_data_uri(image), hoverinfo="skip"))
     fig.add_trace(
         go.Heatmap(
             z=grid_map,
-            x0=patch_size / 2,
-            dx=patch_size,
-            y0=patch_size / 2,
-            dy=patch_size,
+            x0=cw / 2,
+            dx=cw,
+            y0=ch / 2,
+            dy=ch,
             zmin=zmin,
             zmax=zmax,
             colorscale=colorscale,
@@ -127,23 +144,23 @@ def map_figure(
     fig.add_trace(
         _patch_targets(
             (gh, gw),
-            patch_size,
+            (ch, cw),
             num_prefix_tokens,
-            "patch (row %{customdata[1]}, col %{customdata[2]}): %{customdata[3]:.4g}<br>click to make it the query<extra></extra>",
+            "cell (row %{customdata[1]}, col %{customdata[2]}): %{customdata[3]:.4g}<br>click to make it the query<extra></extra>",
             grid_map,
         )
     )
+    shapes = []
+    if windows is not None:
+        line = dict(color="rgba(0,229,255,0.8)", width=1.5, dash="dot")
+        shapes += [dict(type="line", x0=0, x1=w, y0=r * ch, y1=r * ch, line=line) for r in windows[0]]
+        shapes += [dict(type="line", x0=c * cw, x1=c * cw, y0=0, y1=h, line=line) for c in windows[1]]
     if marked is not None:
         r, c = marked
-        fig.add_shape(
-            type="rect",
-            x0=c * patch_size,
-            x1=(c + 1) * patch_size,
-            y0=r * patch_size,
-            y1=(r + 1) * patch_size,
-            line=dict(color="#00e5ff", width=3),
+        shapes.append(
+            dict(type="rect", x0=c * cw, x1=(c + 1) * cw, y0=r * ch, y1=(r + 1) * ch, line=dict(color="#00e5ff", width=3))
         )
-    fig.update_layout(title=title, margin=_MARGIN, height=height)
+    fig.update_layout(title=title, margin=_MARGIN, height=height, shapes=shapes)
     _image_axes(fig, h, w)
     return fig
 
@@ -321,11 +338,29 @@ def prefix_attention_figure(
     return fig
 
 
+def _stage_starts(stage_of_block: Sequence[int] | None) -> list[int]:
+    """Indices of the first block of every stage after the first."""
+    if stage_of_block is None:
+        return []
+    return [b for b in range(1, len(stage_of_block)) if stage_of_block[b] != stage_of_block[b - 1]]
+
+
 def layer_head_figure(
-    values: np.ndarray, *, title: str, colorbar_title: str, marked: tuple[int, int] | None = None
+    values: np.ndarray,
+    *,
+    title: str,
+    colorbar_title: str,
+    marked: tuple[int, int] | None = None,
+    row_labels: Sequence[str] | None = None,
+    stage_of_block: Sequence[int] | None = None,
 ) -> go.Figure:
-    """A layers x heads heatmap (rows = layers from 1); click a cell to open that head."""
+    """A blocks x heads heatmap (rows = blocks in forward order); click a cell to open that head.
+
+    ``nan`` cells (heads a block does not have) stay blank and are not clickable;
+    a line separates stages.
+    """
     num_layers, num_heads = values.shape
+    labels = list(row_labels) if row_labels is not None else [f"layer {i}" for i in range(num_layers)]
     fig = go.Figure(
         go.Heatmap(
             z=values,
@@ -333,10 +368,12 @@ def layer_head_figure(
             y=np.arange(num_layers),
             colorscale=NORM_SCALE,
             colorbar=dict(title=dict(text=colorbar_title, side="right"), thickness=12),
-            hovertemplate="layer %{y}, head %{x}<br>%{z:.4g}<extra></extra>",
+            customdata=np.broadcast_to(np.array(labels, dtype=object)[:, None], values.shape),
+            hovertemplate="%{customdata}, head %{x}<br>%{z:.4g}<extra></extra>",
+            hoverongaps=False,
         )
     )
-    cells_l, cells_h = np.divmod(np.arange(num_layers * num_heads), num_heads)
+    cells_l, cells_h = np.nonzero(np.isfinite(values))
     fig.add_trace(
         go.Scatter(
             x=cells_h,
@@ -344,33 +381,46 @@ def layer_head_figure(
             mode="markers",
             marker=dict(size=14, opacity=0.0, symbol="square"),
             customdata=np.stack([cells_l, cells_h], axis=1),
-            hovertemplate="layer %{customdata[0]}, head %{customdata[1]}: click to open<extra></extra>",
+            text=[labels[i] for i in cells_l],
+            hovertemplate="%{text}, head %{customdata[1]}: click to open<extra></extra>",
             showlegend=False,
         )
     )
+    shapes = [
+        dict(type="line", x0=-0.5, x1=num_heads - 0.5, y0=b - 0.5, y1=b - 0.5, line=dict(color="white", width=3))
+        for b in _stage_starts(stage_of_block)
+    ]
     if marked is not None:
-        fig.add_shape(
-            type="rect",
-            x0=marked[1] - 0.5,
-            x1=marked[1] + 0.5,
-            y0=marked[0] - 0.5,
-            y1=marked[0] + 0.5,
-            line=dict(color="#00e5ff", width=3),
-        )
+        shapes.append(
+            dict(type="rect", x0=marked[1] - 0.5, x1=marked[1] + 0.5, y0=marked[0] - 0.5, y1=marked[0] + 0.5,
+                 line=dict(color="#00e5ff", width=3))
+        )  # fmt: skip
     fig.update_layout(
         title=title,
         xaxis=dict(title="head", dtick=1),
-        yaxis=dict(title="layer", dtick=1, autorange="reversed"),
-        height=min(600, 120 + 28 * num_layers),
+        yaxis=dict(title="block" if stage_of_block else "layer", tickvals=list(range(num_layers)), ticktext=labels,
+                   autorange="reversed"),
+        height=min(720, 120 + 24 * num_layers),
         margin=_MARGIN,
         clickmode="event+select",
         dragmode=False,
-    )
+        shapes=shapes,
+    )  # fmt: skip
     return fig
 
 
-def distance_depth_figure(distances: np.ndarray, *, image_px: int) -> go.Figure:
-    """Mean attention distance per head against depth (ViT paper, Figure 7 right)."""
+def distance_depth_figure(
+    distances: np.ndarray,
+    *,
+    image_px: int,
+    stage_of_block: Sequence[int] | None = None,
+    spread: np.ndarray | None = None,
+) -> go.Figure:
+    """Mean attention distance per head against depth (ViT paper, Figure 7 right); stage boundaries marked.
+
+    ``distances`` ``(L, H)`` pixels (``nan`` for heads a block does not have);
+    ``spread`` ``(L, H)`` optional standard deviation over images, drawn as error bars.
+    """
     num_layers, num_heads = distances.shape
     fig = go.Figure()
     for h in range(num_heads):
@@ -381,15 +431,27 @@ def distance_depth_figure(distances: np.ndarray, *, image_px: int) -> go.Figure:
                 mode="markers",
                 name=f"head {h}",
                 marker=dict(size=8),
-                hovertemplate=f"head {h}<br>layer %{{x}}<br>%{{y:.1f}} px<extra></extra>",
+                error_y=None if spread is None else dict(type="data", array=spread[:, h], visible=True, thickness=1),
+                hovertemplate=f"head {h}<br>block %{{x}}<br>%{{y:.1f}} px<extra></extra>",
             )
         )
+    starts = _stage_starts(stage_of_block)
+    shapes = [
+        dict(type="line", x0=b - 0.5, x1=b - 0.5, y0=0, y1=image_px, line=dict(color="grey", dash="dash"))
+        for b in starts
+    ]
+    notes = [
+        dict(x=b, y=image_px, text=f"stage {i + 1}", showarrow=False, yanchor="top", xanchor="left")
+        for i, b in enumerate([0, *starts])
+    ] if starts else []  # fmt: skip
     fig.update_layout(
         title="Mean attention distance by depth (one point per head)",
-        xaxis=dict(title="network depth (layer)", dtick=1),
+        xaxis=dict(title="network depth (block)" if starts else "network depth (layer)", dtick=1),
         yaxis=dict(title="mean attention distance (pixels)", range=[0, image_px]),
         height=420,
         margin=_MARGIN,
+        shapes=shapes,
+        annotations=notes,
     )
     return fig
 
