@@ -57,15 +57,35 @@ EXPECTED_PREFIX = {
 }
 
 
+def _hier_configs():
+    """Tiny hierarchical models: (architecture, config, input side in px)."""
+    from transformers import CvtConfig, SwinConfig, Swinv2Config
+
+    labels = {"id2label": {0: "zero", 1: "one", 2: "two"}, "label2id": {"zero": 0, "one": 1, "two": 2}}
+    swin = dict(image_size=64, patch_size=4, embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=4)
+    return {
+        "swin": ("SwinForImageClassification", SwinConfig(**swin, **labels), 64),
+        "swinv2": ("Swinv2ForImageClassification", Swinv2Config(**swin, **labels), 64),
+        "cvt": (
+            "CvtForImageClassification",
+            CvtConfig(depth=[1, 2, 3], embed_dim=[16, 32, 48], num_heads=[1, 2, 3], **labels),
+            64,
+        ),
+    }
+
+
+HIER_KEYS = ("swin", "swinv2", "cvt")
+
+
 def save_tiny(key: str, folder: Path, *, seed: int = 0) -> Path:
     import transformers
     from transformers import ViTImageProcessor
 
-    arch, config = _configs()[key]
+    arch, config, side = {**{k: (*v, 32) for k, v in _configs().items()}, **_hier_configs()}[key]
     torch.manual_seed(seed)
     model = getattr(transformers, arch)(config)
     model.save_pretrained(folder, safe_serialization=True)
-    ViTImageProcessor(size={"height": 32, "width": 32}, image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(
+    ViTImageProcessor(size={"height": side, "width": side}, image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(
         folder
     )
     return folder
@@ -75,6 +95,12 @@ def save_tiny(key: str, folder: Path, *, seed: int = 0) -> Path:
 def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny-models")
     return {k: save_tiny(k, root / k) for k in FAMILY_KEYS}
+
+
+@pytest.fixture(scope="session")
+def hier_dirs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny-hierarchical")
+    return {k: save_tiny(k, root / k) for k in HIER_KEYS}
 
 
 @pytest.fixture(scope="session")

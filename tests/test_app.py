@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -31,6 +32,16 @@ def _choose_model(at: AppTest, text: str) -> None:
 
 def _figures(at: AppTest) -> list[dict]:
     return [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
+
+
+def _decode(z) -> np.ndarray:
+    """A Plotly array as serialised: a list, or {dtype, bdata (base64), shape}."""
+    if isinstance(z, dict):
+        import base64
+
+        arr = np.frombuffer(base64.b64decode(z["bdata"]), dtype=z["dtype"])
+        return arr.reshape([int(n) for n in str(z.get("shape", arr.size)).split(",")]).astype(float)
+    return np.array(z, dtype=float)
 
 
 def _no_trouble(at: AppTest) -> None:
@@ -209,3 +220,62 @@ def test_keep_aspect_ratio_sizes_the_input_from_the_image():
     assert at.session_state.input_size == (96, 144)  # 96 px high, 1.5 x as wide, whole 8 px patches
     _no_trouble(at)
     assert any("input 144 x 96 px" in c.value for c in at.caption)  # the overview states what the model saw
+
+
+@pytest.mark.parametrize("key", ["swin", "swinv2", "cvt"])
+def test_every_page_on_a_hierarchical_model(hier_dirs, key):
+    at = _app()
+    _choose_model(at, str(hier_dirs[key]))
+    _no_trouble(at)
+    assert at.session_state.model_name == str(hier_dirs[key])
+    assert any("stage 2" in c.value for c in at.caption)  # the overview lists the stages
+    for page in PAGES[1:]:
+        at.switch_page(page).run()
+        _no_trouble(at)
+    at.switch_page("pages/layers.py").run()
+    titles = " ".join(str(f["layout"].get("title", {}).get("text", "")) for f in _figures(at))
+    assert "Rollout of" in titles and "Relevance for" in titles
+    assert "stage 2 (" in " ".join(h.value for h in at.subheader)  # block-by-block maps, one row per stage
+
+
+def test_heads_page_stages_windows_and_a_click_at_another_stage(hier_dirs):
+    at = _app()
+    _choose_model(at, str(hier_dirs["swin"]))
+    at.switch_page("pages/heads.py").run()
+    _no_trouble(at)
+    at.radio(key="_stage_pick").set_value(0).run()  # stage 1: 16 x 16 tokens, windows of 4
+    assert at.session_state.layer == 0
+    at.select_slider(key="_w_layer").set_value(1).run()  # the shifted block
+    big = _titled(at, "stage 1, block 1, head 0")
+    shapes = big["layout"].get("shapes", [])
+    # window edges of a shift-2 block sit at tokens 2, 6, 10, 14 (x 4 px): 4 rows + 4 columns, then the query mark
+    assert sorted({s["y0"] for s in shapes if s["type"] == "line" and s["x0"] == 0}) == [8, 24, 40, 56]
+    # a click on stage 1 (customdata: token, row, col, value, x, y) picks the token at that pixel ...
+    at.session_state["head_map"] = {"selection": {"points": [{"customdata": [0, 3, 5, 0.0, 22.0, 14.0]}]}}
+    at.run()
+    assert (at.session_state.query_stage, at.session_state.query) == (0, 3 * 16 + 5)
+    # ... and stage 2 shows the same place: pixel (22, 14) lies in cell (1, 2) of the 8 x 8 grid
+    at.radio(key="_stage_pick").set_value(1).run()
+    _no_trouble(at)
+    assert any("where token (1, 2) looks" in f["layout"].get("title", {}).get("text", "") for f in _figures(at))
+
+
+def test_summaries_mark_stages_and_blank_missing_heads(hier_dirs):
+    at = _app()
+    _choose_model(at, str(hier_dirs["swin"]))
+    at.switch_page("pages/layers.py").run()
+    grid = _titled(at, "click a cell")
+    z = _decode(grid["data"][0]["z"])
+    assert z.shape == (4, 4) and np.isnan(z[:2, 2:]).all() and np.isfinite(z[2:]).all()  # 2 heads, then 4
+    assert grid["layout"]["yaxis"]["ticktext"][2] == "stage 2, block 0"
+
+
+def test_positions_page_shows_relative_bias_for_swin_and_a_sentence_for_cvt(hier_dirs):
+    at = _app()
+    _choose_model(at, str(hier_dirs["swin"]))
+    at.switch_page("pages/positions.py").run()
+    _no_trouble(at)
+    assert any("Relative position bias" in h.value for h in at.subheader)
+    _choose_model(at, str(hier_dirs["cvt"]))
+    at.switch_page("pages/positions.py").run()
+    assert any("convolutional" in i.value for i in at.info)
