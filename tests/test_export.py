@@ -34,19 +34,28 @@ def image_files(tmp_path):
 
 
 def test_arrays_match_the_analysis_functions(tiny_models):
+    """Stored as float16, but every reported number equals the float32 definition: storage never changes it."""
     cap = capture(tiny_models["deit"], random_image(0))
     arrays = capture_arrays(cap)
     assert REQUIRED | {"position_similarity"} <= set(arrays)
-    attn = cap.attentions.astype(np.float32)
+    assert cap.attention_precision == "float16"
+    attn = capture(tiny_models["deit"], random_image(0), attention_dtype="float32").attentions
     assert arrays["attentions"].dtype == np.float32 and arrays["attentions"].shape == (2, 4, 18, 18)
     assert int(arrays["num_prefix_tokens"]) == 2
     np.testing.assert_allclose(
         arrays["rollout"], rollout_matrix(attn, num_prefix_tokens=2)[0, 2:].reshape(4, 4), atol=1e-6
     )
     np.testing.assert_allclose(
-        arrays["mean_attention_distance"], mean_attention_distance(attn, num_prefix_tokens=2, grid=(4, 4), patch_size=8)
+        arrays["mean_attention_distance"],
+        mean_attention_distance(attn, num_prefix_tokens=2, grid=(4, 4), patch_size=8),
+        rtol=1e-5,
     )
-    np.testing.assert_allclose(arrays["attention_entropy"], attention_entropy(attn))
+    np.testing.assert_allclose(arrays["attention_entropy"], attention_entropy(attn), rtol=1e-5)
+    # one query map per block: the CLS row over the 4 x 4 grid, every head
+    assert arrays["block_stage"].tolist() == [0, 0]
+    np.testing.assert_array_equal(arrays["query_grids"], [[4, 4], [4, 4]])
+    np.testing.assert_array_equal(arrays["key_grids"], [[4, 4], [4, 4]])
+    np.testing.assert_allclose(arrays["query_map_001"], attn[1, :, 0, 2:].reshape(4, 4, 4), atol=1e-3)
     np.testing.assert_allclose(arrays["position_similarity"], position_similarity(cap.position_embeddings))
     assert arrays["position_similarity"].shape == (16, 16)
 
@@ -112,3 +121,48 @@ def test_cli_demo_data(tmp_path):
     assert Image.open(tmp_path / name).size == (96, 96) and label in name
     x0, y0, x1, y1 = map(int, box)
     assert 0 <= x0 < x1 <= 96 and 0 <= y0 < y1 <= 96
+
+
+def test_hierarchical_export_writes_query_maps_and_no_dense_stack(hier_dirs, tmp_path):
+    from vitviz.analysis.blocks import row_map, select
+    from vitviz.models.load import load_model
+
+    loaded = load_model(str(hier_dirs["swin"]))
+    cap = capture(loaded, random_image(3))
+    arrays = capture_arrays(cap, query_xy=(21.0, 13.0))
+    assert "attentions" not in arrays
+    assert arrays["block_stage"].tolist() == [0, 0, 1, 1]
+    np.testing.assert_array_equal(arrays["query_grids"], [[16, 16], [16, 16], [8, 8], [8, 8]])
+    np.testing.assert_array_equal(arrays["key_grids"], arrays["query_grids"])
+    assert arrays["rollout"].shape == (16, 16)
+    assert arrays["mean_attention_distance"].shape == (4, 4)
+    assert np.isnan(arrays["mean_attention_distance"][0, 2:]).all()
+    # pixel (21, 13): stage 1 cell (3, 5) of 4 px cells, stage 2 cell (1, 2) of 8 px cells
+    for b, token in [(0, 3 * 16 + 5), (3, 1 * 8 + 2)]:
+        block = cap.blocks[b]
+        for h in range(block.num_heads):
+            ref = row_map(block.geometry, select(block, head=h), token).values
+            np.testing.assert_array_equal(arrays[f"query_map_{b:03d}"][h], ref)
+    # without --query-xy and without CLS: the token at the input's centre (32, 32) -> cell (8, 8) on stage 1
+    centre = capture_arrays(cap)
+    ref = row_map(cap.blocks[0].geometry, select(cap.blocks[0], head=0), 8 * 16 + 8).values
+    np.testing.assert_array_equal(centre["query_map_000"][0], ref)
+
+
+def test_cli_query_xy_on_a_cvt(hier_dirs, image_files, tmp_path):
+    out = tmp_path / "cvt"
+    res = _run_cli(
+        "export", "--model", str(hier_dirs["cvt"]), "--out", str(out), "--query-xy", "10,50", str(image_files[0])
+    )
+    assert res.returncode == 0, res.stderr
+    with np.load(out / "img0.npz", allow_pickle=False) as z:
+        stages = z["block_stage"].tolist()
+        assert stages == [0, 1, 1, 2, 2, 2]
+        # the last stage has CLS in queries and keys; its maps are on the reduced key grid
+        assert tuple(z["key_grids"][-1]) != tuple(z["query_grids"][-1])
+        assert z["query_map_005"].shape == (3, *z["key_grids"][-1])
+        assert z["rollout"].shape == (16, 16)
+    bad = _run_cli(
+        "export", "--model", str(hier_dirs["cvt"]), "--out", str(out), "--query-xy", "ten", str(image_files[0])
+    )
+    assert bad.returncode == 2 and "X,Y" in bad.stderr

@@ -22,7 +22,10 @@ def _export(args: argparse.Namespace) -> int:
     size = None if args.size is None else (args.size[0] if len(args.size) == 1 else tuple(args.size))
     present = [p for p in args.images if p not in missing]
     with tqdm(total=len(present), unit="img", desc="export", file=sys.stderr) as bar:
-        report = export_images(loaded, present, args.out, size=size, batch_size=args.batch_size, progress=bar.update)
+        report = export_images(
+            loaded, present, args.out, size=size, batch_size=args.batch_size, query_xy=args.query_xy,
+            progress=bar.update,
+        )  # fmt: skip
     report.failed[:0] = [(p, "no such file") for p in missing]
     print(f"wrote {len(report.written)} of {len(args.images)} images to {args.out}")
     print_failures(report)
@@ -44,6 +47,14 @@ def _train_demo(args: argparse.Namespace) -> int:
     return 0 if score.accuracy >= 0.95 and score.peak_in_box >= 0.9 else 1
 
 
+def _xy(text: str) -> tuple[float, float]:
+    try:
+        x, y = (float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected X,Y in pixels of the model input, got {text!r}") from None
+    return x, y
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description="Look inside Vision Transformers.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -53,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--out", required=True, help="output folder")
     ex.add_argument("--size", type=int, nargs="+", metavar="PX", help="input size: one number (square) or H W")
     ex.add_argument("--batch-size", type=int, default=8)
+    ex.add_argument(
+        "--query-xy", type=_xy, default=None, metavar="X,Y",
+        help="query token: the one whose cell holds pixel (X, Y) of the model input (default: CLS, else the centre)",
+    )  # fmt: skip
     ex.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
     ex.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     ex.add_argument("--allow-pickle", action="store_true", help="accept pickle-only checkpoints (runs their code!)")

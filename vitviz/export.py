@@ -10,47 +10,89 @@ from pathlib import Path
 
 import numpy as np
 
+from vitviz.analysis.blocks import global_query, head_maps
 from vitviz.analysis.embeddings import position_similarity
-from vitviz.analysis.rollout import rollout
-from vitviz.analysis.stats import attention_entropy, mean_attention_distance
+from vitviz.analysis.rollout import capture_rollout
+from vitviz.analysis.stats import summary_table
 from vitviz.capture.run import Capture, capture_batch
 from vitviz.data.images import load_image
 from vitviz.errors import VitvizError
 from vitviz.figures.overlay import overlay
 from vitviz.models.load import LoadedModel
 
-__all__ = ["capture_arrays", "ExportReport", "export_images"]
+__all__ = ["block_query", "capture_arrays", "overlay_map", "ExportReport", "export_images"]
 
 
-def capture_arrays(cap: Capture, *, pos_similarity: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def block_query(cap: Capture, stage: int, query_xy: tuple[float, float] | None) -> int:
+    """The query of ``export``: the token whose cell holds pixel ``query_xy`` (x, y) of the model input; without
+    it, CLS where the stage has one, else the token at the input's centre."""
+    if query_xy is not None:
+        return cap.token_at(stage, *query_xy)
+    s = cap.stages[stage]
+    if "CLS" in s.prefix_kinds:
+        return s.prefix_kinds.index("CLS")
+    return cap.token_at(stage, cap.input_size[1] / 2, cap.input_size[0] / 2)
+
+
+def capture_arrays(
+    cap: Capture, *, pos_similarity: np.ndarray | None = None, query_xy: tuple[float, float] | None = None
+) -> dict[str, np.ndarray]:
     """The arrays written for one capture (no object arrays: loads with ``allow_pickle=False``).
 
-    ``rollout`` is the CLS rollout over all layers, mean fusion, no discard, not normalised.
+    Every family: ``block_stage`` (B,), ``query_grids`` and ``key_grids`` (B, 2), and per
+    block ``query_map_000``, ... (heads, kh, kw) float32: the query's raw attention over
+    that block's keys on the key grid (see :func:`block_query`). ``rollout``: the
+    readout rollout over all blocks, mean fusion, no discard, on the first stage's grid
+    (CLS row, or the pooled query where there is no CLS), left out where rollout is
+    undefined (``rollout_note`` says why). Summaries (B, H_max) are ``nan`` where a
+    block has fewer heads. Plain one-grid ViTs also keep ``attentions`` (L, H, T, T).
     """
-    attn = cap.attentions.astype(np.float32)
-    p = cap.num_prefix_tokens
+    first = cap.stages[0]
     arrays = {
-        "attentions": attn,
-        "num_prefix_tokens": np.array(p),
+        "num_prefix_tokens": np.array(first.num_prefix),
         "token_kinds": np.array(cap.token_kinds),
-        "grid": np.array(cap.grid),
+        "grid": np.array(first.grid),
         "input_size": np.array(cap.input_size),
         "patch_size": np.array(cap.patch_size),
-        "rollout": rollout(attn, num_prefix_tokens=p)[p:].reshape(cap.grid),
-        "mean_attention_distance": mean_attention_distance(
-            attn, num_prefix_tokens=p, grid=cap.grid, patch_size=cap.patch_size
-        ),
-        "attention_entropy": attention_entropy(attn),
+        "block_stage": np.array([b.stage for b in cap.blocks], dtype=np.int64),
+        "mean_attention_distance": summary_table(cap.blocks, "distance"),
+        "attention_entropy": summary_table(cap.blocks, "entropy"),
+        "attention_entropy_normalised": summary_table(cap.blocks, "entropy_norm"),
         "logits": cap.logits if cap.logits is not None else np.zeros(0, np.float32),
         "top_k_indices": np.array([pr.index for pr in cap.predictions], dtype=np.int64),
         "top_k_labels": np.array([pr.label for pr in cap.predictions], dtype=str),
-        "token_norms": cap.token_norms,
     }
+    if first.token_norms is not None:
+        arrays["token_norms"] = first.token_norms
+    query_grids, key_grids = [], []
+    for b, block in enumerate(cap.blocks):
+        q = block_query(cap, block.stage, query_xy)
+        maps = head_maps(block, q)
+        arrays[f"query_map_{b:03d}"] = maps.values.astype(np.float32)
+        query_grids.append(block.geometry.grid)
+        key_grids.append(maps.grid)
+    arrays["query_grids"] = np.array(query_grids, dtype=np.int64)
+    arrays["key_grids"] = np.array(key_grids, dtype=np.int64)
+    if cap.rollout_note:
+        arrays["rollout_note"] = np.array(cap.rollout_note)
+    else:
+        row, _ = capture_rollout(cap)
+        arrays["rollout"] = row[first.num_prefix :].reshape(first.grid)
+    if cap.attention_stack is not None:
+        arrays["attentions"] = cap.attention_stack.astype(np.float32)
     if pos_similarity is not None:
         arrays["position_similarity"] = pos_similarity
     elif cap.position_embeddings is not None:
         arrays["position_similarity"] = position_similarity(cap.position_embeddings)
     return arrays
+
+
+def overlay_map(cap: Capture, arrays: dict[str, np.ndarray]) -> tuple[str, np.ndarray]:
+    """What the PNG beside each ``.npz`` shows: the rollout, or the last block's global map where rollout is undefined."""
+    if "rollout" in arrays:
+        return "rollout", arrays["rollout"]
+    last = cap.blocks[-1]
+    return "attention", head_maps(last, global_query(last)).values.mean(axis=0)
 
 
 def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
@@ -78,9 +120,10 @@ def export_images(
     *,
     size: int | tuple[int, int] | None = None,
     batch_size: int = 8,
+    query_xy: tuple[float, float] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> ExportReport:
-    """Write ``<stem>.npz`` and ``<stem>_rollout.png`` per image under ``out``.
+    """Write ``<stem>.npz`` and ``<stem>_rollout.png`` (``_attention.png`` where rollout is undefined) per image.
 
     Unreadable images are reported in ``failed`` and skipped; everything written
     before a failure stays. ``progress(n)`` is called after each ``n`` images.
@@ -103,10 +146,11 @@ def export_images(
             report.failed.extend((str(p), str(exc)) for p in names)
             caps = []
         for path, cap in zip(names, caps, strict=True):
-            arrays = capture_arrays(cap, pos_similarity=sim)
+            arrays = capture_arrays(cap, pos_similarity=sim, query_xy=query_xy)
             target = out / f"{path.stem}.npz"
             _write_npz(target, arrays)
-            overlay(cap.image, arrays["rollout"]).save(out / f"{path.stem}_rollout.png")
+            name, grid_map = overlay_map(cap, arrays)
+            overlay(cap.image, grid_map).save(out / f"{path.stem}_{name}.png")
             report.written.append(target)
         if progress:
             progress(len(chunk))
