@@ -50,21 +50,22 @@ def test_demo_model_loads_by_name():
 
 @pytest.mark.parametrize(
     "arch,cfg_name,family",
-    [("ResNetModel", "ResNetConfig", "resnet"), ("SwinModel", "SwinConfig", "swin")],
+    [("ResNetModel", "ResNetConfig", "resnet"), ("ConvNextModel", "ConvNextConfig", "convnext")],
 )
 def test_unsupported_family_named(tmp_path, arch, cfg_name, family):
     import transformers
 
     cfg = getattr(transformers, cfg_name)(
         **(
-            {"embed_dim": 16, "depths": [1], "num_heads": [1]}
-            if family == "swin"
+            {"hidden_sizes": [8], "depths": [1], "num_stages": 1}
+            if family == "convnext"
             else {"hidden_sizes": [8], "depths": [1], "embedding_size": 8}
         )
     )
     getattr(transformers, arch)(cfg).save_pretrained(tmp_path, safe_serialization=True)
-    with pytest.raises(UnsupportedModelError, match=f"'{family}' models are not supported"):
+    with pytest.raises(UnsupportedModelError, match=f"'{family}' models are not supported") as err:
         load_model(str(tmp_path))
+    assert "Swin" in str(err.value) and "MobileViT" in str(err.value)  # the message lists the supported families
 
 
 def test_pickle_only_checkpoint_refused_unless_opted_in(tmp_path):

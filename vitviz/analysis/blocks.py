@@ -351,8 +351,7 @@ def _distance_table(g: Geometry, input_size: tuple[int, int]) -> np.ndarray:
         table = np.sqrt(((pos[:, :, None, :] - pos[:, None, :, :]) ** 2).sum(-1)).astype(np.float32)
     else:
         table = _distances(cell_centres(g.grid, input_size), cell_centres(g.keys, input_size))
-    table.setflags(write=False)
-    return table
+    return table  # private cache: shared with torch (which wants writable arrays), never handed out
 
 
 def allowed_keys(g: Geometry) -> np.ndarray:
@@ -385,14 +384,7 @@ def block_summaries(g: Geometry, native: np.ndarray, input_size: tuple[int, int]
             return np.array([np.nan]), np.array([ent]), np.array([ent / np.log(n) if n > 1 else 0.0])
         table = _distance_table(g, input_size)
         if g.kind == "global":
-            p = g.num_prefix
-            w = a[:, p:, p:]  # (H, N, Nk)
-            weighted = np.einsum("hqk,qk->hq", w, table)
-            dist = (weighted / np.maximum(w.sum(-1), np.finfo(np.float32).tiny)).mean(-1)
-            ent_q = _entropy(a, axis=-1)  # (H, Tq)
-            norm_q = ent_q / np.log(np.maximum(allowed_keys(g), 2))[None, :]
-            norm_q[:, allowed_keys(g) < 2] = 0.0
-            return dist.astype(np.float64), ent_q.mean(-1).astype(np.float64), norm_q.mean(-1).astype(np.float64)
+            return _global_summaries(g, a, table)
         if g.kind == "unfolded":
             weighted = np.einsum("ahqk,qk->ahq", a, table)
             dist = (weighted / np.maximum(a.sum(-1), np.finfo(np.float32).tiny)).mean(axis=(0, 2))
@@ -413,6 +405,21 @@ def block_summaries(g: Geometry, native: np.ndarray, input_size: tuple[int, int]
         ent = np.where(real, ent_q, 0.0).sum(axis=(0, 2)) / count
         norm = np.where(real, norm_q, 0.0).sum(axis=(0, 2)) / count
         return dist.astype(np.float64), ent.astype(np.float64), norm.astype(np.float64)
+
+
+def _global_summaries(g: Geometry, a: np.ndarray, table: np.ndarray):
+    """:func:`block_summaries` of global attention with torch's threaded kernels (T can be 1370 and more)."""
+    import torch
+
+    p = g.num_prefix
+    t = torch.from_numpy(a)  # (H, Tq, Tk), shares memory
+    w = t[:, p:, p:]
+    weighted = (w * torch.from_numpy(table)).sum(-1)  # sum_k w_qk d_qk, before renormalising
+    dist = (weighted / w.sum(-1).clamp_min(torch.finfo(torch.float32).tiny)).mean(-1)
+    ent_q = -torch.special.xlogy(t, t).sum(-1)  # (H, Tq); xlogy(0, 0) = 0
+    allowed = g.native_shape()[2]
+    norm = ent_q.mean(-1) / np.log(allowed) if allowed > 1 else torch.zeros(t.shape[0])
+    return dist.double().numpy(), ent_q.mean(-1).double().numpy(), norm.double().numpy()
 
 
 def _entropy(a: np.ndarray, *, axis: int) -> np.ndarray:

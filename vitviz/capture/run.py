@@ -106,7 +106,7 @@ def preprocess(
     """
     h, w = hw
     resized = np.stack([np.asarray(img.convert("RGB").resize((w, h), loaded.resample)) for img in images])
-    x = resized.astype(np.float32) * loaded.rescale_factor
+    x = resized[..., list(loaded.channel_order)].astype(np.float32) * loaded.rescale_factor  # BGR where expected
     x = (x - np.asarray(loaded.image_mean, np.float32)) / np.asarray(loaded.image_std, np.float32)
     pixels = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous()
     return pixels.to(device=loaded.device, dtype=loaded.dtype), resized
@@ -212,7 +212,9 @@ def build_stages(loaded: LoadedModel, geometries: Sequence[Geometry], norms: dic
     for s, idx in enumerate(by_stage.values()):
         first = geometries[idx[0]]
         if any(geometries[i].grid != first.grid or geometries[i].prefix_kinds != first.prefix_kinds for i in idx):
-            raise CaptureError(f"blocks of stage {s + 1} disagree on their grid; the {loaded.family.name} adapter is wrong")
+            raise CaptureError(
+                f"blocks of stage {s + 1} disagree on their grid; the {loaded.family.name} adapter is wrong"
+            )
         parents = None if s == 0 else loaded.family.merge_parents(geometries[stages[-1].blocks[-1]], first)
         rows = [norms[idx[0]][0][image]] + [norms[i][1][image] for i in idx] if all(i in norms for i in idx) else None
         stage_norms = np.stack(rows).astype(np.float32) if rows else None

@@ -50,6 +50,7 @@ class LoadedModel:
     image_std: tuple[float, ...]
     rescale_factor: float
     resample: int  # PIL resampling filter of the processor
+    channel_order: tuple[int, int, int]  # (2, 1, 0) where the processor feeds BGR (MobileViT)
     id2label: dict[int, str] | None  # None for backbones without a classifier
     # Model-level arrays, computed once and shared read-only by every capture:
     position: PositionInfo  # absolute tables per stage, relative biases, or a note saying why none
@@ -159,18 +160,34 @@ def _auto_class(config):
     return AutoModel
 
 
-def _processor_settings(source: str, config, hub_kwargs: dict) -> tuple[tuple[int, int], tuple, tuple, float, int]:
-    """(default (h, w), mean, std, rescale factor, PIL resample) from the image processor, else config defaults."""
+@dataclass(frozen=True)
+class _Preprocessing:
+    size: tuple[int, int]
+    mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    std: tuple[float, ...] = (0.5, 0.5, 0.5)
+    rescale: float = 1 / 255
+    resample: int = 2  # bilinear
+    channel_order: tuple[int, int, int] = (0, 1, 2)
+
+
+def _processor_settings(source: str, config, hub_kwargs: dict) -> _Preprocessing:
+    """What the model's image processor does to pixels (its size, normalisation, channel order), else defaults.
+
+    A processor that does not normalise (MobileViT) gets mean 0 and std 1; one that
+    flips the channel order (MobileViT: BGR) gets ``channel_order`` (2, 1, 0).
+    """
     from transformers import AutoImageProcessor
 
-    size = int(getattr(config, "image_size", 224))
-    hw, mean, std, rescale, resample = (size, size), (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), 1 / 255, 2
+    size = getattr(config, "image_size", 224)  # an int, or (h, w) in some configs (PvT v2)
+    default = _Preprocessing(
+        (int(size[0]), int(size[1])) if isinstance(size, (list, tuple)) else (int(size), int(size))
+    )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             proc = AutoImageProcessor.from_pretrained(source, **hub_kwargs)
     except Exception:  # no preprocessor_config.json: keep the ViT defaults
-        return hw, mean, std, rescale, resample
+        return default
 
     def _hw(s) -> tuple[int, int] | None:
         s = dict(s or {})
@@ -181,12 +198,19 @@ def _processor_settings(source: str, config, hub_kwargs: dict) -> tuple[tuple[in
         return None
 
     crop = _hw(getattr(proc, "crop_size", None)) if getattr(proc, "do_center_crop", False) else None
-    hw = crop or _hw(getattr(proc, "size", None)) or hw
-    mean = tuple(float(v) for v in (getattr(proc, "image_mean", None) or mean))
-    std = tuple(float(v) for v in (getattr(proc, "image_std", None) or std))
-    rescale = float(getattr(proc, "rescale_factor", rescale) or rescale)
-    res = getattr(proc, "resample", resample)
-    return hw, mean, std, rescale, int(getattr(res, "value", res) if res is not None else resample)
+    normalise = bool(getattr(proc, "do_normalize", True))  # MobileViT leaves it unset: no normalisation
+    mean = tuple(float(v) for v in (getattr(proc, "image_mean", None) or default.mean)) if normalise else (0.0,) * 3
+    std = tuple(float(v) for v in (getattr(proc, "image_std", None) or default.std)) if normalise else (1.0,) * 3
+    rescale = float(getattr(proc, "rescale_factor", default.rescale) or default.rescale)
+    res = getattr(proc, "resample", default.resample)
+    return _Preprocessing(
+        size=crop or _hw(getattr(proc, "size", None)) or default.size,
+        mean=mean,
+        std=std,
+        rescale=rescale if getattr(proc, "do_rescale", True) is not False else 1.0,
+        resample=int(getattr(res, "value", res) if res is not None else default.resample),
+        channel_order=(2, 1, 0) if getattr(proc, "do_flip_channel_order", False) else (0, 1, 2),
+    )
 
 
 def load_model(
@@ -254,7 +278,7 @@ def load_model(
         raise ModelLoadError(f"Could not load the weights of '{name}': {str(exc)[:400]}.{hint}") from None
     model.eval().requires_grad_(False).to(dev)
 
-    hw, mean, std, rescale, resample = _processor_settings(source, config, hub_kwargs)
+    prep = _processor_settings(source, config, hub_kwargs)
     try:
         position = family.position_info(model)
         weights = family.patch_weight(model)
@@ -274,11 +298,12 @@ def load_model(
         device=dev,
         dtype=_DTYPES[dtype],
         patch_size=family.patch_size(config),
-        default_size=fixed or hw,
-        image_mean=mean,
-        image_std=std,
-        rescale_factor=rescale,
-        resample=resample,
+        default_size=fixed or prep.size,
+        image_mean=prep.mean,
+        image_std=prep.std,
+        rescale_factor=prep.rescale,
+        resample=prep.resample,
+        channel_order=prep.channel_order,
         id2label=labels,
         position=position,
         patch_weights=weights,
