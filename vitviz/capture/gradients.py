@@ -90,8 +90,7 @@ def explain_classes(
                 out.logits[0, int(c)], tensors, retain_graph=k < len(classes) - 1, allow_unused=True
             )
             abars = {
-                i: relevance_abar(geoms[i], attn[i], _native_grad(geoms[i], gr, attn[i]))
-                for i, gr in enumerate(grads)
+                i: relevance_abar(geoms[i], attn[i], _native_grad(geoms[i], gr, attn[i])) for i, gr in enumerate(grads)
             }
             row = relevance_row(geoms, stages, abars).astype(np.float32)
             row.setflags(write=False)

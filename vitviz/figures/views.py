@@ -158,7 +158,9 @@ def map_figure(
     if marked is not None:
         r, c = marked
         shapes.append(
-            dict(type="rect", x0=c * cw, x1=(c + 1) * cw, y0=r * ch, y1=(r + 1) * ch, line=dict(color="#00e5ff", width=3))
+            dict(
+                type="rect", x0=c * cw, x1=(c + 1) * cw, y0=r * ch, y1=(r + 1) * ch, line=dict(color="#00e5ff", width=3)
+            )
         )
     fig.update_layout(title=title, margin=_MARGIN, height=height, shapes=shapes)
     _image_axes(fig, h, w)

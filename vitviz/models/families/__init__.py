@@ -15,9 +15,7 @@ from vitviz.models.families.base import Family
 __all__ = ["Family", "FAMILIES", "family_for", "supported_model_types"]
 
 _MODULES = ("vit", "swin", "pvt", "cvt", "mobilevit")
-FAMILIES: tuple[Family, ...] = tuple(
-    f for m in _MODULES for f in import_module(f"vitviz.models.families.{m}").FAMILIES
-)
+FAMILIES: tuple[Family, ...] = tuple(f for m in _MODULES for f in import_module(f"vitviz.models.families.{m}").FAMILIES)
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 
 
