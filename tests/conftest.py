@@ -59,10 +59,19 @@ EXPECTED_PREFIX = {
 
 def _hier_configs():
     """Tiny hierarchical models: (architecture, config, input side in px)."""
-    from transformers import CvtConfig, SwinConfig, Swinv2Config
+    from transformers import (
+        CvtConfig,
+        MobileViTConfig,
+        MobileViTV2Config,
+        PvtConfig,
+        PvtV2Config,
+        SwinConfig,
+        Swinv2Config,
+    )
 
     labels = {"id2label": {0: "zero", 1: "one", 2: "two"}, "label2id": {"zero": 0, "one": 1, "two": 2}}
     swin = dict(image_size=64, patch_size=4, embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=4)
+    pyramid = dict(hidden_sizes=[16, 16, 32, 32], num_attention_heads=[1, 1, 2, 2], mlp_ratios=[2, 2, 2, 2])
     return {
         "swin": ("SwinForImageClassification", SwinConfig(**swin, **labels), 64),
         "swinv2": ("Swinv2ForImageClassification", Swinv2Config(**swin, **labels), 64),
@@ -71,10 +80,33 @@ def _hier_configs():
             CvtConfig(depth=[1, 2, 3], embed_dim=[16, 32, 48], num_heads=[1, 2, 3], **labels),
             64,
         ),
+        "pvt": ("PvtForImageClassification", PvtConfig(image_size=64, depths=[1, 1, 1, 1], **pyramid, **labels), 64),
+        "pvt_v2": (
+            "PvtV2ForImageClassification",
+            PvtV2Config(image_size=64, depths=[1, 1, 1, 1], sr_ratios=[4, 2, 2, 1], **pyramid, **labels),
+            64,
+        ),
+        "mobilevit": (
+            "MobileViTForImageClassification",
+            MobileViTConfig(
+                image_size=128,
+                hidden_sizes=[16, 24, 32],
+                neck_hidden_sizes=[8, 8, 16, 16, 24, 24, 32],
+                num_attention_heads=2,
+                expand_ratio=2.0,
+                **labels,
+            ),
+            128,
+        ),
+        "mobilevitv2": (
+            "MobileViTV2ForImageClassification",
+            MobileViTV2Config(image_size=128, width_multiplier=0.125, n_attn_blocks=[1, 2, 1], **labels),
+            128,
+        ),
     }
 
 
-HIER_KEYS = ("swin", "swinv2", "cvt")
+HIER_KEYS = ("swin", "swinv2", "cvt", "pvt", "pvt_v2", "mobilevit", "mobilevitv2")
 
 
 def save_tiny(key: str, folder: Path, *, seed: int = 0) -> Path:

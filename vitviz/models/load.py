@@ -160,6 +160,17 @@ def _auto_class(config):
     return AutoModel
 
 
+def _class_names(config) -> dict[int, str]:
+    """A name for every logit: ``id2label`` where it has one, ``class i`` elsewhere.
+
+    Some configs keep ``num_labels`` (what the classifier outputs) apart from a
+    shorter ``id2label`` (PvT's does), so the logits, not the label table, count.
+    """
+    names = {int(k): str(v) for k, v in (config.id2label or {}).items()}
+    count = max(int(getattr(config, "num_labels", 0) or 0), len(names))
+    return {i: names.get(i, f"class {i}") for i in range(count)}
+
+
 @dataclass(frozen=True)
 class _Preprocessing:
     size: tuple[int, int]
@@ -289,7 +300,7 @@ def load_model(
         weights.setflags(write=False)
     fixed = family.fixed_size(config)
     has_head = hasattr(model, "classifier") or hasattr(model, "cls_classifier")
-    labels = {int(k): str(v) for k, v in config.id2label.items()} if has_head else None
+    labels = _class_names(config) if has_head else None
     return LoadedModel(
         name=name.strip(),
         source=source,
