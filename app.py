@@ -50,6 +50,7 @@ def model_ui() -> None:
         ss.model_name = name
         ss.input_size = None
         ss.layer = None
+        ss.query = None
         ss.class_index = None
 
 
@@ -105,7 +106,7 @@ def size_ui() -> None:
     size = None if (side, width) == (h, w) else (side, width)
     if size != ss.input_size:
         ss.input_size = size
-        ss.query = 0
+        ss.query = None  # the model's default: CLS, else the pooled query
 
 
 with st.sidebar:

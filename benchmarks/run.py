@@ -27,10 +27,10 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from vitviz.analysis.blocks import global_query, head_maps  # noqa: E402
 from vitviz.analysis.embeddings import position_similarity  # noqa: E402
-from vitviz.analysis.maps import query_map  # noqa: E402
-from vitviz.analysis.rollout import rollout  # noqa: E402
-from vitviz.analysis.stats import attention_entropy, mean_attention_distance  # noqa: E402
+from vitviz.analysis.rollout import capture_rollout  # noqa: E402
+from vitviz.analysis.stats import summary_table  # noqa: E402
 from vitviz.capture.run import capture, preprocess  # noqa: E402
 from vitviz.models.load import load_model  # noqa: E402
 
@@ -50,38 +50,42 @@ def median_time(fn: Callable[[], object], runs: int, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
-def make_model(kind: str, folder: Path) -> Path:
-    from transformers import Dinov2Config, Dinov2Model, ViTConfig, ViTForImageClassification, ViTImageProcessor
+MODELS = {  # name: (transformers class, config kwargs, input side)
+    "vit-b16-224": ("ViTForImageClassification", "ViTConfig", {"num_labels": 1000}, 224),
+    "dinov2-base-518": ("Dinov2Model", "Dinov2Config", {"image_size": 518, "patch_size": 14}, 518),
+    "swin-t-224": ("SwinForImageClassification", "SwinConfig", {"num_labels": 1000}, 224),  # the default is Swin-T
+}
 
+
+def make_model(kind: str, folder: Path) -> Path:
+    import transformers
+    from transformers import ViTImageProcessor
+
+    arch, config, kwargs, side = MODELS[kind]
     torch.manual_seed(0)
-    if kind == "vit-b16-224":
-        ViTForImageClassification(ViTConfig(num_labels=1000)).save_pretrained(folder)
-        ViTImageProcessor(size={"height": 224, "width": 224}).save_pretrained(folder)
-    else:
-        Dinov2Model(Dinov2Config(image_size=518, patch_size=14)).save_pretrained(folder)
-        ViTImageProcessor(size={"height": 518, "width": 518}).save_pretrained(folder)
+    getattr(transformers, arch)(getattr(transformers, config)(**kwargs)).save_pretrained(folder)
+    ViTImageProcessor(size={"height": side, "width": side}).save_pretrained(folder)
     return folder
 
 
 def full_analysis(loaded, image: Image.Image):
-    """What the app computes for a new image: capture, rollout, maps, summaries, position similarity."""
+    """What the app computes for a new image: capture (with per-head summaries), rollout, the last block's
+    global maps, the summary tables and position similarity."""
     cap = capture(loaded, image)
-    p = cap.num_prefix_tokens
-    rollout(cap.attentions, num_prefix_tokens=p)
-    query_map(cap.attentions, query=0, num_prefix_tokens=p, grid=cap.grid)
-    mean_attention_distance(cap.attentions, num_prefix_tokens=p, grid=cap.grid, patch_size=cap.patch_size)
-    attention_entropy(cap.attentions)
+    capture_rollout(cap)
+    head_maps(cap.blocks[-1], global_query(cap.blocks[-1]))
+    summary_table(cap.blocks, "distance"), summary_table(cap.blocks, "entropy")
     if loaded.position_embeddings is not None:
         position_similarity(loaded.position_embeddings)
     return cap
 
 
 def overhead(kind: str, folder: Path, runs: int) -> dict:
-    from transformers import AutoModel, AutoModelForImageClassification
+    import transformers
 
     loaded = load_model(str(folder))
-    auto = AutoModelForImageClassification if kind == "vit-b16-224" else AutoModel
-    plain = auto.from_pretrained(folder, attn_implementation="sdpa").eval().to(loaded.device)
+    plain = getattr(transformers, MODELS[kind][0]).from_pretrained(folder, attn_implementation="sdpa").eval()
+    plain.to(loaded.device)
     rng = np.random.default_rng(0)
     image = Image.fromarray(rng.integers(0, 256, (480, 640, 3), dtype=np.uint8))
     size = loaded.default_size
@@ -102,13 +106,48 @@ def overhead(kind: str, folder: Path, runs: int) -> dict:
     cap = full_analysis(loaded, image)
     return {
         "model": kind,
-        "tokens": cap.num_tokens,
+        "tokens": sum(s.num_tokens for s in cap.stages),
+        "blocks": cap.num_blocks,
         "plain_s": round(t_plain, 4),
         "vitviz_s": round(t_full, 4),
         "overhead_ratio": round(t_full / t_plain, 3),
         "record_MiB": round(cap.nbytes / 2**20, 2),
         "attention_precision": cap.attention_precision,
     }
+
+
+_PEAK = """
+import resource, sys, numpy as np, torch
+from PIL import Image
+sys.path.insert(0, {root!r})
+from vitviz.models.load import load_model
+from vitviz.capture.run import capture, preprocess
+loaded = load_model({folder!r})
+image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8))
+pixels, _ = preprocess(loaded, [image], loaded.default_size)
+with torch.inference_mode():
+    loaded.model(pixel_values=pixels)  # allocator warm: what remains is the capture's own peak
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+if {mode!r} == "output_attentions":  # how vitviz captured before the hooks: every layer's float32 kept
+    with torch.inference_mode():
+        out = loaded.model(pixel_values=pixels, output_attentions=True)
+        stack = np.stack([a.to(torch.float16).numpy() for a in out.attentions])
+else:
+    cap = capture(loaded, image)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+"""
+
+
+def peak_memory(folder: Path) -> dict:
+    """Peak resident memory a capture adds, in a fresh process each: hooks vs the old ``output_attentions`` stack."""
+    import subprocess
+
+    out = {}
+    for mode in ("output_attentions", "hooks"):
+        code = _PEAK.format(root=str(ROOT), folder=str(folder), mode=mode)
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+        out[f"{mode}_peak_MiB"] = round(float(res.stdout.strip().splitlines()[-1]))
+    return out
 
 
 def interaction(folder: Path, runs: int) -> dict:
@@ -261,7 +300,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         vit = make_model("vit-b16-224", Path(tmp) / "vit")
         dino = make_model("dinov2-base-518", Path(tmp) / "dino")
-        results["overhead"] = [overhead("vit-b16-224", vit, runs), overhead("dinov2-base-518", dino, max(2, runs // 2))]
+        swin = make_model("swin-t-224", Path(tmp) / "swin")
+        results["overhead"] = [
+            overhead("vit-b16-224", vit, runs),
+            overhead("dinov2-base-518", dino, max(2, runs // 2)),
+            overhead("swin-t-224", swin, runs),
+        ]
+        results["dinov2_518_peak_memory"] = peak_memory(dino)
         results["interaction"] = interaction(vit, runs)
         results["export"] = export_throughput(vit, 32)
         if not args.skip_browser and Path("/usr/bin/chromium").exists():
@@ -274,12 +319,19 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_table(r: dict) -> None:
     print(f"\nvitviz benchmark on {r['device']} ({r['machine']})\n")
-    print("| model | tokens | plain inference (s) | vitviz full analysis (s) | overhead ratio | record (MiB) |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| model | tokens (all stages) | blocks | plain inference (s) | vitviz full analysis (s) | overhead ratio | record (MiB) |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for o in r["overhead"]:
         print(
-            f"| {o['model']} | {o['tokens']} | {o['plain_s']} | {o['vitviz_s']} | {o['overhead_ratio']} | {o['record_MiB']} ({o['attention_precision']}) |"
+            f"| {o['model']} | {o['tokens']} | {o['blocks']} | {o['plain_s']} | {o['vitviz_s']} | {o['overhead_ratio']} | {o['record_MiB']} ({o['attention_precision']}) |"
         )
+    m = r["dinov2_518_peak_memory"]
+    print(
+        f"\nDINOv2-base at 518 px, peak memory a capture adds: {m['hooks_peak_MiB']} MiB with the hooks, "
+        f"{m['output_attentions_peak_MiB']} MiB keeping output_attentions' float32 stack"
+    )
     i = r["interaction"]
     print(
         f"\nHeads page rerun, 12 heads, no forward pass: layer {i['layer_ms']} ms, head {i['head_ms']} ms, patch {i['patch_ms']} ms"

@@ -57,7 +57,7 @@ DEFAULTS = {
     "input_size": None,
     "layer": None,
     "head": 0,
-    "query": 0,  # a token of stage ``query_stage`` (or POOLED): carried to other stages through its pixel
+    "query": None,  # a token of stage ``query_stage``, POOLED, or None (the model's default: CLS, else pooled)
     "query_stage": 0,
     "show_windows": True,
     "direction": "where does it look?",
@@ -160,7 +160,7 @@ def set_image(data: bytes, name: str, size: tuple[int, int] | None = None) -> No
         size = read_image(data, max_bytes=upload_limit()).image.size
     ss = st.session_state
     ss.image_bytes, ss.image_name, ss.image_digest, ss.image_wh = data, name, digest(data), size
-    ss.query = 0
+    ss.query = None  # the model's default: CLS, else the pooled query
 
 
 def _copy(src: str, dst: str) -> None:
@@ -185,7 +185,7 @@ def clamp_state(cap: vcapture.Capture) -> None:
         ss.layer = cap.num_blocks - 1
     if not 0 <= ss.head < cap.blocks[ss.layer].num_heads:
         ss.head = 0
-    if not 0 <= ss.query_stage < len(cap.stages):
+    if ss.query is None or not 0 <= ss.query_stage < len(cap.stages):
         ss.query_stage, ss.query = 0, cap.default_query(0)
     if ss.query != POOLED and not 0 <= ss.query < cap.stages[ss.query_stage].num_tokens:
         ss.query = cap.default_query(ss.query_stage)

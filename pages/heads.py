@@ -89,7 +89,7 @@ with big:
     if g.kind == "window":
         st.checkbox("Show the windows (shifted blocks show shifted windows)", **common.keep("show_windows"))
     fig = figures.map_figure(
-        cap.image, maps.values[head], title=f"{cap.block_label(ss.layer)}, head {head}: {what}",
+        cap.image, maps.values[head], title=f"{cap.block_label(ss.layer).capitalize()}, head {head}: {what}",
         colorbar_title=f"attention (raw, {cap.attention_precision})", marked=marked,
         windows=window_edges(g) if (g.kind == "window" and ss.show_windows) else None,
     )  # fmt: skip

@@ -249,7 +249,7 @@ def test_heads_page_stages_windows_and_a_click_at_another_stage(hier_dirs):
     at.radio(key="_stage_pick").set_value(0).run()  # stage 1: 16 x 16 tokens, windows of 4
     assert at.session_state.layer == 0
     at.select_slider(key="_w_layer").set_value(1).run()  # the shifted block
-    big = _titled(at, "stage 1, block 1, head 0")
+    big = _titled(at, "Stage 1, block 1, head 0")
     shapes = big["layout"].get("shapes", [])
     # window edges of a shift-2 block sit at tokens 2, 6, 10, 14 (x 4 px): 4 rows + 4 columns, then the query mark
     assert sorted({s["y0"] for s in shapes if s["type"] == "line" and s["x0"] == 0}) == [8, 24, 40, 56]

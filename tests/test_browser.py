@@ -237,3 +237,47 @@ def test_summary_cell_opens_that_head_and_position_tiles_open_large(server, brow
         _wait_for_title(page, "Similarity to position (5, 3)")
     finally:
         page.close()
+
+
+def test_a_hierarchical_model_on_every_page(server, browser, hier_dirs):
+    """Swin in a real browser: stage switch, a click on the second stage, every page without an exception."""
+    page = browser.new_page(viewport={"width": 1500, "height": 1100})
+    try:
+        page.goto(server)
+        _wait_for_title(page, "Top predictions", timeout=90)
+        _settle(page)
+        page.get_by_test_id("stSelectbox").first.click()
+        page.get_by_role("option", name="other (hub id or local folder)…").click()
+        box = page.get_by_label("Hub id or local folder")
+        box.fill(str(hier_dirs["swin"]))
+        box.press("Enter")
+        page.wait_for_selector("text=stage 2: 8 x 8 tokens", timeout=90_000)
+        page.get_by_role("link", name="Heads").click()
+        _wait_for_title(page, "Stage 2, block 1, head 0: where pooled query looks")
+        _settle(page)
+        plot = page.locator(PLOTS).filter(has=page.locator("text=Stage 2, block 1, head 0")).first
+        box = plot.locator(".nsewdrag").first.bounding_box()
+        page.mouse.click(box["x"] + box["width"] * 0.3, box["y"] + box["height"] * 0.6)  # cell (4, 2) of 8 x 8
+        clicked = _wait_for_title(page, "Stage 2, block 1, head 0: where token (4, 2) looks")
+        assert len(_decode(clicked["z"][0])) == 8
+        _settle(page)
+        page.get_by_text("1 (16 x 16)").click()  # stage 1: the same place on the finer grid
+        _wait_for_title(page, "Stage 1, block 0, head 0: where token (9, 5) looks")  # centre (20, 36) px
+        _settle(page)
+        for link, words in [
+            ("Layers & rollout", "Rollout of"),
+            ("Position embeddings", ""),
+            ("Image & predictions", "Top predictions"),
+        ]:
+            page.get_by_role("link", name=link).click()
+            if words:
+                _wait_for_title(page, words)
+            _settle(page)
+            assert not page.locator("[data-testid='stException']").count(), link
+        page.get_by_role("link", name="Heads").click()
+        _wait_for_title(page, "head 0: where")
+        _settle(page)
+        OUTPUT.mkdir(exist_ok=True)
+        page.screenshot(path=str(OUTPUT / "heads-page-swin.png"), full_page=True)
+    finally:
+        page.close()
