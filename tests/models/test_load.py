@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import EXPECTED_PREFIX, FAMILY_KEYS, save_tiny
+from conftest import EXPECTED_PREFIX, FAMILY_KEYS, HIER_KEYS, save_tiny
 
 from vitviz.errors import ModelLoadError, UnsupportedModelError
 from vitviz.models.load import DEMO_NAME, load_model, parse_model_name, pick_device
@@ -125,18 +125,19 @@ def test_float16_on_cpu_is_refused(tiny_dirs):
         load_model(str(tiny_dirs["vit"]), device="cpu", dtype="float16")
 
 
-def test_hub_id_loads_from_the_local_cache_without_network(monkeypatch, tmp_path):
+@pytest.mark.parametrize("key", ["vit", *HIER_KEYS])
+def test_hub_id_loads_from_the_local_cache_without_network(monkeypatch, tmp_path, key):
     """A hub id that sits in the Hugging Face cache loads offline, through from_pretrained's cache lookup."""
     import shutil
     import uuid
 
     from huggingface_hub import constants
 
-    repo = f"vitviz-test/tiny-vit-{uuid.uuid4().hex[:8]}"
+    repo = f"vitviz-test/tiny-{key}-{uuid.uuid4().hex[:8]}"
     root = Path(constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}"
     commit = "0123456789abcdef0123456789abcdef01234567"
     try:
-        save_tiny("vit", root / "snapshots" / commit)
+        save_tiny(key, root / "snapshots" / commit)
         (root / "refs").mkdir(parents=True)
         (root / "refs" / "main").write_text(commit)
         monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # no hub: only the cache can answer
@@ -144,6 +145,7 @@ def test_hub_id_loads_from_the_local_cache_without_network(monkeypatch, tmp_path
         loaded = load_model(repo)
         assert time.perf_counter() - start < 10
         assert loaded.source == repo and loaded.id2label[1] == "one"
+        assert loaded.family.model_types[0] == key.replace("_registers", "")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
