@@ -145,3 +145,46 @@ def test_dense_view_refuses_over_budget():
     g = Geometry(stage=0, kind="global", num_heads=1, grid=(64, 64))
     with pytest.raises(BudgetError, match="dense view"):
         blocks.dense(g, np.zeros((4096, 4096), np.float32), budget_bytes=2**20)
+
+
+def test_trailing_padding_tokens_are_left_out_and_reported():
+    rng = np.random.default_rng(4)
+    g = Geometry(stage=0, kind="global", num_heads=1, grid=(2, 3), trailing=2)
+    mat = _random_rows(rng, (8, 8))
+    m = blocks.row_map(g, mat, 1)
+    np.testing.assert_allclose(m.values.ravel(), mat[1, :6])
+    assert m.padding == pytest.approx(mat[1, 6:].sum())
+    pooled = blocks.row_map(g, mat, POOLED)  # the mean over the 6 real queries only
+    np.testing.assert_allclose(pooled.values.ravel(), mat[:6, :6].mean(0), rtol=1e-6)
+    np.testing.assert_allclose(blocks.dense(g, mat), mat[:6, :6])
+    r = rng.random(6)
+    np.testing.assert_allclose(blocks.left_apply(g, mat, r), r @ mat[:6, :6], rtol=1e-5)
+    native = mat[None]
+    dist, ent, norm = blocks.block_summaries(g, native, (16, 24))
+    real = mat[:6, :6] / mat[:6, :6].sum(1, keepdims=True)
+    c = centres((2, 3), (16, 24))
+    assert dist[0] == pytest.approx(mean_distance_reference(real * 1.0, c, c), rel=1e-5)
+    rows = mat[:6]  # real queries, every key of their native rows
+    assert ent[0] == pytest.approx(float(-(rows * np.log(rows)).sum(1).mean()), rel=1e-5)
+    assert norm[0] == pytest.approx(ent[0] / np.log(6), rel=1e-5)
+
+
+def test_a_pooling_head_is_one_row_per_head_and_starts_the_readout():
+    from vitviz.analysis.flow import propagate
+    from vitviz.capture.record import Stage
+
+    rng = np.random.default_rng(5)
+    grid = (2, 2)
+    body = Geometry(stage=0, kind="global", num_heads=2, grid=grid)
+    pool = Geometry(stage=0, kind="pool", num_heads=2, grid=grid)
+    probe = _random_rows(rng, (2, 4))
+    m = blocks.row_map(pool, probe[0], 3)  # any query: the probe's row
+    np.testing.assert_allclose(m.values.ravel(), probe[0])
+    d, e, _ = blocks.block_summaries(pool, probe, (8, 8))
+    assert np.isnan(d).all() and e[1] == pytest.approx(float(-(probe[1] * np.log(probe[1])).sum()), rel=1e-5)
+    a = _random_rows(rng, (4, 4))
+    stage = Stage(0, grid, (), (0, 1), None, None)
+    row, s = propagate([body, pool], [stage], {0: a, 1: probe.mean(0)}, lambda g, mat, r: r @ mat)
+    np.testing.assert_allclose(row, probe.mean(0) @ a, rtol=1e-6)
+    with pytest.raises(ValueError, match="no token-to-token"):
+        blocks.dense(pool, probe[0])

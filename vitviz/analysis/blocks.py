@@ -79,7 +79,7 @@ def select(block: Block, *, head: int | None = None, fusion: Fusion = "mean") ->
     a = block.attention
     if block.kind == "separable":
         return np.asarray(block.fused if head is None else a, dtype=np.float32)
-    axis = 0 if block.kind == "global" else 1
+    axis = 0 if block.kind in ("global", "pool") else 1
     if head is not None:
         if not 0 <= head < block.num_heads:
             raise ValueError(f"head {head} is outside 0..{block.num_heads - 1}")
@@ -214,9 +214,14 @@ def row_map(g: Geometry, mat: np.ndarray, query: int) -> RowMap:
     """Where ``query`` (an index into the stage's sequence, or ``POOLED``) looks."""
     p = g.num_prefix
     empty = np.zeros(p, dtype=np.float32)
-    if g.kind == "global":
-        row = mat[p:].mean(axis=0) if query == POOLED else mat[query]
-        return RowMap(row[p:].reshape(g.keys).astype(np.float32), g.keys, row[:p].astype(np.float32), 0.0)
+    if g.kind in ("global", "pool"):
+        end = p + g.keys[0] * g.keys[1]  # trailing padding tokens follow
+        if g.kind == "pool":
+            row = mat
+        else:
+            row = mat[p : p + g.grid[0] * g.grid[1]].mean(axis=0) if query == POOLED else mat[query]
+        values = row[p:end].reshape(g.keys).astype(np.float32)
+        return RowMap(values, g.keys, row[:p].astype(np.float32), float(row[end:].sum()))
     if g.kind == "window":
         lay = window_layout(g)
         if query == POOLED:  # column sums over each window's real queries, then placed
@@ -241,9 +246,12 @@ def column_map(g: Geometry, mat: np.ndarray, key: int) -> RowMap:
     context scores are returned as they are.
     """
     p = g.num_prefix
+    if g.kind == "pool":
+        return row_map(g, mat, key)  # one probe query: who looks at a key is the probe alone
     if g.kind == "global":
         k = key_of_token(g, key)
-        return RowMap(mat[p:, k].reshape(g.grid).astype(np.float32), g.grid, mat[:p, k].astype(np.float32), 0.0)
+        end = p + g.grid[0] * g.grid[1]
+        return RowMap(mat[p:end, k].reshape(g.grid).astype(np.float32), g.grid, mat[:p, k].astype(np.float32), 0.0)
     empty = np.zeros(p, dtype=np.float32)
     if g.kind == "window":
         lay = window_layout(g)
@@ -272,10 +280,11 @@ def dense(g: Geometry, mat: np.ndarray, *, budget_bytes: int | None = None) -> n
             f"A dense view of a {g.grid[0]} x {g.grid[1]} grid needs {t * t * 4 / 2**20:.0f} MiB, over the "
             f"{budget_bytes / 2**20:.0f} MiB budget (VITVIZ_MEMORY_BUDGET_MB). Choose a smaller input size."
         )
-    if g.kind == "separable":
-        raise ValueError("separable attention (MobileViT V2) has no query: it has no token-to-token matrix")
+    if g.kind in ("separable", "pool"):
+        raise ValueError(f"{g.kind} attention has no token-to-token matrix (one context vector or one probe query)")
     if g.kind == "global":
         p = g.num_prefix
+        mat = _real(g, mat)
         out = np.empty((t, t), dtype=np.float32)
         out[:, :p] = mat[:, :p]
         out[:, p:] = _spread_keys(g, mat[:, p:])
@@ -294,10 +303,18 @@ def dense(g: Geometry, mat: np.ndarray, *, budget_bytes: int | None = None) -> n
     return out
 
 
+def _real(g: Geometry, mat: np.ndarray) -> np.ndarray:
+    """A global block's matrix without its trailing padding tokens (rows and columns)."""
+    if not g.trailing:
+        return mat
+    tq, tk = mat.shape[0] - g.trailing, mat.shape[1] - g.trailing
+    return mat[:tq, :tk]
+
+
 def row_sums(g: Geometry, mat: np.ndarray) -> np.ndarray:
     """Row sums of :func:`dense` without building it: ``(Tq,)``."""
     if g.kind == "global":
-        return mat.sum(axis=-1, dtype=np.float32)
+        return _real(g, mat).sum(axis=-1, dtype=np.float32)
     if g.kind == "unfolded":
         return mat.mean(axis=0).sum(axis=-1, dtype=np.float32)
     if g.kind == "window":
@@ -311,7 +328,7 @@ def left_apply(g: Geometry, mat: np.ndarray, r: np.ndarray) -> np.ndarray:
     """``r @ dense(g, mat)`` for a row vector ``r`` ``(Tq,)``, without building the dense matrix."""
     p = g.num_prefix
     if g.kind == "global":
-        y = r @ mat
+        y = r @ _real(g, mat)
         return np.concatenate([y[:p], _spread_keys(g, y[p:])]).astype(np.float32)
     if g.kind == "unfolded":
         return np.einsum("q,aqk->k", r, mat) / mat.shape[0]
@@ -360,7 +377,7 @@ def allowed_keys(g: Geometry) -> np.ndarray:
         reg = window_layout(g).region
         return (reg[:, :, None] == reg[:, None, :]).sum(-1)  # (nW, w*w)
     if g.kind == "global":
-        return np.full(g.native_shape()[1], g.native_shape()[2])
+        return np.full(g.native_shape()[1], g.native_shape()[2] - g.trailing)
     n = g.grid[0] * g.grid[1]
     return np.full(n, n)
 
@@ -382,6 +399,10 @@ def block_summaries(g: Geometry, native: np.ndarray, input_size: tuple[int, int]
             ent = _entropy(a, axis=-1).mean()  # (A,) context vectors, one "head"
             n = g.grid[0] * g.grid[1]
             return np.array([np.nan]), np.array([ent]), np.array([ent / np.log(n) if n > 1 else 0.0])
+        if g.kind == "pool":  # one probe query with no place on the image: no distance
+            ent = _entropy(a, axis=-1).astype(np.float64)  # (H,)
+            allowed = a.shape[-1] - g.trailing
+            return np.full(a.shape[0], np.nan), ent, ent / np.log(max(allowed, 2))
         table = _distance_table(g, input_size)
         if g.kind == "global":
             return _global_summaries(g, a, table)
@@ -412,12 +433,13 @@ def _global_summaries(g: Geometry, a: np.ndarray, table: np.ndarray):
     import torch
 
     p = g.num_prefix
-    t = torch.from_numpy(a)  # (H, Tq, Tk), shares memory
-    w = t[:, p:, p:]
+    real_q, real_k = a.shape[1] - g.trailing, a.shape[2] - g.trailing
+    t = torch.from_numpy(a[:, :real_q])  # (H, Tq, Tk): real queries, their whole native rows; shares memory
+    w = t[:, p:, p:real_k]  # grid keys only: distances leave prefix and padding keys out
     weighted = (w * torch.from_numpy(table)).sum(-1)  # sum_k w_qk d_qk, before renormalising
     dist = (weighted / w.sum(-1).clamp_min(torch.finfo(torch.float32).tiny)).mean(-1)
     ent_q = -torch.special.xlogy(t, t).sum(-1)  # (H, Tq); xlogy(0, 0) = 0
-    allowed = g.native_shape()[2]
+    allowed = g.native_shape()[2] - g.trailing  # padding keys are masked: they do not count
     norm = ent_q.mean(-1) / np.log(allowed) if allowed > 1 else torch.zeros(t.shape[0])
     return dist.double().numpy(), ent_q.mean(-1).double().numpy(), norm.double().numpy()
 
@@ -458,6 +480,8 @@ def head_maps(block: Block, token: int, *, direction: Literal["query", "key"] = 
 
 def global_query(block: Block) -> int:
     """The global view of a block: its CLS token where the stage has one, else the pooled query."""
+    if block.kind == "pool":
+        return 0  # the probe: its one row
     kinds = block.geometry.prefix_kinds
     return kinds.index("CLS") if "CLS" in kinds else POOLED
 

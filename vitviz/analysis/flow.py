@@ -71,13 +71,22 @@ def propagate(
 
     ``mats[b]``: block b's native matrix (heads already fused) that ``step`` reads;
     ``query``: a token of the stage of block ``stop - 1`` (None: CLS if present, else
-    the pooled query).
+    the pooled query). A pooling head (kind ``pool``) ending the range is the readout:
+    its probe's row over the stage's tokens starts the product (``query`` is ignored).
     """
     n = len(geometries)
     stop = n if stop is None else stop
     if not 0 <= start < stop <= n:
         raise ValueError(f"block range [{start}, {stop}) is empty or outside 0..{n}")
-    r = readout_vector(stages[geometries[stop - 1].stage], query)
+    last = geometries[stop - 1]
+    if last.kind == "pool":  # the pooling head's probe reads out: its row (the probe itself carries no image)
+        if stop - 1 == start:
+            raise ValueError("a range holding only the pooling head has no token to carry its row back to")
+        row = np.asarray(mats[stop - 1], dtype=np.float64)
+        r = row[: stages[last.stage].num_tokens].copy()  # trailing padding keys dropped
+        stop -= 1
+    else:
+        r = readout_vector(stages[last.stage], query)
     for b in range(stop - 1, start - 1, -1):
         g = geometries[b]
         if b < stop - 1 and geometries[b + 1].stage != g.stage:

@@ -46,7 +46,7 @@ def relevance_abar(g: Geometry, attn: np.ndarray, grad: np.ndarray) -> np.ndarra
     prod = np.clip(grad.astype(np.float64) * attn.astype(np.float64), 0.0, None)
     if g.kind == "separable":
         return prod
-    return prod.mean(axis=0 if g.kind == "global" else 1)
+    return prod.mean(axis=0 if g.kind in ("global", "pool") else 1)
 
 
 def relevance_step(g: Geometry, abar: np.ndarray, r: np.ndarray) -> np.ndarray:

@@ -168,7 +168,8 @@ def capture_rollout(
     mats = {}
     for b in range(start, stop):
         mat = select(cap.blocks[b], fusion=fusion)
-        mats[b] = discard_native(cap.blocks[b].geometry, mat, ratio=discard_ratio) if discard_ratio > 0 else mat
+        discard = discard_ratio > 0 and cap.blocks[b].kind != "pool"  # the readout row is kept whole
+        mats[b] = discard_native(cap.blocks[b].geometry, mat, ratio=discard_ratio) if discard else mat
     geoms = [b.geometry for b in cap.blocks]
     row, stage = propagate(geoms, cap.stages, mats, rollout_step, query=query, start=start, stop=stop)
     total = row.sum()

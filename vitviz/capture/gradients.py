@@ -84,7 +84,10 @@ def explain_classes(
         stages = build_stages(loaded, geoms, {}, 0)
         attn = [to_native(geoms[i], rec.raw[b].detach(), 1)[0].float().cpu().numpy() for i, b in enumerate(order)]
         tensors = [rec.raw[b] for b in order]
-        readout = "CLS" if "CLS" in stages[-1].prefix_kinds else "pooled query"
+        if geoms[-1].kind == "pool":
+            readout = "pooling head"
+        else:
+            readout = "CLS" if "CLS" in stages[-1].prefix_kinds else "pooled query"
         for k, c in enumerate(classes):
             grads = torch.autograd.grad(
                 out.logits[0, int(c)], tensors, retain_graph=k < len(classes) - 1, allow_unused=True

@@ -15,7 +15,15 @@ has another shape. The native forms (one image, no batch axis):
 * ``unfolded`` (MobileViT): ``(A, H, N, N)``: attention among the N patches of
   the block's patch grid, once per offset inside a patch (A = ph * pw offsets);
 * ``separable`` (MobileViT V2): ``(A, N)``: one context-score vector over the N
-  patches per offset; there is no query and one "head".
+  patches per offset; there is no query and one "head";
+* ``pool`` (an attention-pooling head: SigLIP, AIMv2): ``(H, Tk)``: the single learned
+  probe query's attention over the keys (prefix tokens + the grid) of the last
+  stage; the probe is not a token of the sequence. Models that pool this way read
+  their prediction from it, so rollout and relevance start from it.
+
+Global attention may carry ``trailing`` tokens after the grid that are not on the
+image (SigLIP 2 NaFlex pads every image to a patch budget): they are left out of
+every map and reported as a padding share, like Swin's padding.
 
 Every record field is read-only. Where cells are placed on the image: token
 (r, c) of a grid (gh, gw) covers rows ``[r H / gh, (r + 1) H / gh)`` and columns
@@ -44,7 +52,7 @@ __all__ = [
     "frozen",
 ]
 
-BlockKind = Literal["global", "window", "unfolded", "separable"]
+BlockKind = Literal["global", "window", "unfolded", "separable", "pool"]
 KeyRule = Literal["same", "strided", "centre"]
 POOLED = -1  # the pooled query (mean of the grid tokens' rows): the global view of models without CLS
 
@@ -77,6 +85,7 @@ class Geometry:
     shift: int = 0  # window: cyclic shift s (0 for regular windows)
     padded: tuple[int, int] | None = None  # window: grid padded to multiples of w
     offsets: int = 1  # unfolded / separable: A = ph * pw
+    trailing: int = 0  # global / pool: tokens after the grid that are not on the image (padding)
 
     @property
     def num_prefix(self) -> int:
@@ -98,7 +107,9 @@ class Geometry:
         p = self.num_prefix
         if self.kind == "global":
             kh, kw = self.keys
-            return (self.num_heads, p + gh * gw, p + kh * kw)
+            return (self.num_heads, p + gh * gw + self.trailing, p + kh * kw + self.trailing)
+        if self.kind == "pool":
+            return (self.num_heads, p + gh * gw + self.trailing)
         if self.kind == "window":
             return (self.num_windows, self.num_heads, self.window**2, self.window**2)
         if self.kind == "unfolded":
@@ -222,8 +233,9 @@ class Capture:
 
     ``image``: ``(h, w, 3)`` uint8, the resized input the model saw; ``logits``:
     ``(C,)`` or None for backbones. ``readout``: ``cls`` when the last stage has a
-    CLS token the prediction reads, else ``pooled`` (the mean of the final grid
-    tokens). ``rollout_note``: why rollout is undefined, when it is. Plain ViTs
+    CLS token the prediction reads, ``head`` when an attention-pooling head (the last
+    block, kind ``pool``) makes the image embedding, else ``pooled`` (the mean of the
+    final grid tokens). ``rollout_note``: why rollout is undefined, when it is. Plain ViTs
     also keep their attention as one ``(L, H, T, T)`` float16 stack
     (``attention_stack``); their blocks are views into it.
     """
@@ -237,7 +249,7 @@ class Capture:
     image: np.ndarray = field(repr=False)
     logits: np.ndarray | None = field(repr=False)
     predictions: tuple[Prediction, ...]
-    readout: Literal["cls", "pooled"]
+    readout: Literal["cls", "pooled", "head"]
     position: PositionInfo
     patch_weights: np.ndarray | None = field(repr=False)
     rollout_note: str = ""
@@ -272,6 +284,8 @@ class Capture:
 
     def block_label(self, block: int) -> str:
         b = self.blocks[block]
+        if b.kind == "pool":
+            return "pooling head"
         if len(self.stages) == 1:
             return f"layer {block}"
         within = self.stages[b.stage].blocks.index(block)

@@ -167,7 +167,7 @@ class SummaryRecorder(BlockRecorder):
     def block(self, site, g, raw, module, args, kwargs, output) -> None:
         native = to_native(g, raw.detach(), self.call.batch)
         f32 = native.float()
-        head_axis = {"global": 1, "window": 2, "unfolded": 2}.get(g.kind)
+        head_axis = {"global": 1, "pool": 1, "window": 2, "unfolded": 2}.get(g.kind)
         fused = (f32 if head_axis is None else f32.mean(dim=head_axis)).cpu().numpy()
         full = f32.cpu().numpy()  # zero-copy on the CPU
         summaries = [block_summaries(g, full[i], self.call.input_size) for i in range(self.call.batch)]

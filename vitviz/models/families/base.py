@@ -40,7 +40,8 @@ def to_native(g: Geometry, raw: torch.Tensor, batch: int) -> torch.Tensor:
     """The site's probabilities (as the model computed them) -> ``(B, *native shape)`` (a view).
 
     Raw layouts: global ``(B, H, Tq, Tk)``; window ``(B * nW, H, w*w, w*w)``; unfolded
-    ``(B * A, H, N, N)``; separable ``(B, 1, A, N)`` (any layout with the same order).
+    ``(B * A, H, N, N)``; separable ``(B, 1, A, N)``; pool ``(B, H, 1, Tk)`` (any layout
+    with the same order).
     """
     native = raw.reshape(batch, *g.native_shape())
     return native
@@ -92,8 +93,8 @@ class Family:
         """Prefix tokens of the first stage."""
         return ()
 
-    def readout(self, config) -> Literal["cls", "pooled"]:
-        """What the prediction reads: the last stage's CLS token, or the mean of its grid tokens."""
+    def readout(self, config) -> Literal["cls", "pooled", "head"]:
+        """What the prediction reads: the last stage's CLS token, an attention-pooling head, or the grid's mean."""
         return "pooled"
 
     def rollout_note(self, config) -> str:
