@@ -184,7 +184,8 @@ def test_a_pooling_head_is_one_row_per_head_and_starts_the_readout():
     assert np.isnan(d).all() and e[1] == pytest.approx(float(-(probe[1] * np.log(probe[1])).sum()), rel=1e-5)
     a = _random_rows(rng, (4, 4))
     stage = Stage(0, grid, (), (0, 1), None, None)
-    row, s = propagate([body, pool], [stage], {0: a, 1: probe.mean(0)}, lambda g, mat, r: r @ mat)
+    row, stage_index = propagate([body, pool], [stage], {0: a, 1: probe.mean(0)}, lambda g, mat, r: r @ mat)
     np.testing.assert_allclose(row, probe.mean(0) @ a, rtol=1e-6)
-    with pytest.raises(ValueError, match="no token-to-token"):
+    assert stage_index == 0
+    with pytest.raises(ValueError, match="probe is not a token"):
         blocks.dense(pool, probe[0])

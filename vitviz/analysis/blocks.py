@@ -280,8 +280,10 @@ def dense(g: Geometry, mat: np.ndarray, *, budget_bytes: int | None = None) -> n
             f"A dense view of a {g.grid[0]} x {g.grid[1]} grid needs {t * t * 4 / 2**20:.0f} MiB, over the "
             f"{budget_bytes / 2**20:.0f} MiB budget (VITVIZ_MEMORY_BUDGET_MB). Choose a smaller input size."
         )
-    if g.kind in ("separable", "pool"):
-        raise ValueError(f"{g.kind} attention has no token-to-token matrix (one context vector or one probe query)")
+    if g.kind == "separable":
+        raise ValueError("separable attention (MobileViT V2) has no query: it has no token-to-token matrix")
+    if g.kind == "pool":
+        raise ValueError("a pooling head's probe is not a token of the sequence: it has no token-to-token matrix")
     if g.kind == "global":
         p = g.num_prefix
         mat = _real(g, mat)

@@ -8,7 +8,8 @@ grad and no ``.grad`` is written), so concurrent calls do not interact.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,7 +30,7 @@ from vitviz.errors import CaptureError
 from vitviz.models.families.base import Call, to_native
 from vitviz.models.load import LoadedModel
 
-__all__ = ["GraphRecorder", "explain_classes"]
+__all__ = ["GraphRecorder", "Target", "explain_targets", "explain_classes"]
 
 
 class GraphRecorder(BlockRecorder):
@@ -50,32 +51,30 @@ def _native_grad(g: Geometry, grad: torch.Tensor | None, like: np.ndarray) -> np
     return to_native(g, grad, 1)[0].float().cpu().numpy()
 
 
-def explain_classes(
+Target = Callable[[Any], torch.Tensor]  # the forward's output -> a scalar (a class logit, an image-text score)
+
+
+def explain_targets(
     loaded: LoadedModel,
     image: Image.Image,
-    classes: Sequence[int],
+    targets: Mapping[int, tuple[str, Target]],
     *,
     size: int | tuple[int, int] | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
 ) -> dict[int, Explanation]:
-    """Chefer et al.'s relevance for each class: one forward pass with gradients, one backward pass per class."""
-    if not loaded.has_classifier:
-        raise CaptureError(
-            f"'{loaded.name}' is a backbone without a classifier: class-specific relevance needs class logits."
-        )
+    """Chefer et al.'s relevance for each target: one forward pass with gradients, one backward pass per target.
+
+    ``targets``: key -> (label, function of the forward's output giving a scalar), e.g.
+    a class logit before softmax or a zero-shot model's image-text score for a label.
+    """
     note = loaded.family.rollout_note(loaded.config)
     if note:
         raise CaptureError(f"Class-specific relevance is not defined for {loaded.family.name}: {note}")
-    n_classes = len(loaded.id2label)
-    bad = [c for c in classes if not 0 <= int(c) < n_classes]
-    if bad:
-        raise ValueError(f"class indices {bad} are outside 0..{n_classes - 1}")
-    hw = input_size_for(loaded, size)
+    hw = input_size_for(loaded, size, image.size)
     check_budget(loaded, hw, batch=1, gradients=True, budget=budget_bytes)
     pixels, _ = preprocess(loaded, [image], hw)
     pixels.requires_grad_(True)  # the graph reaches every block although the parameters need no grad
-    call = Call(loaded.config, hw, 1)
-    rec = GraphRecorder(loaded, call)
+    rec = GraphRecorder(loaded, Call(loaded.config, hw, 1))
     result: dict[int, Explanation] = {}
     with torch.enable_grad():
         out = run_forward(loaded, pixels, rec)
@@ -88,16 +87,40 @@ def explain_classes(
             readout = "pooling head"
         else:
             readout = "CLS" if "CLS" in stages[-1].prefix_kinds else "pooled query"
-        for k, c in enumerate(classes):
-            grads = torch.autograd.grad(
-                out.logits[0, int(c)], tensors, retain_graph=k < len(classes) - 1, allow_unused=True
-            )
+        for k, (key, (label, target)) in enumerate(targets.items()):
+            grads = torch.autograd.grad(target(out), tensors, retain_graph=k < len(targets) - 1, allow_unused=True)
             abars = {
-                i: relevance_abar(geoms[i], attn[i], _native_grad(geoms[i], gr, attn[i])) for i, gr in enumerate(grads)
+                i: relevance_abar(geoms[i], attn[i], _native_grad(geoms[i], gr, attn[i]))
+                for i, gr in enumerate(grads)
             }
             row = relevance_row(geoms, stages, abars).astype(np.float32)
             row.setflags(write=False)
             first = stages[0]
-            label = loaded.id2label[int(c)]
-            result[int(c)] = Explanation(int(c), label, row, first.num_prefix, first.grid, readout)
+            result[key] = Explanation(int(key), label, row, first.num_prefix, first.grid, readout)
     return result
+
+
+def explain_classes(
+    loaded: LoadedModel,
+    image: Image.Image,
+    classes: Sequence[int],
+    *,
+    size: int | tuple[int, int] | None = None,
+    budget_bytes: int = DEFAULT_BUDGET_BYTES,
+) -> dict[int, Explanation]:
+    """Relevance for class logits (before softmax): :func:`explain_targets` with ``y_c`` as each target."""
+    if not loaded.has_classifier:
+        raise CaptureError(
+            f"'{loaded.name}' is a backbone without a classifier: class-specific relevance needs class logits."
+        )
+    n_classes = len(loaded.id2label)
+    bad = [c for c in classes if not 0 <= int(c) < n_classes]
+    if bad:
+        raise ValueError(f"class indices {bad} are outside 0..{n_classes - 1}")
+    family, model = loaded.family, loaded.model
+
+    def logit(c: int) -> Target:
+        return lambda out: family.logits(model, out)[0, c]
+
+    targets = {int(c): (loaded.id2label[int(c)], logit(int(c))) for c in classes}
+    return explain_targets(loaded, image, targets, size=size, budget_bytes=budget_bytes)

@@ -254,11 +254,13 @@ class Capture:
     patch_weights: np.ndarray | None = field(repr=False)
     rollout_note: str = ""
     attention_stack: np.ndarray | None = field(default=None, repr=False)
+    image_embedding: np.ndarray | None = field(default=None, repr=False)  # (D,) for zero-shot models
 
     def __post_init__(self) -> None:
         frozen(self.image)
         frozen(self.logits)
         frozen(self.attention_stack)
+        frozen(self.image_embedding)
 
     # --- the shape of the record -------------------------------------------------
     @property
@@ -346,7 +348,7 @@ class Capture:
     @property
     def nbytes(self) -> int:
         """Bytes this image's arrays hold (position embeddings and patch weights are the model's, shared)."""
-        arrays = [self.image, self.logits, *(s.token_norms for s in self.stages)]
+        arrays = [self.image, self.logits, self.image_embedding, *(s.token_norms for s in self.stages)]
         return sum(a.nbytes for a in arrays if a is not None) + sum(b.nbytes for b in self.blocks)
 
     # --- tokens and pixels -------------------------------------------------------

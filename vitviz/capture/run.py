@@ -45,10 +45,13 @@ __all__ = [
 DEFAULT_BUDGET_BYTES = int(os.environ.get("VITVIZ_MEMORY_BUDGET_MB", "2048")) * 2**20
 
 
-def input_size_for(loaded: LoadedModel, size: int | tuple[int, int] | None = None) -> tuple[int, int]:
+def input_size_for(
+    loaded: LoadedModel, size: int | tuple[int, int] | None = None, image_wh: tuple[int, int] | None = None
+) -> tuple[int, int]:
     """(h, w) the model will see: the processor's default, or ``size`` snapped to the family's multiple.
 
-    A family that runs at one size only (PvT v1) always gets that size.
+    A family that runs at one size only (PvT v1) always gets that size; a family that
+    follows each image's aspect ratio (SigLIP 2 NaFlex) adapts it to ``image_wh``.
     """
     fixed = loaded.family.fixed_size(loaded.config)
     if fixed is not None:
@@ -61,7 +64,7 @@ def input_size_for(loaded: LoadedModel, size: int | tuple[int, int] | None = Non
         h, w = size
     m = loaded.family.size_multiple(loaded.config)
     h, w = max(m, round(h / m) * m), max(m, round(w / m) * m)
-    return int(h), int(w)
+    return loaded.family.size_for_image(loaded.config, (int(h), int(w)), image_wh)
 
 
 def estimate_capture_bytes(
@@ -180,9 +183,9 @@ class SummaryRecorder(BlockRecorder):
 def run_forward(loaded: LoadedModel, pixels: torch.Tensor, recorder: BlockRecorder):
     """The model's forward with ``recorder`` receiving this call's hook calls; grad mode is the caller's."""
     sites = installed_sites(loaded.model)
-    kwargs = loaded.family.forward_kwargs(loaded.config, recorder.call.input_size)
+    inputs = loaded.family.model_inputs(loaded, pixels, recorder.call.input_size)
     with loaded.family.running(loaded.model), recording(recorder):
-        out = loaded.model(pixel_values=pixels, **kwargs)
+        out = loaded.family.forward(loaded.model, inputs)
     if not sites or recorder.missing or len(recorder.geometries) != len(sites):
         raise CaptureError(
             f"'{loaded.name}' returned no attention weights from {recorder.missing or len(sites) or 'any'} of its "
@@ -231,24 +234,38 @@ def capture_batch(
     attention_dtype: str = "float16",
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
 ) -> list[Capture]:
-    """Capture a batch of images at one input size in a single forward pass.
+    """Capture a batch of images: one forward pass per input size (usually one for the whole batch).
 
     ``attention_dtype`` float16 (default) halves the record; attention weights lie in
     [0, 1], where float16 keeps about 3 significant digits. Every summary is computed
     from the float32 weights whatever is stored. Use float32 storage for parity work.
     """
-    if not images:
-        return []
-    hw = input_size_for(loaded, size)
+    sizes = [input_size_for(loaded, size, img.size) for img in images]
+    out: list[Capture | None] = [None] * len(images)
+    for hw in dict.fromkeys(sizes):  # images that share an input size share a forward pass
+        idx = [i for i, s in enumerate(sizes) if s == hw]
+        for i, cap in zip(idx, _capture_at(loaded, [images[i] for i in idx], hw, top_k, attention_dtype, budget_bytes),
+                          strict=True):  # fmt: skip
+            out[i] = cap
+    return out
+
+
+def _capture_at(
+    loaded: LoadedModel, images: Sequence[Image.Image], hw: tuple[int, int], top_k: int, attention_dtype: str,
+    budget_bytes: int,
+) -> list[Capture]:  # fmt: skip
     check_budget(loaded, hw, batch=len(images), gradients=False, budget=budget_bytes)
     pixels, resized = preprocess(loaded, images, hw)
     call = Call(loaded.config, hw, len(images))
     rec = SummaryRecorder(loaded, call, attention_dtype, len(installed_sites(loaded.model)))
+    fam = loaded.family
     with torch.inference_mode():
         out = run_forward(loaded, pixels, rec)
-        logits = out.logits.float().cpu().numpy() if loaded.has_classifier else None
+        raw_logits = fam.logits(loaded.model, out) if loaded.has_classifier else None
+        logits = None if raw_logits is None else raw_logits.float().cpu().numpy()
+        embedding = fam.image_embedding(loaded.model, out)
+        embedding = None if embedding is None else embedding.float().cpu().numpy()
     geometries = [rec.geometries[i] for i in sorted(rec.geometries)]
-    fam = loaded.family
     captures = []
     for i in range(len(images)):
         blocks = tuple(
@@ -271,6 +288,7 @@ def capture_batch(
                 patch_weights=loaded.patch_weights,
                 rollout_note=fam.rollout_note(loaded.config),
                 attention_stack=None if rec.stack is None else rec.stack[i],
+                image_embedding=None if embedding is None else embedding[i],
             )
         )
     return captures

@@ -108,6 +108,26 @@ class Family:
     def forward_kwargs(self, config, hw: tuple[int, int]) -> dict:
         return {"interpolate_pos_encoding": True} if self.interpolate_kwarg else {}
 
+    def size_for_image(self, config, hw: tuple[int, int], image_wh: tuple[int, int] | None) -> tuple[int, int]:
+        """The input size for one image, given the size chosen for it (SigLIP 2 NaFlex follows the image's aspect)."""
+        return hw
+
+    def model_inputs(self, loaded, pixels: torch.Tensor, hw: tuple[int, int]) -> dict:
+        """Keyword arguments of the forward for normalised pixels ``(B, 3, h, w)`` (NaFlex patchifies; MAE orders)."""
+        return {"pixel_values": pixels, **self.forward_kwargs(loaded.config, hw)}
+
+    def forward(self, model: torch.nn.Module, inputs: dict):
+        """Run the image through the model (the image tower of a two-tower model)."""
+        return model(**inputs)
+
+    def logits(self, model: torch.nn.Module, out) -> torch.Tensor | None:
+        """Class logits ``(B, C)`` of the forward's output, or None for backbones."""
+        return getattr(out, "logits", None)
+
+    def image_embedding(self, model: torch.nn.Module, out) -> torch.Tensor | None:
+        """The image embedding ``(B, D)`` a zero-shot model compares with label embeddings, or None."""
+        return None
+
     def running(self, model: torch.nn.Module):
         """Context around every forward (Swin v1: restore window and shift, one forward at a time)."""
         return nullcontext()
