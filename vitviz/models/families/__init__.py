@@ -14,7 +14,7 @@ from vitviz.models.families.base import Family
 
 __all__ = ["Family", "FAMILIES", "family_for", "supported_model_types"]
 
-_MODULES = ("vit", "swin", "pvt", "cvt", "mobilevit")
+_MODULES = ("vit", "swin", "pvt", "cvt", "mobilevit", "contrastive", "selfsupervised")
 FAMILIES: tuple[Family, ...] = tuple(f for m in _MODULES for f in import_module(f"vitviz.models.families.{m}").FAMILIES)
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 
