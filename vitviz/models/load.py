@@ -24,6 +24,7 @@ from vitviz.capture.record import PositionInfo
 from vitviz.demo.vit import DEMO_DIR
 from vitviz.errors import ModelLoadError
 from vitviz.models.families import Family, family_for
+from vitviz.models.zeroshot import TextTower, text_tower
 
 __all__ = ["LoadedModel", "DEMO_NAME", "load_model", "pick_device", "resolve_source", "parse_model_name"]
 
@@ -55,6 +56,7 @@ class LoadedModel:
     # Model-level arrays, computed once and shared read-only by every capture:
     position: PositionInfo  # absolute tables per stage, relative biases, or a note saying why none
     patch_weights: np.ndarray | None = field(repr=False)  # (D, C, k, k) first convolution
+    text: TextTower | None = field(default=None, repr=False)  # two-tower models: labels a user types
 
     @property
     def config(self):
@@ -80,6 +82,11 @@ class LoadedModel:
     @property
     def has_classifier(self) -> bool:
         return self.id2label is not None
+
+    @property
+    def zero_shot(self) -> bool:
+        """Whether the model scores labels a user types (it has a text tower and a tokenizer)."""
+        return self.text is not None
 
 
 def pick_device(prefer: str | None = None) -> torch.device:
@@ -277,11 +284,12 @@ def load_model(
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = _auto_class(config).from_pretrained(
+            model, info = _auto_class(config).from_pretrained(
                 source,
                 attn_implementation="eager",
                 use_safetensors=use_safetensors,
                 dtype=_DTYPES[dtype],
+                output_loading_info=True,
                 **hub_kwargs,
             )
     except Exception as exc:  # any failure inside a checkpoint (truncated file, bad tensors) is a load error
@@ -290,6 +298,7 @@ def load_model(
     model.eval().requires_grad_(False).to(dev)
 
     prep = _processor_settings(source, config, hub_kwargs)
+    text = text_tower(model, source, hub_kwargs, info.get("missing_keys", ()))
     try:
         position = family.position_info(model)
         weights = family.patch_weight(model)
@@ -318,4 +327,5 @@ def load_model(
         id2label=labels,
         position=position,
         patch_weights=weights,
+        text=text,
     )

@@ -1,0 +1,120 @@
+"""Zero-shot labels: parsing what users type, and scores equal to the models' own logits_per_image."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vitviz.errors import ModelLoadError
+from vitviz.models.zeroshot import (
+    DEFAULT_TEMPLATE,
+    MAX_LABEL_CHARS,
+    MAX_LABELS,
+    ZeroShotError,
+    encode_labels,
+    parse_labels,
+    score,
+    text_tower,
+)
+
+WORDS = ["a", "photo", "of", "cat", "dog", "car", "red", "star", "the", ".", "{", "}"]
+
+
+def test_labels_by_line_or_comma_trimmed_and_unique():
+    assert parse_labels("cat, dog ,car").names == ("cat", "dog", "car")
+    multi = parse_labels("a red car\n\n  big  dog \na red car")
+    assert multi.names == ("a red car", "big dog")
+    assert any("twice" in n for n in multi.notes)
+    assert parse_labels("cat, dog").prompts == ("a photo of a cat.", "a photo of a dog.")
+    assert parse_labels("cat", "{}").prompts == ("cat",)
+    assert parse_labels("cat", "").prompts == ("cat",)  # an empty template means the labels as they are
+
+
+@pytest.mark.parametrize("text", ["", "   ", ",,,", "\n\n"])
+def test_no_labels_is_a_clear_message(text):
+    with pytest.raises(ZeroShotError, match="at least one label"):
+        parse_labels(text)
+
+
+def test_many_long_and_unicode_labels_are_cut_with_a_note():
+    many = parse_labels(",".join(f"thing {i}" for i in range(200)))
+    assert len(many.names) == MAX_LABELS and any("200 labels" in n for n in many.notes)
+    long = parse_labels("x" * 10_000)
+    assert len(long.names[0]) == MAX_LABEL_CHARS and any("cut" in n for n in long.notes)
+    uni = parse_labels("猫, собака, 🚗, café")
+    assert uni.names == ("猫", "собака", "🚗", "café")
+
+
+def test_templates_need_a_slot_and_other_braces_are_kept():
+    with pytest.raises(ZeroShotError, match="needs \\{\\}"):
+        parse_labels("cat", "a photo")
+    assert parse_labels("cat", "a {} in {braces}").prompts == ("a cat in {braces}",)
+    assert DEFAULT_TEMPLATE == "a photo of a {}."
+
+
+def _two_tower(folder, kind: str):
+    from transformers import CLIPConfig, CLIPModel, SiglipConfig, SiglipModel
+
+    from vitviz.demo.tokenizer import word_tokenizer
+
+    torch.manual_seed(0)
+    tok = word_tokenizer(WORDS)
+    text = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                max_position_embeddings=16, eos_token_id=3, pad_token_id=0, bos_token_id=2)  # fmt: skip
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32,
+                  patch_size=8)  # fmt: skip
+    if kind == "clip":
+        model = CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=16))
+    else:
+        model = SiglipModel(SiglipConfig(text_config=text, vision_config=vision))
+    with torch.no_grad():
+        model.logit_scale.fill_(2.0)
+        if hasattr(model, "logit_bias"):
+            model.logit_bias.fill_(-1.5)
+    model.eval().save_pretrained(folder, safe_serialization=True)
+    tok.save_pretrained(folder)
+    return model, tok
+
+
+@pytest.mark.parametrize("kind", ["clip", "siglip"])
+def test_scores_equal_the_models_own_logits(tmp_path, kind):
+    model, tok = _two_tower(tmp_path, kind)
+    tower = text_tower(model, str(tmp_path), {})
+    assert tower.rule == ("softmax" if kind == "clip" else "sigmoid")
+    labels = parse_labels("cat, red car, a dog")
+    text = encode_labels(model, tower, labels)
+    pixels = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        image = model.get_image_features(pixel_values=pixels)
+        image = getattr(image, "pooler_output", image)[0].numpy()
+        ids = tok(list(labels.prompts), padding=tower.padding, max_length=tower.max_length, return_tensors="pt")
+        own = model(input_ids=ids["input_ids"], pixel_values=pixels,
+                    **({"attention_mask": ids["attention_mask"]} if kind == "clip" else {})).logits_per_image[0]  # fmt: skip
+    got = score(model, tower, image, text)
+    np.testing.assert_allclose(got.logits, own.numpy(), rtol=1e-5, atol=1e-5)
+    if kind == "clip":
+        np.testing.assert_allclose(got.probabilities, torch.softmax(own, 0).numpy(), rtol=1e-5)
+        assert got.probabilities.sum() == pytest.approx(1.0)
+    else:
+        np.testing.assert_allclose(got.probabilities, torch.sigmoid(own).numpy(), rtol=1e-5)
+
+
+def test_a_checkpoint_missing_a_projection_is_named(tmp_path):
+    model, _ = _two_tower(tmp_path, "clip")
+    with pytest.raises(ModelLoadError, match=r"text_projection\.weight"):
+        text_tower(model, str(tmp_path), {}, missing_keys=["text_projection.weight"])
+
+
+def test_a_model_without_a_text_tower_has_none(tmp_path):
+    from transformers import CLIPVisionConfig, CLIPVisionModel
+
+    model = CLIPVisionModel(CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                             num_attention_heads=2, image_size=16, patch_size=8))  # fmt: skip
+    assert text_tower(model, str(tmp_path), {}) is None
+
+
+def test_a_declared_template_is_the_default(tmp_path):
+    model, _ = _two_tower(tmp_path, "clip")
+    (tmp_path / "vitviz.json").write_text('{"prompt_template": "a {} on a background."}')
+    assert text_tower(model, str(tmp_path), {}).template == "a {} on a background."

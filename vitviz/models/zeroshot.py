@@ -1,0 +1,248 @@
+"""Zero-shot labels for two-tower models (CLIP, SigLIP, SigLIP 2): labels a user types, scored by the model's own rule.
+
+A prompt is made from each label with a template (default ``"a photo of a {}."``;
+a model folder may declare its own in ``vitviz.json``); the text tower embeds
+the prompts once per label set, and the image's embedding (kept in the capture)
+is compared with them, so changing the labels never reruns the image capture.
+
+Scores, as the models compute ``logits_per_image``:
+
+* CLIP: ``logit_scale.exp() * cos(image, text)``; the probabilities are a softmax
+  over the labels (they sum to 1).
+* SigLIP, SigLIP 2: ``logit_scale.exp() * cos(image, text) + logit_bias``; each
+  label's probability is its own sigmoid (they need not sum to 1).
+
+Class-specific relevance for a label is Chefer et al.'s with that label's score
+as the target (:func:`label_target`).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from vitviz.errors import ModelLoadError, VitvizError
+
+__all__ = [
+    "DEFAULT_TEMPLATE",
+    "MAX_LABELS",
+    "MAX_LABEL_CHARS",
+    "ZeroShotError",
+    "Labels",
+    "TextTower",
+    "Scores",
+    "parse_labels",
+    "text_tower",
+    "encode_labels",
+    "score",
+    "label_target",
+]
+
+DEFAULT_TEMPLATE = "a photo of a {}."
+MAX_LABELS = 64  # more would make the per-label views unreadable; the rest are dropped with a note
+MAX_LABEL_CHARS = 100
+MAX_TEMPLATE_CHARS = 200
+SETTINGS_FILE = "vitviz.json"  # {"prompt_template": "..."} declared by a model folder (the bundled demo-clip)
+
+
+class ZeroShotError(VitvizError):
+    """Labels or a template vitviz cannot use, or a model without a text tower."""
+
+
+@dataclass(frozen=True)
+class Labels:
+    """Labels as given (cleaned), the prompts made from them, and what was done to them."""
+
+    names: tuple[str, ...]
+    prompts: tuple[str, ...]
+    template: str
+    notes: tuple[str, ...] = ()
+
+
+def parse_labels(text: str, template: str = DEFAULT_TEMPLATE) -> Labels:
+    """Labels from what a user typed: one per line, or comma-separated on one line.
+
+    Whitespace is trimmed, empty entries and repeats dropped; a label longer than
+    ``MAX_LABEL_CHARS`` is cut and more than ``MAX_LABELS`` labels are cut to the first
+    ones, each with a note saying so. ``{}`` in the template marks where the label goes
+    (``"{}"`` uses the labels as they are).
+    """
+    template = (template or "").strip() or "{}"
+    if "{}" not in template:
+        raise ZeroShotError(f"The prompt template needs {{}} where the label goes, e.g. '{DEFAULT_TEMPLATE}'.")
+    if len(template) > MAX_TEMPLATE_CHARS:
+        raise ZeroShotError(
+            f"The prompt template is {len(template)} characters long; keep it under {MAX_TEMPLATE_CHARS}."
+        )
+    lines = [ln for ln in (text or "").splitlines() if ln.strip()]
+    raw = lines if len(lines) > 1 else (lines[0].split(",") if lines else [])
+    notes: list[str] = []
+    names: list[str] = []
+    for item in raw:
+        label = " ".join(item.split())
+        if not label:
+            continue
+        if len(label) > MAX_LABEL_CHARS:
+            notes.append(f"'{label[:30]}…' was cut to its first {MAX_LABEL_CHARS} characters.")
+            label = label[:MAX_LABEL_CHARS].rstrip()
+        if label in names:
+            notes.append(f"'{label[:30]}' was given twice; it is scored once.")
+            continue
+        names.append(label)
+    if not names:
+        raise ZeroShotError("Type at least one label (one per line, or separated by commas), e.g. 'cat, dog, car'.")
+    if len(names) > MAX_LABELS:
+        notes.append(f"{len(names)} labels were given; the first {MAX_LABELS} are scored.")
+        names = names[:MAX_LABELS]
+    prompts = tuple(template.replace("{}", name, 1) for name in names)
+    return Labels(tuple(names), prompts, template, tuple(notes))
+
+
+@dataclass(frozen=True, eq=False)
+class TextTower:
+    """What zero-shot scoring needs besides the model: its tokenizer, how it pads, its rule and default template."""
+
+    tokenizer: Any = field(repr=False)
+    padding: Literal["max_length", "longest"]
+    max_length: int
+    rule: Literal["softmax", "sigmoid"]
+    template: str
+
+
+def _projection_problems(model: torch.nn.Module, missing: Sequence[str]) -> list[str]:
+    """Parts of the text-image comparison a checkpoint did not provide (they would be random)."""
+    wanted = ("visual_projection", "text_projection", "logit_scale", "logit_bias")
+    present = [w for w in wanted if hasattr(model, w)]
+    return [k for k in missing if any(k == w or k.startswith(f"{w}.") for w in present)]
+
+
+def text_tower(
+    model: torch.nn.Module, source: str, hub_kwargs: dict, missing_keys: Sequence[str] = ()
+) -> TextTower | None:
+    """The text side of a two-tower model, or None when the model has none (an image-only checkpoint).
+
+    Raises :class:`ModelLoadError` when the checkpoint lacks what compares the towers
+    (a projection, the logit scale or bias), naming what is missing, or when the
+    towers' embeddings would not have the same width.
+    """
+    if not hasattr(model, "get_text_features"):
+        return None
+    problems = _projection_problems(model, missing_keys)
+    if problems:
+        raise ModelLoadError(
+            f"'{source}' has a text and an image tower but its checkpoint lacks {', '.join(sorted(problems))}: "
+            "without them the towers cannot be compared. Use a complete checkpoint."
+        )
+    text_dim = _out_features(getattr(model, "text_projection", None))
+    image_dim = _out_features(getattr(model, "visual_projection", None))
+    if text_dim and image_dim and text_dim != image_dim:
+        raise ModelLoadError(
+            f"'{source}': the text projection gives {text_dim}-d embeddings and the visual projection {image_dim}-d; "
+            "the towers disagree."
+        )
+    from transformers import AutoTokenizer
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tokenizer = AutoTokenizer.from_pretrained(source, **hub_kwargs)
+    except Exception:  # no tokenizer files: the image side still works, without typed labels
+        return None
+    config = model.config
+    text_config = getattr(config, "text_config", config)
+    siglip = hasattr(model, "logit_bias")
+    max_len = int(getattr(text_config, "max_position_embeddings", 77))
+    return TextTower(
+        tokenizer=tokenizer,
+        padding="max_length" if siglip else "longest",  # SigLIP was trained on max-length padding
+        max_length=max_len,
+        rule="sigmoid" if siglip else "softmax",
+        template=_declared_template(source) or DEFAULT_TEMPLATE,
+    )
+
+
+def _out_features(layer) -> int | None:
+    return int(layer.out_features) if isinstance(layer, torch.nn.Linear) else None
+
+
+def _declared_template(source: str) -> str | None:
+    path = Path(source) / SETTINGS_FILE
+    if not path.is_file():
+        return None
+    try:
+        template = json.loads(path.read_text()).get("prompt_template")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return template if isinstance(template, str) and "{}" in template else None
+
+
+@torch.inference_mode()
+def encode_labels(model: torch.nn.Module, tower: TextTower, labels: Labels, *, chunk: int = 32) -> np.ndarray:
+    """The text tower's embedding of every prompt, as the model computes it: ``(K, D)`` float32 (not normalised)."""
+    device = next(model.parameters()).device
+    out = []
+    for i in range(0, len(labels.prompts), chunk):
+        batch = tower.tokenizer(
+            list(labels.prompts[i : i + chunk]),
+            padding=tower.padding,
+            truncation=True,
+            max_length=tower.max_length,
+            return_tensors="pt",
+        )
+        batch = {k: v.to(device) for k, v in batch.items() if k in ("input_ids", "attention_mask", "position_ids")}
+        if tower.padding == "max_length":
+            batch.pop("attention_mask", None)  # SigLIP's text tower attends over the padding it was trained with
+        feats = model.get_text_features(**batch)
+        feats = getattr(feats, "pooler_output", feats)
+        out.append(feats.float().cpu().numpy())
+    return np.concatenate(out)
+
+
+@dataclass(frozen=True, eq=False)
+class Scores:
+    """``logits`` ``(K,)`` (the model's ``logits_per_image``) and ``probabilities`` ``(K,)`` by the model's rule."""
+
+    logits: np.ndarray
+    probabilities: np.ndarray
+    rule: Literal["softmax", "sigmoid"]
+
+
+def _scale_bias(model: torch.nn.Module) -> tuple[float, float]:
+    scale = float(model.logit_scale.detach().float().exp())
+    bias = float(model.logit_bias.detach().float()) if hasattr(model, "logit_bias") else 0.0
+    return scale, bias
+
+
+def score(model: torch.nn.Module, tower: TextTower, image_embedding: np.ndarray, text: np.ndarray) -> Scores:
+    """Scores of one image ``(D,)`` against K label embeddings ``(K, D)``, as the model's forward computes them."""
+    img = np.asarray(image_embedding, np.float64)
+    txt = np.asarray(text, np.float64)
+    cos = (txt / np.linalg.norm(txt, axis=1, keepdims=True)) @ (img / np.linalg.norm(img))
+    scale, bias = _scale_bias(model)
+    logits = scale * cos + bias
+    if tower.rule == "softmax":
+        e = np.exp(logits - logits.max())
+        probs = e / e.sum()
+    else:
+        probs = 1.0 / (1.0 + np.exp(-logits))
+    return Scores(logits.astype(np.float32), probs, tower.rule)
+
+
+def label_target(family, model: torch.nn.Module, text_embedding: np.ndarray):
+    """A relevance target: the forward's output -> this label's score (a logit before softmax or sigmoid)."""
+    scale, bias = _scale_bias(model)
+    t = torch.as_tensor(np.asarray(text_embedding, np.float32))
+    t = t / t.norm()
+
+    def target(out) -> torch.Tensor:
+        img = family.image_embedding(model, out)[0]
+        return scale * (img / img.norm()) @ t.to(img.device, img.dtype) + bias
+
+    return target
