@@ -11,6 +11,7 @@ import streamlit as st
 from pages import common
 from vitviz.data.images import read_image
 from vitviz.errors import VitvizError
+from vitviz.models.zeroshot import parse_labels
 
 common.leave_folder_mode()
 st.set_page_config(page_title="vitviz", page_icon=":material/visibility:", layout="wide")
@@ -52,6 +53,35 @@ def model_ui() -> None:
         ss.layer = None
         ss.query = None
         ss.class_index = None
+        ss.labels_text = ss.template = None  # the new model's own suggestion
+
+
+def labels_ui() -> None:
+    """Labels for zero-shot models: only the text tower runs when they change."""
+    try:
+        model = common.get_model(ss.model_name)
+    except VitvizError:
+        return
+    if not model.zero_shot:
+        return
+    st.subheader("Labels (zero-shot)")
+    text = ss.labels_text if ss.labels_text is not None else model.text.labels or common.SUGGESTED_LABELS
+    typed = st.text_area("One per line, or separated by commas", value=text, key=f"labels_{ss.model_name}", height=90)
+    template = st.text_input(
+        "Prompt template ({} is the label)", value=ss.template if ss.template is not None else model.text.template,
+        key=f"template_{ss.model_name}",
+    )  # fmt: skip
+    if (typed, template) != (text, ss.template if ss.template is not None else model.text.template):
+        ss.labels_text, ss.template, ss.class_index = typed, template, None
+    try:
+        labels = parse_labels(ss.labels_text if ss.labels_text is not None else text,
+                              ss.template if ss.template is not None else model.text.template)  # fmt: skip
+    except VitvizError as exc:
+        st.error(f"{exc} The views wait for labels that parse.")
+        return
+    for note in labels.notes:
+        st.caption(note)
+    st.caption(f"{len(labels.names)} labels, e.g. '{labels.prompts[0]}'.")
 
 
 def image_ui() -> None:
@@ -113,6 +143,7 @@ with st.sidebar:
     st.title("vitviz")
     try:
         model_ui()
+        labels_ui()
         image_ui()
         size_ui()
     except Exception as exc:  # last line of defence for the sidebar too

@@ -27,11 +27,13 @@ from vitviz.analysis.embeddings import patch_components, position_similarity
 from vitviz.analysis.rollout import capture_rollout
 from vitviz.cache import BoundedCache
 from vitviz.capture import run as vcapture
-from vitviz.capture.gradients import explain_classes
-from vitviz.capture.record import POOLED
+from vitviz.capture.gradients import explain_classes, explain_targets
+from vitviz.capture.record import POOLED, Prediction
+from vitviz.capture.run import predictions_from_logits
 from vitviz.data.images import read_image
 from vitviz.errors import VitvizError
 from vitviz.models.load import LoadedModel, load_model, parse_model_name
+from vitviz.models.zeroshot import Labels, ZeroShotError, encode_labels, label_target, legend, parse_labels, rank, score
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "assets" / "examples"
@@ -62,6 +64,8 @@ DEFAULTS = {
     "show_windows": True,
     "direction": "where does it look?",
     "class_index": None,
+    "labels_text": None,  # zero-shot models: what the user typed (None: the model's suggestion)
+    "template": None,  # zero-shot models: the prompt template (None: the model's own)
     "fusion": "mean",
     "rollout_range": None,
     "discard": 0.0,
@@ -124,10 +128,63 @@ def get_patch_components(model_name: str):
 
 @st.cache_resource(max_entries=64, show_spinner=False)
 def get_relevance(
-    model_name: str, image_digest: str, size: tuple[int, int] | None, class_index: int, _image_bytes: bytes
-):
+    model_name: str, image_digest: str, size: tuple[int, int] | None, class_index: int, _image_bytes: bytes,
+    prompt: str | None = None, label: str = "",
+):  # fmt: skip
+    """Relevance for a class logit, or for a zero-shot label's score (``prompt``: the label's prompt)."""
+    loaded = get_model(model_name)
     image = read_image(_image_bytes, max_bytes=upload_limit()).image
-    return explain_classes(get_model(model_name), image, [class_index], size=size)[class_index]
+    if prompt is None:
+        return explain_classes(loaded, image, [class_index], size=size)[class_index]
+    text = get_label_embeddings(model_name, (prompt,))[0]
+    target = label_target(loaded.family, loaded.model, text)
+    return explain_targets(loaded, image, {class_index: (label, target)}, size=size)[class_index]
+
+
+@st.cache_resource(max_entries=32, show_spinner=False)
+def get_label_embeddings(model_name: str, prompts: tuple[str, ...]) -> np.ndarray:
+    """The text tower's embeddings of the prompts ``(K, D)``: only the text tower runs when labels change."""
+    loaded = get_model(model_name)
+    return encode_labels(loaded.model, loaded.text, Labels(prompts, prompts, "{}"))
+
+
+SUGGESTED_LABELS = "cat, dog, car, bird, airplane"
+
+
+def current_labels(model: LoadedModel) -> Labels | None:
+    """The session's labels for a zero-shot model (None when what was typed does not parse)."""
+    ss = st.session_state
+    text = ss.labels_text if ss.labels_text is not None else model.text.labels or SUGGESTED_LABELS
+    try:
+        return parse_labels(text, ss.template if ss.template is not None else model.text.template)
+    except ZeroShotError:
+        return None
+
+
+@dataclass(frozen=True)
+class Classes:
+    """What "class" means for the current model: its classifier's classes, or the labels a user typed."""
+
+    ranked: tuple[Prediction, ...]  # every class, most probable first
+    legend: str
+    labels: Labels | None = None  # zero-shot models
+
+    def prompt(self, index: int) -> str | None:
+        return None if self.labels is None else self.labels.prompts[index]
+
+
+def classes(cur: Current) -> Classes | None:
+    """The ranked classes of the session's image, or None (a backbone, or labels that do not parse)."""
+    if cur.model.zero_shot:
+        labels = current_labels(cur.model)
+        if labels is None or cur.cap.image_embedding is None:
+            return None
+        scores = score(cur.model.model, cur.model.text, cur.cap.image_embedding,
+                       get_label_embeddings(cur.model.name, labels.prompts))  # fmt: skip
+        return Classes(rank(scores, labels.names), legend(scores.rule), labels)
+    if cur.cap.logits is None:
+        return None
+    return Classes(predictions_from_logits(cur.cap.logits, cur.model.id2label), "softmax of the logits")
 
 
 def leave_folder_mode() -> None:

@@ -86,13 +86,20 @@ else:
             )
         common.downloads("rollout", "rollout", rollout=roll_map, row=row)
     with right:
-        if not cur.model.has_classifier:
-            st.info("Class-specific relevance needs a classifier; this checkpoint is a backbone.")
+        ranked = common.classes(cur)
+        if ranked is None:
+            st.info(
+                "Label-specific relevance needs labels: type them in the sidebar." if cur.model.zero_shot
+                else "Class-specific relevance needs a classifier; this checkpoint is a backbone."
+            )  # fmt: skip
         else:
-            cls = ss.class_index if ss.class_index in cur.model.id2label else cap.predictions[0].index
+            known = {p.index: p.label for p in ranked.ranked}
+            cls = ss.class_index if ss.class_index in known else ranked.ranked[0].index
             try:
                 with st.spinner("Computing gradients for the relevance map…"):
-                    exp = common.get_relevance(*cur.key, cls, cur.image_bytes)
+                    exp = common.get_relevance(
+                        *cur.key, cls, cur.image_bytes, prompt=ranked.prompt(cls), label=known[cls]
+                    )
             except VitvizError as exc:
                 st.error(str(exc))
             else:
@@ -101,7 +108,8 @@ else:
                                        colorbar_title="relevance (raw)"),
                     key="relevance_map",
                 )  # fmt: skip
-                st.caption(f"Row of the {exp.readout}. Choose the class on the *Image & predictions* page.")
+                target = "the label's image-text score" if ranked.labels else "the class logit (before softmax)"
+                st.caption(f"Row of the {exp.readout}, for {target}. Choose it on the *Image & predictions* page.")
                 common.downloads(f"relevance_{exp.class_index}", "relevance", relevance=exp.patch_map())
 
 # DINO masks on the last block's global map

@@ -4,7 +4,6 @@ import streamlit as st
 
 from pages import common
 from vitviz import figures
-from vitviz.capture.run import predictions_from_logits
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
@@ -32,18 +31,22 @@ with left:
     fig = figures.image_figure(cap.image, patch_size=cap.patch_size, num_prefix_tokens=cap.num_prefix_tokens)
     st.plotly_chart(fig, key="patch_grid")
 with right:
-    if cap.predictions:
-        st.plotly_chart(figures.predictions_figure(cap.predictions), key="predictions")
-        ranked = predictions_from_logits(cap.logits, cur.model.id2label)  # every class, most probable first
-        labels = {p.index: f"{p.label} ({p.probability:.1%})" for p in ranked}
-        if ss.class_index not in labels:
-            ss.class_index = ranked[0].index
+    ranked = common.classes(cur)
+    if ranked is not None:
+        st.plotly_chart(figures.predictions_figure(ranked.ranked[:5], how=ranked.legend), key="predictions")
+        names = {p.index: f"{p.label} ({p.probability:.1%})" for p in ranked.ranked}
+        if ss.class_index not in names:
+            ss.class_index = ranked.ranked[0].index
         st.selectbox(
-            "Class for the class-specific views (any class; most probable first)",
-            list(labels),
-            format_func=labels.get,
+            "Label for the label-specific views"
+            if ranked.labels
+            else "Class for the class-specific views (any class; most probable first)",
+            list(names),
+            format_func=names.get,
             **common.keep("class_index"),
         )
+    elif cur.model.zero_shot:
+        st.info("Type labels in the sidebar to see how the image scores against them.")
     else:
         st.info(
             f"{cap.model_name} is a backbone without a classifier: no predictions, and no class-specific relevance."

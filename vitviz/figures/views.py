@@ -292,8 +292,8 @@ def token_sequence_figure(token_kinds: Sequence[str], grid: tuple[int, int], *, 
     return fig
 
 
-def predictions_figure(predictions: Sequence[Prediction]) -> go.Figure:
-    """Top-k classes from the CLS token, most probable on top."""
+def predictions_figure(predictions: Sequence[Prediction], *, how: str = "softmax of the logits") -> go.Figure:
+    """Top-k classes (or zero-shot labels), most probable on top; ``how`` says how probabilities were made."""
     preds = list(predictions)[::-1]
     fig = go.Figure(
         go.Bar(
@@ -308,7 +308,7 @@ def predictions_figure(predictions: Sequence[Prediction]) -> go.Figure:
         )
     )
     fig.update_layout(
-        title="Top predictions (softmax of the logits)",
+        title=f"Top predictions ({how})",
         xaxis=dict(title="probability", range=[0, 1], tickformat=".0%"),
         height=60 + 36 * max(1, len(preds)),
         margin=_MARGIN,

@@ -43,13 +43,15 @@ __all__ = [
     "encode_labels",
     "score",
     "label_target",
+    "rank",
+    "legend",
 ]
 
 DEFAULT_TEMPLATE = "a photo of a {}."
 MAX_LABELS = 64  # more would make the per-label views unreadable; the rest are dropped with a note
 MAX_LABEL_CHARS = 100
 MAX_TEMPLATE_CHARS = 200
-SETTINGS_FILE = "vitviz.json"  # {"prompt_template": "..."} declared by a model folder (the bundled demo-clip)
+SETTINGS_FILE = "vitviz.json"  # {"prompt_template": "...", "labels": "..."} declared by a model folder (demo-clip)
 
 
 class ZeroShotError(VitvizError):
@@ -114,6 +116,7 @@ class TextTower:
     max_length: int
     rule: Literal["softmax", "sigmoid"]
     template: str
+    labels: str = ""  # labels the model folder suggests (vitviz.json), e.g. the demo's classes
 
 
 def _projection_problems(model: torch.nn.Module, missing: Sequence[str]) -> list[str]:
@@ -164,7 +167,8 @@ def text_tower(
         padding="max_length" if siglip else "longest",  # SigLIP was trained on max-length padding
         max_length=max_len,
         rule="sigmoid" if siglip else "softmax",
-        template=_declared_template(source) or DEFAULT_TEMPLATE,
+        template=_declared(source, "prompt_template") or DEFAULT_TEMPLATE,
+        labels=_declared(source, "labels") or "",
     )
 
 
@@ -172,15 +176,18 @@ def _out_features(layer) -> int | None:
     return int(layer.out_features) if isinstance(layer, torch.nn.Linear) else None
 
 
-def _declared_template(source: str) -> str | None:
+def _declared(source: str, key: str) -> str | None:
+    """A setting the model folder declares in ``vitviz.json`` (a template must hold ``{}``)."""
     path = Path(source) / SETTINGS_FILE
     if not path.is_file():
         return None
     try:
-        template = json.loads(path.read_text()).get("prompt_template")
+        value = json.loads(path.read_text()).get(key)
     except (OSError, ValueError, AttributeError):
         return None
-    return template if isinstance(template, str) and "{}" in template else None
+    if not isinstance(value, str) or (key == "prompt_template" and "{}" not in value):
+        return None
+    return value
 
 
 @torch.inference_mode()
@@ -246,3 +253,20 @@ def label_target(family, model: torch.nn.Module, text_embedding: np.ndarray):
         return scale * (img / img.norm()) @ t.to(img.device, img.dtype) + bias
 
     return target
+
+
+def rank(scores: Scores, names: Sequence[str]):
+    """Every label as a :class:`~vitviz.capture.record.Prediction`, most probable first (ties: given order)."""
+    from vitviz.capture.record import Prediction
+
+    order = np.argsort(-scores.probabilities, kind="stable")
+    return tuple(
+        Prediction(int(i), names[i], float(scores.probabilities[i]), float(scores.logits[i])) for i in order
+    )
+
+
+def legend(rule: Literal["softmax", "sigmoid"]) -> str:
+    """How to read the probabilities, for legends and titles."""
+    if rule == "softmax":
+        return "zero-shot: softmax over the labels"
+    return "zero-shot: each label's own sigmoid (they need not sum to 1)"
