@@ -16,15 +16,22 @@ def _export(args: argparse.Namespace) -> int:
 
     from vitviz.export import export_images, print_failures
     from vitviz.models.load import load_model
+    from vitviz.models.zeroshot import parse_labels
 
     missing = [p for p in args.images if not Path(p).is_file()]
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, allow_pickle=args.allow_pickle)
+    labels = None
+    if args.labels is not None:
+        template = args.template if args.template is not None else (loaded.text.template if loaded.text else "{}")
+        labels = parse_labels(args.labels, template)
+        for note in labels.notes:
+            print(f"note: {note}", file=sys.stderr)
     size = None if args.size is None else (args.size[0] if len(args.size) == 1 else tuple(args.size))
     present = [p for p in args.images if p not in missing]
     with tqdm(total=len(present), unit="img", desc="export", file=sys.stderr) as bar:
         report = export_images(
             loaded, present, args.out, size=size, batch_size=args.batch_size, query_xy=args.query_xy,
-            progress=bar.update,
+            labels=labels, progress=bar.update,
         )  # fmt: skip
     report.failed[:0] = [(p, "no such file") for p in missing]
     print(f"wrote {len(report.written)} of {len(args.images)} images to {args.out}")
@@ -67,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument(
         "--query-xy", type=_xy, default=None, metavar="X,Y",
         help="query token: the one whose cell holds pixel (X, Y) of the model input (default: CLS, else the centre)",
+    )  # fmt: skip
+    ex.add_argument("--labels", default=None, help='zero-shot models: labels, comma-separated ("cat,dog,car")')
+    ex.add_argument(
+        "--template", default=None,
+        help='prompt made from each label, {} is the label (default: the model\'s own, else "a photo of a {}."; '
+        '"{}" uses the labels as they are)',
     )  # fmt: skip
     ex.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
     ex.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))

@@ -19,6 +19,7 @@ from vitviz.data.images import load_image
 from vitviz.errors import VitvizError
 from vitviz.figures.overlay import overlay
 from vitviz.models.load import LoadedModel
+from vitviz.models.zeroshot import Labels, TextTower, ZeroShotError, encode_labels, score
 
 __all__ = ["block_query", "capture_arrays", "overlay_map", "ExportReport", "export_images"]
 
@@ -34,8 +35,39 @@ def block_query(cap: Capture, stage: int, query_xy: tuple[float, float] | None) 
     return cap.token_at(stage, cap.input_size[1] / 2, cap.input_size[0] / 2)
 
 
+@dataclass(frozen=True)
+class LabelScorer:
+    """Zero-shot export: the labels as given and their text embeddings, computed once per run."""
+
+    labels: Labels
+    text: np.ndarray  # (K, D)
+    model: object = field(repr=False)
+    tower: TextTower = field(repr=False)
+
+    @classmethod
+    def build(cls, loaded: LoadedModel, labels: Labels) -> LabelScorer:
+        if not loaded.zero_shot:
+            raise ZeroShotError(
+                f"'{loaded.name}' has no text tower (or no tokenizer): --labels needs a CLIP- or SigLIP-style "
+                "two-tower checkpoint. Drop --labels to export it as a backbone."
+            )
+        return cls(labels, encode_labels(loaded.model, loaded.text, labels), loaded.model, loaded.text)
+
+    def arrays(self, cap: Capture) -> dict[str, np.ndarray]:
+        scores = score(self.model, self.tower, cap.image_embedding, self.text)
+        return {
+            "label_names": np.array(self.labels.names, dtype=str),
+            "logits": scores.logits,
+            "label_probabilities": scores.probabilities.astype(np.float32),
+        }
+
+
 def capture_arrays(
-    cap: Capture, *, pos_similarity: np.ndarray | None = None, query_xy: tuple[float, float] | None = None
+    cap: Capture,
+    *,
+    pos_similarity: np.ndarray | None = None,
+    query_xy: tuple[float, float] | None = None,
+    labels: LabelScorer | None = None,
 ) -> dict[str, np.ndarray]:
     """The arrays written for one capture (no object arrays: loads with ``allow_pickle=False``).
 
@@ -46,6 +78,9 @@ def capture_arrays(
     (CLS row, or the pooled query where there is no CLS), left out where rollout is
     undefined (``rollout_note`` says why). Summaries (B, H_max) are ``nan`` where a
     block has fewer heads. Plain one-grid ViTs also keep ``attentions`` (L, H, T, T).
+    With ``labels`` (zero-shot models): ``label_names`` as given, ``logits`` the model's
+    ``logits_per_image`` for their prompts in that order, ``label_probabilities`` by the
+    model's own rule.
     """
     first = cap.stages[0]
     arrays = {
@@ -80,6 +115,8 @@ def capture_arrays(
         arrays["rollout"] = row[first.num_prefix :].reshape(first.grid)
     if cap.attention_stack is not None:
         arrays["attentions"] = cap.attention_stack.astype(np.float32)
+    if labels is not None:
+        arrays.update(labels.arrays(cap))
     if pos_similarity is not None:
         arrays["position_similarity"] = pos_similarity
     elif cap.position_embeddings is not None:
@@ -121,6 +158,7 @@ def export_images(
     size: int | tuple[int, int] | None = None,
     batch_size: int = 8,
     query_xy: tuple[float, float] | None = None,
+    labels: Labels | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> ExportReport:
     """Write ``<stem>.npz`` and ``<stem>_rollout.png`` (``_attention.png`` where rollout is undefined) per image.
@@ -132,6 +170,7 @@ def export_images(
     out.mkdir(parents=True, exist_ok=True)
     report = ExportReport()
     sim = position_similarity(loaded.position_embeddings) if loaded.position_embeddings is not None else None
+    scorer = None if labels is None else LabelScorer.build(loaded, labels)  # refuses before any image is read
     for chunk in _batches(list(paths), batch_size):
         images, names = [], []
         for p in chunk:
@@ -146,7 +185,7 @@ def export_images(
             report.failed.extend((str(p), str(exc)) for p in names)
             caps = []
         for path, cap in zip(names, caps, strict=True):
-            arrays = capture_arrays(cap, pos_similarity=sim, query_xy=query_xy)
+            arrays = capture_arrays(cap, pos_similarity=sim, query_xy=query_xy, labels=scorer)
             target = out / f"{path.stem}.npz"
             _write_npz(target, arrays)
             name, grid_map = overlay_map(cap, arrays)
