@@ -31,6 +31,7 @@ from vitviz.capture.gradients import explain_classes, explain_targets
 from vitviz.capture.record import POOLED, Prediction
 from vitviz.capture.run import predictions_from_logits
 from vitviz.data.images import read_image
+from vitviz.demo import bundled
 from vitviz.errors import VitvizError
 from vitviz.models.load import LoadedModel, load_model, parse_model_name
 from vitviz.models.zeroshot import Labels, ZeroShotError, encode_labels, label_target, legend, parse_labels, rank, score
@@ -38,7 +39,7 @@ from vitviz.models.zeroshot import Labels, ZeroShotError, encode_labels, label_t
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "assets" / "examples"
 PRESETS = (
-    "demo",
+    *bundled(),  # demo, demo-swin, demo-clip: work with no network
     "google/vit-base-patch16-224",
     "facebook/deit-small-distilled-patch16-224",
     "facebook/dino-vits8",

@@ -21,7 +21,7 @@ import torch
 
 from vitviz.capture.hooks import install
 from vitviz.capture.record import PositionInfo
-from vitviz.demo.vit import DEMO_DIR
+from vitviz.demo import bundled
 from vitviz.errors import ModelLoadError
 from vitviz.models.families import Family, family_for
 from vitviz.models.zeroshot import TextTower, text_tower
@@ -109,7 +109,7 @@ def parse_model_name(name: str) -> str:
     text = (name or "").strip()
     if not text:
         raise ModelLoadError("No model given: type a Hugging Face model id (owner/name), a local folder, or 'demo'.")
-    if text == DEMO_NAME or Path(text).expanduser().is_dir():
+    if text in bundled() or Path(text).expanduser().is_dir():
         return text
     if _HUB_ID.match(text) and ".." not in text:
         return text
@@ -122,8 +122,8 @@ def parse_model_name(name: str) -> str:
 def resolve_source(name: str) -> tuple[str, bool]:
     """(where to load from, is it a local folder)."""
     text = parse_model_name(name)
-    if text == DEMO_NAME:
-        return str(DEMO_DIR), True
+    if text in bundled():
+        return str(bundled()[text]), True
     path = Path(text).expanduser()
     if path.is_dir():
         return str(path.resolve()), True
