@@ -24,11 +24,16 @@ __all__ = ["readout_vector", "merge_left", "propagate"]
 Step = Callable[[Geometry, np.ndarray, np.ndarray], np.ndarray]
 
 
-def readout_vector(stage: Stage, query: int | None) -> np.ndarray:
-    """``u`` over the stage's tokens: CLS one-hot (``query`` None and a CLS present), pooled mean, or one-hot."""
+def readout_vector(stage: Stage, query: int | None, readout: str = "cls") -> np.ndarray:
+    """``u`` over the stage's tokens: ``query`` one-hot or pooled; for ``query`` None, what the model reads.
+
+    The model's readout: CLS one-hot where it reads its CLS token (``readout`` "cls" and
+    a CLS present), else the pooled query (the mean over the grid tokens), as for models
+    that mean-pool even though they have a CLS token (BEiT, CLIP's classifier).
+    """
     u = np.zeros(stage.num_tokens, dtype=np.float64)
     if query is None:
-        query = stage.prefix_kinds.index("CLS") if "CLS" in stage.prefix_kinds else POOLED
+        query = stage.prefix_kinds.index("CLS") if readout == "cls" and "CLS" in stage.prefix_kinds else POOLED
     if query == POOLED:
         u[stage.num_prefix :] = 1.0 / (stage.num_tokens - stage.num_prefix)
     else:
@@ -66,12 +71,14 @@ def propagate(
     query: int | None = None,
     start: int = 0,
     stop: int | None = None,
+    readout: str = "cls",
 ) -> tuple[np.ndarray, int]:
     """``u F_{stop-1} ... F_start`` with merges; returns the row and the stage it lives on (that of ``start``).
 
     ``mats[b]``: block b's native matrix (heads already fused) that ``step`` reads;
     ``query``: a token of the stage of block ``stop - 1`` (None: CLS if present, else
-    the pooled query). A pooling head (kind ``pool``) ending the range is the readout:
+    the pooled query; ``readout`` "pooled" reads the pooled query even where there is a
+    CLS). A pooling head (kind ``pool``) ending the range is the readout:
     its probe's row over the stage's tokens starts the product (``query`` is ignored).
     """
     n = len(geometries)
@@ -86,7 +93,7 @@ def propagate(
         r = row[: stages[last.stage].num_tokens].copy()  # trailing padding keys dropped
         stop -= 1
     else:
-        r = readout_vector(stages[last.stage], query)
+        r = readout_vector(stages[last.stage], query, readout)
     for b in range(stop - 1, start - 1, -1):
         g = geometries[b]
         if b < stop - 1 and geometries[b + 1].stage != g.stage:

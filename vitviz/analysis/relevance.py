@@ -55,10 +55,15 @@ def relevance_step(g: Geometry, abar: np.ndarray, r: np.ndarray) -> np.ndarray:
 
 
 def relevance_row(
-    geometries: Sequence[Geometry], stages: Sequence[Stage], abars: dict[int, np.ndarray], *, query: int | None = None
+    geometries: Sequence[Geometry],
+    stages: Sequence[Stage],
+    abars: dict[int, np.ndarray],
+    *,
+    query: int | None = None,
+    readout: str = "cls",
 ) -> np.ndarray:
     """The readout row of ``R`` over the first stage's tokens, raw: ``(T_1,)`` float64."""
-    row, _ = propagate(geometries, stages, abars, relevance_step, query=query)
+    row, _ = propagate(geometries, stages, abars, relevance_step, query=query, readout=readout)
     return row
 
 

@@ -157,8 +157,8 @@ def capture_rollout(
     Per block: fuse heads (mean: the float32 values kept before storage), discard
     (optional, :func:`discard_native`), ``B = rownorm(0.5 * dense(F) + 0.5 * I)``; merges
     between stages as in :mod:`vitviz.analysis.flow`. ``query``: a token of the
-    last block's stage, ``POOLED``, or None for the readout (CLS where the stage has
-    one, else the pooled query). Returns the row over the tokens of the stage of
+    last block's stage, ``POOLED``, or None for what the model reads (its CLS token,
+    its pooling head, or the pooled query: ``Capture.readout``). Returns the row over the tokens of the stage of
     block ``start`` (the first stage by default), renormalised to sum to 1, and that
     stage's index. For a plain ViT this equals :func:`rollout`.
     """
@@ -171,6 +171,8 @@ def capture_rollout(
         discard = discard_ratio > 0 and cap.blocks[b].kind != "pool"  # the readout row is kept whole
         mats[b] = discard_native(cap.blocks[b].geometry, mat, ratio=discard_ratio) if discard else mat
     geoms = [b.geometry for b in cap.blocks]
-    row, stage = propagate(geoms, cap.stages, mats, rollout_step, query=query, start=start, stop=stop)
+    row, stage = propagate(
+        geoms, cap.stages, mats, rollout_step, query=query, start=start, stop=stop, readout=cap.readout
+    )
     total = row.sum()
     return (row / total if total > 0 else row).astype(np.float32), stage

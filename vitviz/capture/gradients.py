@@ -83,17 +83,17 @@ def explain_targets(
         stages = build_stages(loaded, geoms, {}, 0)
         attn = [to_native(geoms[i], rec.raw[b].detach(), 1)[0].float().cpu().numpy() for i, b in enumerate(order)]
         tensors = [rec.raw[b] for b in order]
+        reads = loaded.family.readout(loaded.config)
         if geoms[-1].kind == "pool":
             readout = "pooling head"
         else:
-            readout = "CLS" if "CLS" in stages[-1].prefix_kinds else "pooled query"
+            readout = "CLS" if reads == "cls" and "CLS" in stages[-1].prefix_kinds else "pooled query"
         for k, (key, (label, target)) in enumerate(targets.items()):
             grads = torch.autograd.grad(target(out), tensors, retain_graph=k < len(targets) - 1, allow_unused=True)
             abars = {
-                i: relevance_abar(geoms[i], attn[i], _native_grad(geoms[i], gr, attn[i]))
-                for i, gr in enumerate(grads)
+                i: relevance_abar(geoms[i], attn[i], _native_grad(geoms[i], gr, attn[i])) for i, gr in enumerate(grads)
             }
-            row = relevance_row(geoms, stages, abars).astype(np.float32)
+            row = relevance_row(geoms, stages, abars, readout=reads).astype(np.float32)
             row.setflags(write=False)
             first = stages[0]
             result[key] = Explanation(int(key), label, row, first.num_prefix, first.grid, readout)

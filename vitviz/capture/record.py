@@ -265,7 +265,8 @@ class Capture:
     # --- the shape of the record -------------------------------------------------
     @property
     def is_hierarchical(self) -> bool:
-        return len(self.stages) > 1 or any(b.kind != "global" for b in self.blocks)
+        """Several stages, or blocks that are not global attention over one grid (a pooling head does not count)."""
+        return len(self.stages) > 1 or any(b.kind not in ("global", "pool") for b in self.blocks)
 
     @property
     def num_blocks(self) -> int:
@@ -324,8 +325,8 @@ class Capture:
         """``(L, H, T, T)`` float16 of a plain (one-grid) ViT; hierarchical models have no dense stack."""
         if self.attention_stack is None:
             raise ValueError(
-                f"{self.model_name} is hierarchical: its blocks attend in windows or over reduced keys; "
-                "ask a block for its query map instead of a dense (L, H, T, T) stack"
+                f"{self.model_name} has no dense (L, H, T, T) stack: its blocks attend in windows, over reduced keys "
+                "or with padding tokens; ask a block for its query map instead"
             )
         return self.attention_stack
 

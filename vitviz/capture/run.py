@@ -160,7 +160,7 @@ class SummaryRecorder(BlockRecorder):
 
     def _store(self, site: Site, g: Geometry, native: torch.Tensor) -> np.ndarray:
         low = native.to(self.dtype).cpu().numpy()  # torch casts faster than numpy
-        if self.loaded.family.hierarchical:
+        if self.loaded.family.hierarchical or g.kind != "global":  # a pooling head stays out of the stack
             return low
         if self.stack is None:
             self.stack = np.empty((low.shape[0], self.num_sites, *low.shape[1:]), dtype=low.dtype)
@@ -219,10 +219,19 @@ def build_stages(loaded: LoadedModel, geometries: Sequence[Geometry], norms: dic
                 f"blocks of stage {s + 1} disagree on their grid; the {loaded.family.name} adapter is wrong"
             )
         parents = None if s == 0 else loaded.family.merge_parents(geometries[stages[-1].blocks[-1]], first)
-        rows = [norms[idx[0]][0][image]] + [norms[i][1][image] for i in idx] if all(i in norms for i in idx) else None
+        have = [i for i in idx if i in norms]  # a pooling head has no tokens of its own
+        rows = [norms[have[0]][0][image]] + [norms[i][1][image] for i in have] if have else None
         stage_norms = np.stack(rows).astype(np.float32) if rows else None
         stages.append(Stage(s, first.grid, first.prefix_kinds, tuple(idx), parents, stage_norms))
     return tuple(stages)
+
+
+def _stacked(geometries: Sequence[Geometry]) -> int:
+    """How many leading blocks the plain (L, H, T, T) stack holds: the global ones (a pooling head comes last)."""
+    n = sum(g.kind == "global" for g in geometries)
+    if any(g.kind != "global" for g in geometries[:n]):
+        raise CaptureError("a plain model's global blocks must come before its pooling head")
+    return n
 
 
 def capture_batch(
@@ -287,7 +296,7 @@ def _capture_at(
                 position=loaded.position,
                 patch_weights=loaded.patch_weights,
                 rollout_note=fam.rollout_note(loaded.config),
-                attention_stack=None if rec.stack is None else rec.stack[i],
+                attention_stack=None if rec.stack is None else rec.stack[i, : _stacked(geometries)],
                 image_embedding=None if embedding is None else embedding[i],
             )
         )

@@ -159,9 +159,20 @@ def _check_local_weights(folder: Path, allow_pickle: bool) -> bool:
 
 
 def _auto_class(config):
+    """The class the checkpoint declares (``architectures``) when it is a transformers class for this config.
+
+    So a ``CLIPVisionModelWithProjection`` keeps its projection; otherwise the Auto
+    class for image classification or the base model. Only classes of the installed
+    ``transformers`` are considered: a config never names code to run.
+    """
+    import transformers
     from transformers import AutoModel, AutoModelForImageClassification
 
     archs = getattr(config, "architectures", None) or []
+    for arch in archs:
+        cls = getattr(transformers, str(arch), None)
+        if isinstance(cls, type) and getattr(cls, "config_class", None) is type(config):
+            return cls
     if any("ForImageClassification" in a for a in archs):
         return AutoModelForImageClassification
     return AutoModel
@@ -318,7 +329,7 @@ def load_model(
         device=dev,
         dtype=_DTYPES[dtype],
         patch_size=family.patch_size(config),
-        default_size=fixed or prep.size,
+        default_size=fixed or family.default_size(config, prep.size),
         image_mean=prep.mean,
         image_std=prep.std,
         rescale_factor=prep.rescale,

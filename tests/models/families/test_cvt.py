@@ -229,7 +229,7 @@ def test_record_has_stage_grids_prefix_and_key_grids(cvt, size, grids, keys):
         assert b.attention.shape == r["attention"].shape
     np.testing.assert_allclose(cap.logits, logits[0].detach().numpy(), rtol=1e-5, atol=1e-6)
     assert cap.predictions[0].index == int(np.argmax(cap.logits))
-    with pytest.raises(ValueError, match="hierarchical"):
+    with pytest.raises(ValueError, match="no dense"):
         _ = cap.attentions
 
 

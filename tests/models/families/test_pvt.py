@@ -413,7 +413,7 @@ def test_stage_grids_prefix_kinds_and_key_grids(pvt, key, size):
         pr, pc = cur.parents
         np.testing.assert_array_equal(pr, np.arange(prev.grid[0]) // 2)  # stride-2 embeddings, even grids
         np.testing.assert_array_equal(pc, np.arange(prev.grid[1]) // 2)
-    with pytest.raises(ValueError, match="hierarchical"):
+    with pytest.raises(ValueError, match="no dense"):
         cap.attentions  # noqa: B018
 
 

@@ -304,5 +304,5 @@ def test_record_layout(swin):
     assert cap.block_label(3) == "stage 2, block 1"
     assert cap.token_at(1, 70.0, 5.0) == 0 * 8 + 7  # clipped to the last column
     assert cap.carry_query(cap.token_at(0, 33, 17), 0, 1) == 2 * 8 + 4
-    with pytest.raises(ValueError, match="hierarchical"):
+    with pytest.raises(ValueError, match="no dense"):
         _ = cap.attentions

@@ -9,6 +9,7 @@ record those answers produce.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -19,7 +20,7 @@ import torch
 from vitviz.capture.hooks import Site
 from vitviz.capture.record import Geometry, PositionInfo
 
-__all__ = ["Call", "Family", "to_native", "centre_parents"]
+__all__ = ["Call", "Family", "ReadoutHead", "to_native", "centre_parents", "find_submodule"]
 
 
 @dataclass
@@ -34,6 +35,53 @@ class Call:
     input_size: tuple[int, int]
     batch: int
     scratch: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ReadoutHead:
+    """How class logits are read from the last residual stream, in three steps (logit lens, attribution).
+
+    ``select``: residual ``(B, T, D)`` -> ``(B, R, D)``, a *linear* map of the tokens
+    (picking the readout tokens, or averaging them) applied before the final norm;
+    ``norm``: the final LayerNorm, applied to each of the R vectors; ``head``: the
+    normed ``(B, R, D)`` -> logits ``(B, C)``, an *affine* map. ``head(norm(select(x)))``
+    of the model's last residual ``x`` is the model's logits (callers check it).
+    """
+
+    select: Callable[[torch.Tensor], torch.Tensor]
+    norm: torch.nn.Module
+    head: Callable[[torch.Tensor], torch.Tensor]
+    description: str
+
+    def __call__(self, residual: torch.Tensor) -> torch.Tensor:
+        """``(B, T, D)`` residual stream -> ``(B, C)`` logits."""
+        return self.head(self.norm(self.select(residual)))
+
+
+def find_submodule(root: torch.nn.Module | None, names: tuple[str, ...], kind: type = torch.nn.Module):
+    """The first of the dotted ``names`` that exists under ``root`` and is a ``kind``, else None."""
+    if root is None:
+        return None
+    for name in names:
+        obj = root
+        for part in name.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                break
+        if isinstance(obj, kind):
+            return obj
+    return None
+
+
+_ATTENTION_CHILDREN = ("attention", "attn", "self_attn", "self_attention")
+_PROJECTION_NAMES = ("o_proj", "output.dense", "proj", "out_proj")
+_MLP_OUTPUT_NAMES = ("mlp.fc2", "mlp.weights_out", "mlp.dense2", "mlp.down_proj", "mlp.out_proj", "output.dense")
+_LAYER_SCALES = (
+    ("layer_scale1.lambda1", "layer_scale2.lambda1"),  # DINOv2
+    ("lambda_1", "lambda_2"),  # BEiT, data2vec-vision (a float 1.0 when off)
+    ("ls1.gamma", "ls2.gamma"),  # timm-style
+    ("layer_scale1.scale", "layer_scale2.scale"),
+)
 
 
 def to_native(g: Geometry, raw: torch.Tensor, batch: int) -> torch.Tensor:
@@ -73,6 +121,10 @@ class Family:
     def size_multiple(self, config) -> int:
         """Input sides are snapped to multiples of this."""
         return self.patch_size(config)
+
+    def default_size(self, config, processor_size: tuple[int, int]) -> tuple[int, int]:
+        """The input size used when none is asked for: the image processor's, unless the family knows better."""
+        return processor_size
 
     def fixed_size(self, config) -> tuple[int, int] | None:
         """The only input size the model runs at, when it has one (PvT v1)."""
@@ -155,3 +207,40 @@ class Family:
     def attention_numel(self, config, hw: tuple[int, int]) -> int:
         """Attention values one image's capture holds (for the memory budget)."""
         raise NotImplementedError
+
+    # --- causal analyses (vitviz.capture.causal) -----------------------------------------
+    def head_projection(self, site: Site) -> torch.nn.Linear | None:
+        """The block's attention output projection: a Linear whose input is the heads' outputs side by side.
+
+        Its input ``(..., H * d)`` holds head h in columns ``h*d .. (h+1)*d - 1`` (every
+        supported family concatenates heads in head-major order). Looks in the
+        block's attention child (``attention``, ``attn``, ``self_attn``), then in the
+        site's attention module, for ``o_proj``, ``output.dense``, ``proj``,
+        ``out_proj``; None where there is none (MobileViT V2's projection is a
+        convolution and it has one "head"): knock-outs are then not defined.
+        """
+        roots = [getattr(site.block, n, None) for n in _ATTENTION_CHILDREN] + [site.attention]
+        for root in roots:
+            if isinstance(root, torch.nn.Module):
+                found = find_submodule(root, _PROJECTION_NAMES)
+                if found is not None:
+                    return found if isinstance(found, torch.nn.Linear) else None
+        return None
+
+    def residual_scales(self, site: Site) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Per-channel scales ``(D,)`` the block applies to its attention and MLP outputs before adding them
+        to the residual stream (layer scale: DINOv2 ``layer_scale1/2``, BEiT ``lambda_1/2``); None = 1."""
+        for a, b in _LAYER_SCALES:
+            sa = find_submodule(site.block, (a,), torch.Tensor)
+            sb = find_submodule(site.block, (b,), torch.Tensor)
+            if sa is not None or sb is not None:
+                return sa, sb
+        return None, None
+
+    def mlp_output(self, site: Site) -> torch.nn.Linear | None:
+        """The last Linear of the block's MLP (its bias goes to the "rest" of the attribution), or None."""
+        return find_submodule(site.block, _MLP_OUTPUT_NAMES, torch.nn.Linear)
+
+    def readout_head(self, model: torch.nn.Module) -> ReadoutHead | None:
+        """The final norm and classifier as a :class:`ReadoutHead`, or None where the adapter defines none."""
+        return None

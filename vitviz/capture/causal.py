@@ -1,0 +1,922 @@
+"""Does this head matter? Knock-outs, head importance, the logit lens, direct logit attribution, a fast estimate.
+
+Notation: one image, L attention blocks, H heads per block (a table has as many
+columns as the widest block; NaN where a block has fewer heads), C classes, the
+class explained ``c`` (default: the clean run's top-1). All logits are before
+softmax.
+
+Definitions
+-----------
+**Head knock-out.** In block l, the output projection ``W_o`` of the attention
+(``family.head_projection``) reads the heads' outputs side by side, ``z = [z_1 ..
+z_H]`` (``(T, H * d)``, head h in columns ``h*d .. (h+1)*d - 1``). Knocking out head
+h replaces its slice ``z_h`` in *every* token position by
+
+* ``"zero"``: zero, or
+* ``"mean"`` (the app's default): that slice's mean over the image's tokens in the
+  clean run, ``mean_t z_h[t]`` (hierarchical models: over every position the
+  projection sees for that image, i.e. all windows of a Swin block, all offsets of
+  a MobileViT block, padding positions of a padded Swin grid included);
+
+everything else runs as usual (the projection's bias, the rest of the block, the
+later blocks). The **effect** on class c is the knocked-out logit of c minus the
+clean logit. Several heads at once is one forward pass.
+
+**Head importance** is the effect of knocking out each head alone: an (L, H)
+table for class c. Every knocked-out copy of the image of a chunk runs in one
+batched forward. For one-grid ViTs a knock-out in block l changes nothing before
+block l, so the copies start from the clean run's residual stream at block l
+(cached in the clean run) and run only blocks l .. L-1 and the readout: the cost
+is ``1 + H (L + 1) / 2`` forward-equivalents (79 for ViT-B/16) against
+``1 + L H`` (145) for full passes. Hierarchical models run full (batched)
+forwards. A ``progress(done, total)`` callback is called after each chunk; a
+``cancel()`` callable is asked before each chunk and, when it returns True, the
+call raises :class:`Cancelled`, whose ``partial`` attribute holds the table so far
+(``complete=False``, NaN where not computed).
+
+**Logit lens.** The residual stream after block l (row 0: the embeddings, the
+input of block 0) passed through the model's own final norm and classification
+head (``family.readout_head``: ViT: the CLS token's final LayerNorm and the
+classifier; distilled DeiT: both heads as the model combines them, ``(CLS head +
+distillation head) / 2``; DINOv2 classifier: CLS + mean-patch head; BEiT: mean of
+the patches, the pooler's LayerNorm, the classifier): an (L + 1, C) table of
+logits whose row L equals the model's logits (checked on every call). Hierarchical
+models: only rows whose residual has the final width and layout are defined (the
+blocks of the last stage, Swin); the others are NaN with a note.
+
+**Direct logit attribution** (one-grid ViTs with a linear readout). Freeze the
+final LayerNorm's scale ``sigma_r = sqrt(var(v_r) + eps)`` at its clean value for
+each vector the head reads (``v = select(x_L)``: CLS; CLS and DIST; every token for
+DINOv2's CLS + mean-patch head; the mean patch token for BEiT). The norm is then
+affine in the residual stream, and the pre-norm residual stream is a sum:
+``x_L = embeddings + sum_l (s1_l * (z_l W_o^T + b_o) + s2_l * mlp_l)`` (``s1``,
+``s2``: layer scales where the family has them, else 1). So the logit of c splits
+exactly into
+
+* a term per head and block: ``head(norm_frozen(select(s1_l * z_{l,h} W_{o,h}^T)))``
+  minus the head's value at zero (the head's slice through the output projection,
+  without its bias);
+* a term per MLP: the block's MLP update without the MLP's output bias;
+* the rest: the embeddings, every bias (output projections, MLP outputs, the
+  norm's shift, the classifier's bias).
+
+The parts sum to the logit (checked on every call, relative 1e-4). Not defined for
+hierarchical models (patch merging mixes tokens and widths) and for models whose
+readout is not an affine function of normalised tokens; the call then raises
+:class:`NotDefined` with the reason (``causal_notes`` says so before any forward).
+
+**Fast estimate** (attribution patching): the first-order estimate of every
+knock-out effect at once, ``sum_{t, j in head h} dy_c/dz_l[t, j] * (z'_l[t, j] -
+z_l[t, j])`` with ``z'`` the knocked-out value (mean or zero), from one forward
+and one backward pass (about 3 forward-equivalents).
+
+Mechanics
+---------
+Nothing here rewrites the model. A forward pre-hook on each block's output
+projection is installed once per model (:func:`install_causal_hooks`; the first
+causal call does it) and does nothing unless the *current context* has set a
+plan (a ``ContextVar``), exactly like ``vitviz.capture.hooks``: threads that share
+one cached model never see each other's knock-outs, no hook is added or removed
+while other threads run the model, and a call that fails leaves nothing behind
+(its plan belongs to its context and is reset in ``finally``). Replays from the
+cached residual call the model's own block modules with the arguments the model
+passed them in the clean run, then the family's readout head.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import torch
+from PIL import Image
+
+from vitviz.capture.hooks import Site, installed_sites
+from vitviz.capture.record import Geometry
+from vitviz.capture.run import (
+    DEFAULT_BUDGET_BYTES,
+    BlockRecorder,
+    check_budget,
+    input_size_for,
+    preprocess,
+    run_forward,
+)
+from vitviz.errors import CaptureError, VitvizError
+from vitviz.models.families.base import Call, ReadoutHead
+from vitviz.models.load import LoadedModel
+
+__all__ = [
+    "KnockoutMode",
+    "NotDefined",
+    "Cancelled",
+    "Knockout",
+    "HeadImportance",
+    "HeadEstimate",
+    "LogitLens",
+    "Attribution",
+    "install_causal_hooks",
+    "causal_notes",
+    "knock_out",
+    "head_importance",
+    "fast_estimate",
+    "logit_lens",
+    "direct_logit_attribution",
+    "causal_arrays",
+]
+
+KnockoutMode = Literal["mean", "zero"]
+Progress = Callable[[int, int], None]
+CancelCheck = Callable[[], bool]
+
+_READOUT_RTOL = 1e-4  # the readout head must reproduce the model's logits to this (relative to their scale)
+
+
+class NotDefined(CaptureError):
+    """The analysis is not defined for this model; the message says why."""
+
+
+class Cancelled(VitvizError):
+    """``cancel()`` returned True; ``partial`` holds the table computed so far (``complete=False``)."""
+
+    def __init__(self, message: str, partial: HeadImportance) -> None:
+        super().__init__(message)
+        self.partial = partial
+
+
+# --- results -------------------------------------------------------------------------------------
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.setflags(write=False)
+    return a
+
+
+@dataclass(frozen=True)
+class Knockout:
+    """One forward with ``heads`` knocked out together. ``logits``, ``clean_logits``: ``(C,)`` float32."""
+
+    heads: tuple[tuple[int, int], ...]
+    mode: KnockoutMode
+    logits: np.ndarray = field(repr=False)
+    clean_logits: np.ndarray = field(repr=False)
+
+    @property
+    def effect(self) -> np.ndarray:
+        """``(C,)`` knocked-out minus clean logits."""
+        return self.logits - self.clean_logits
+
+
+@dataclass(frozen=True)
+class HeadImportance:
+    """Knock-out of each head alone.
+
+    ``effects`` ``(L, H)`` float32: knocked-out logit of ``class_index`` minus the clean
+    logit (NaN: no such head in that block, no projection, or not computed);
+    ``logits`` ``(L, H, C)`` float32: the knocked-out logits; ``clean_logits`` ``(C,)``;
+    ``num_heads`` per block; ``forward_equivalents``: the work done, in passes of
+    the whole model over one image (the clean run included).
+    """
+
+    effects: np.ndarray = field(repr=False)
+    logits: np.ndarray = field(repr=False)
+    clean_logits: np.ndarray = field(repr=False)
+    class_index: int
+    mode: KnockoutMode
+    num_heads: tuple[int, ...]
+    complete: bool
+    forward_equivalents: float
+    from_cache: bool
+
+    @property
+    def top1_changed(self) -> np.ndarray:
+        """``(L, H)`` bool: the knock-out changes the top-1 class (False where not computed)."""
+        done = ~np.isnan(self.effects)
+        top = np.argmax(np.nan_to_num(self.logits, nan=-np.inf), axis=-1)
+        return done & (top != int(np.argmax(self.clean_logits)))
+
+    def ranked(self) -> list[tuple[int, int, float]]:
+        """``(block, head, effect)`` by |effect|, largest first (computed heads only)."""
+        idx = np.argwhere(~np.isnan(self.effects))
+        out = [(int(b), int(h), float(self.effects[b, h])) for b, h in idx]
+        return sorted(out, key=lambda r: -abs(r[2]))
+
+
+@dataclass(frozen=True)
+class HeadEstimate:
+    """Attribution patching: ``effects`` ``(L, H)`` float32 first-order estimates of the knock-out effects."""
+
+    effects: np.ndarray = field(repr=False)
+    clean_logits: np.ndarray = field(repr=False)
+    class_index: int
+    mode: KnockoutMode
+    num_heads: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class LogitLens:
+    """``logits`` ``(L + 1, C)`` float32: row 0 the embeddings, row l the residual after block l - 1 (1-based
+    block l), read out by the model's own final norm and head; NaN rows are undefined (``defined`` ``(L + 1,)``)."""
+
+    logits: np.ndarray = field(repr=False)
+    defined: np.ndarray = field(repr=False)
+    readout: str
+    note: str
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """Direct logit attribution of ``logit`` (class ``class_index``): ``heads`` ``(L, H)`` + ``mlps`` ``(L,)`` +
+    ``rest`` = ``logit`` (float64 parts; NaN for heads a block does not have). ``norm_scale`` ``(R,)``: the frozen
+    LayerNorm scales of the vectors the head reads."""
+
+    class_index: int
+    logit: float
+    heads: np.ndarray = field(repr=False)
+    mlps: np.ndarray = field(repr=False)
+    rest: float
+    norm_scale: np.ndarray = field(repr=False)
+    readout: str
+
+    @property
+    def total(self) -> float:
+        return float(np.nansum(self.heads) + self.mlps.sum() + self.rest)
+
+
+# --- hooks ---------------------------------------------------------------------------------------
+
+_PLAN: ContextVar[_Plan | None] = ContextVar("vitviz_causal_plan", default=None)
+_INSTALL_LOCK = threading.Lock()
+_PROJ_ATTR = "_vitviz_head_projections"
+
+
+class _Plan:
+    """What this context's projection hooks do: record the heads' outputs and/or knock heads out."""
+
+    def __init__(self, copies: int = 1, edits: dict | None = None, record: bool = False) -> None:
+        self.copies = copies
+        self.edits = edits or {}  # site index -> (keep (k, HD), fill (k, HD))
+        self.record = record
+        self.z: dict[int, torch.Tensor] = {}
+
+    def __call__(self, index: int, z: torch.Tensor) -> torch.Tensor | None:
+        if self.record:
+            self.z[index] = z
+        edit = self.edits.get(index)
+        if edit is None:
+            return None
+        keep, fill = edit
+        k = self.copies
+        if z.shape[0] % k:
+            raise CaptureError(f"block {index}: {z.shape[0]} rows do not split into {k} knocked-out copies")
+        zz = z.reshape(k, -1, z.shape[-1])
+        return (zz * keep[:, None] + fill[:, None]).reshape(z.shape)
+
+
+def _projection_hook(index: int):
+    def hook(module, args):
+        plan = _PLAN.get()
+        if plan is None:
+            return None
+        out = plan(index, args[0])
+        return None if out is None else (out, *args[1:])
+
+    return hook
+
+
+def install_causal_hooks(loaded: LoadedModel) -> tuple[torch.nn.Linear | None, ...]:
+    """Register, once per model, the pre-hook on every block's output projection; return the projections
+    (None for blocks without one). Idle unless a causal call in the current context sets a plan. Safe to call
+    at load time (recommended) or lazily (the first causal call does it)."""
+    model = loaded.model
+    found = getattr(model, _PROJ_ATTR, None)
+    if found is not None:
+        return found
+    with _INSTALL_LOCK:
+        found = getattr(model, _PROJ_ATTR, None)
+        if found is not None:
+            return found
+        projs = tuple(loaded.family.head_projection(s) for s in installed_sites(model))
+        if len({id(p) for p in projs if p is not None}) != sum(p is not None for p in projs):
+            raise CaptureError(f"the {loaded.family.name} adapter names one output projection for two blocks")
+        for i, proj in enumerate(projs):
+            if proj is not None:
+                proj.register_forward_pre_hook(_projection_hook(i))
+        object.__setattr__(model, _PROJ_ATTR, projs)  # a plain attribute, not a sub-module
+        return projs
+
+
+@contextmanager
+def _planned(plan: _Plan) -> Iterator[_Plan]:
+    token = _PLAN.set(plan)
+    try:
+        yield plan
+    finally:
+        _PLAN.reset(token)
+
+
+# --- what is defined -----------------------------------------------------------------------------
+
+
+def causal_notes(loaded: LoadedModel) -> dict[str, str]:
+    """Why each analysis is not (or only partly) defined for ``loaded``: keys ``knockout`` (knock-outs, head
+    importance, the fast estimate), ``lens``, ``attribution``; "" where fully defined. No forward runs."""
+    fam, model = loaded.family, loaded.model
+    projs = install_causal_hooks(loaded)
+    notes = {"knockout": "", "lens": "", "attribution": ""}
+    if not loaded.has_classifier:
+        why = (
+            f"'{loaded.name}' has no classifier: knock-out effects, the logit lens and attribution need class "
+            "logits" + (" (zero-shot label scores are not wired to these analyses yet)." if loaded.zero_shot else ".")
+        )
+        return dict.fromkeys(notes, why)
+    if not any(p is not None for p in projs):
+        notes["knockout"] = (
+            f"{fam.name} blocks have no per-head output projection (a Linear reading the heads side by side): "
+            "heads cannot be knocked out one by one."
+        )
+    elif not all(p is not None for p in projs):
+        notes["knockout"] = (
+            f"Only {sum(p is not None for p in projs)} of {len(projs)} {fam.name} blocks have a per-head output "
+            "projection; the others have no rows in the head tables."
+        )
+    readout = fam.readout_head(model)
+    if readout is None:
+        notes["lens"] = (
+            f"The {fam.name} adapter defines no readout head (final norm + classifier) an intermediate residual "
+            "stream can be passed through."
+        )
+        notes["attribution"] = notes["lens"]
+        return notes
+    if fam.hierarchical:
+        notes["lens"] = (
+            f"{fam.name} changes its token grid and width between stages: only the residual stream of the last "
+            "stage's blocks can pass through the final norm and head; earlier rows (and the embeddings) are "
+            "left empty."
+        )
+        notes["attribution"] = (
+            f"Direct logit attribution is not defined for {fam.name}: patch merging (or strided re-embedding) "
+            "between stages mixes tokens and changes the width, so the logit does not split into per-head terms "
+            "of one residual stream."
+        )
+    elif not all(p is not None for p in projs):
+        notes["attribution"] = notes["knockout"]
+    return notes
+
+
+# --- the clean run -------------------------------------------------------------------------------
+
+
+class _CleanRecorder(BlockRecorder):
+    """Keeps each block's input and output tokens and the arguments the model called it with."""
+
+    def __init__(self, loaded: LoadedModel, call: Call) -> None:
+        super().__init__(loaded, call)
+        self.blocks: dict[int, tuple[torch.Tensor, torch.Tensor, tuple, dict]] = {}
+
+    def block(self, site: Site, g: Geometry, raw, module, args, kwargs, output) -> None:
+        tokens = self.loaded.family.tokens(self.call, site, module, args, kwargs, output)
+        inp, out = tokens if tokens is not None else (None, None)
+        self.blocks[site.index] = (inp, out, args, kwargs)
+
+
+class _GeometryRecorder(BlockRecorder):
+    """Reads each block's geometry (its number of heads) and keeps nothing else."""
+
+    def block(self, site: Site, g: Geometry, raw, module, args, kwargs, output) -> None:
+        return None
+
+
+@dataclass
+class _Clean:
+    loaded: LoadedModel
+    hw: tuple[int, int]
+    pixels: torch.Tensor  # (1, 3, h, w)
+    logits: torch.Tensor  # (C,) float32
+    sites: list[Site]
+    projections: tuple[torch.nn.Linear | None, ...]
+    num_heads: tuple[int, ...]
+    z: dict[int, torch.Tensor]  # projection inputs (1, ..., H * d)
+    blocks: dict[int, tuple[torch.Tensor, torch.Tensor, tuple, dict]]
+    readout: ReadoutHead | None
+    readout_problem: str  # why ``readout`` is None although the family has one ("" otherwise)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.sites)
+
+    @property
+    def width(self) -> int:
+        return max(self.num_heads) if self.num_heads else 0
+
+    @property
+    def replayable(self) -> bool:
+        """Knock-outs can start from the cached residual: one grid, a readout head, every block recorded."""
+        return not self.loaded.family.hierarchical and self.readout is not None and len(self.blocks) == len(self.sites)
+
+    def fill(self, index: int, mode: KnockoutMode) -> torch.Tensor:
+        """``(H * d,)`` the value a knocked-out slice takes: the clean mean over the image's positions, or 0."""
+        z = self.z[index]
+        flat = z.detach().reshape(-1, z.shape[-1])
+        return flat.mean(dim=0) if mode == "mean" else torch.zeros_like(flat[0])
+
+
+def _check_classifier(loaded: LoadedModel) -> None:
+    if not loaded.has_classifier:
+        raise NotDefined(causal_notes(loaded)["knockout"])
+
+
+def _clean_run(loaded: LoadedModel, image: Image.Image, size, budget_bytes: int) -> _Clean:
+    _check_classifier(loaded)
+    projs = install_causal_hooks(loaded)
+    hw = input_size_for(loaded, size, image.size)
+    check_budget(loaded, hw, batch=1, gradients=False, budget=budget_bytes)
+    pixels, _ = preprocess(loaded, [image], hw)
+    rec = _CleanRecorder(loaded, Call(loaded.config, hw, 1))
+    plan = _Plan(record=True)
+    with torch.inference_mode(), _planned(plan):
+        out = run_forward(loaded, pixels, rec)
+        logits = loaded.family.logits(loaded.model, out)
+    if logits is None:
+        raise NotDefined(f"'{loaded.name}' returned no class logits.")
+    sites = installed_sites(loaded.model)
+    heads = tuple(rec.geometries[s.index].num_heads for s in sites)
+    readout, problem = _checked_readout(loaded, rec.blocks, sites, logits[0].float())
+    return _Clean(
+        loaded=loaded,
+        hw=hw,
+        pixels=pixels,
+        logits=logits[0].float(),
+        sites=sites,
+        projections=projs,
+        num_heads=heads,
+        z=plan.z,
+        blocks=rec.blocks,
+        readout=readout,
+        readout_problem=problem,
+    )
+
+
+def _checked_readout(
+    loaded: LoadedModel, blocks: dict, sites: list[Site], logits: torch.Tensor
+) -> tuple[ReadoutHead | None, str]:
+    """The family's readout head, if it turns the last residual into the model's logits; else (None, why)."""
+    readout = loaded.family.readout_head(loaded.model)
+    last = blocks.get(sites[-1].index) if sites else None
+    if readout is None or last is None or last[1] is None:
+        return None, ""
+    with torch.inference_mode():
+        got = readout(last[1]).float()[0]
+    scale = max(1.0, float(logits.abs().max()))
+    if got.shape != logits.shape or float((got - logits).abs().max()) > _READOUT_RTOL * scale:
+        return None, (
+            f"The {loaded.family.name} adapter's readout head ({readout.description}) does not reproduce "
+            f"'{loaded.name}''s logits from its last residual stream, so the logit lens and attribution are not "
+            "defined for this model until the adapter describes its head correctly."
+        )
+    return readout, ""
+
+
+def _class_index(clean_logits: torch.Tensor, class_index: int | None) -> int:
+    n = int(clean_logits.shape[0])
+    if class_index is None:
+        return int(torch.argmax(clean_logits))
+    if isinstance(class_index, bool) or not isinstance(class_index, (int, np.integer)):
+        raise ValueError(f"class index must be an integer, got {class_index!r}")
+    if not 0 <= int(class_index) < n:
+        raise ValueError(f"class index {class_index} is outside 0..{n - 1}")
+    return int(class_index)
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in ("mean", "zero"):
+        raise ValueError(f"knock-out mode must be 'mean' or 'zero', got {mode!r}")
+
+
+# --- knock-outs ----------------------------------------------------------------------------------
+
+
+def _check_heads(clean: _Clean, heads: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    out = []
+    for item in heads:
+        try:
+            layer, head = (int(v) for v in item)
+        except (TypeError, ValueError):
+            raise ValueError(f"a head is given as (block, head), got {item!r}") from None
+        if not 0 <= layer < clean.num_blocks:
+            raise ValueError(f"block {layer} is outside 0..{clean.num_blocks - 1}")
+        if not 0 <= head < clean.num_heads[layer]:
+            raise ValueError(f"head {head} is outside 0..{clean.num_heads[layer] - 1} (block {layer})")
+        if clean.projections[layer] is None:
+            raise NotDefined(
+                f"block {layer} of {clean.loaded.family.name} has no per-head output projection: its heads "
+                "cannot be knocked out one by one."
+            )
+        out.append((layer, head))
+    out = tuple(dict.fromkeys(out))
+    if not out:
+        raise ValueError("no heads given to knock out")
+    if len(out) == sum(clean.num_heads):
+        raise ValueError(
+            f"knocking out all {len(out)} heads leaves no attention in the model at all; knock out fewer heads"
+        )
+    return out
+
+
+def _edits(clean: _Clean, sets: Sequence[Sequence[tuple[int, int]]], mode: KnockoutMode) -> dict:
+    """Per block: ``keep`` (k, H*d) 0/1 and ``fill`` (k, H*d) for the k copies (copy i knocks out ``sets[i]``)."""
+    k = len(sets)
+    edits: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for i, heads in enumerate(sets):
+        for layer, head in heads:
+            if layer not in edits:
+                width = clean.z[clean.sites[layer].index].shape[-1]
+                z = clean.z[clean.sites[layer].index]
+                edits[layer] = (
+                    torch.ones(k, width, dtype=z.dtype, device=z.device),
+                    torch.zeros(k, width, dtype=z.dtype, device=z.device),
+                )
+            keep, fill = edits[layer]
+            d = keep.shape[1] // clean.num_heads[layer]
+            cols = slice(head * d, (head + 1) * d)
+            keep[i, cols] = 0
+            fill[i, cols] = clean.fill(clean.sites[layer].index, mode)[cols]
+    return {clean.sites[layer].index: e for layer, e in edits.items()}
+
+
+def _replay(clean: _Clean, start: int, x: torch.Tensor) -> torch.Tensor:
+    """Blocks ``start .. L-1`` on the residual ``x`` ``(k, T, D)`` with the clean run's arguments, then the readout."""
+    model = clean.loaded.model
+    with clean.loaded.family.running(model):
+        for site in clean.sites[start:]:
+            _, _, args, kwargs = clean.blocks[site.index]
+            if args:
+                args = (x, *args[1:])
+            else:
+                kwargs = {**kwargs, "hidden_states": x}
+            out = site.block(*args, **kwargs)
+            x = out[0] if isinstance(out, (tuple, list)) else out
+    return clean.readout(x)
+
+
+def _knocked_logits(
+    clean: _Clean, sets: Sequence[Sequence[tuple[int, int]]], mode: KnockoutMode, from_cache: bool
+) -> tuple[torch.Tensor, float]:
+    """Logits ``(k, C)`` float32 of k copies of the image, copy i with ``sets[i]`` knocked out; and the work in
+    forward-equivalents."""
+    loaded = clean.loaded
+    k = len(sets)
+    plan = _Plan(copies=k, edits=_edits(clean, sets, mode))
+    start = min(layer for heads in sets for layer, _ in heads)
+    with torch.inference_mode(), _planned(plan):
+        if from_cache and clean.replayable:
+            x = clean.blocks[clean.sites[start].index][0]
+            logits = _replay(clean, start, x.expand(k, *x.shape[1:]).contiguous())
+            work = k * (clean.num_blocks - start) / clean.num_blocks
+        else:
+            pixels = clean.pixels.expand(k, *clean.pixels.shape[1:]).contiguous()
+            inputs = loaded.family.model_inputs(loaded, pixels, clean.hw)
+            with loaded.family.running(loaded.model):
+                out = loaded.family.forward(loaded.model, inputs)
+            logits = loaded.family.logits(loaded.model, out)
+            work = float(k)
+    return logits.float(), work
+
+
+def knock_out(
+    loaded: LoadedModel,
+    image: Image.Image,
+    heads: Sequence[tuple[int, int]],
+    *,
+    mode: KnockoutMode = "mean",
+    size: int | tuple[int, int] | None = None,
+    from_cache: bool = True,
+    budget_bytes: int = DEFAULT_BUDGET_BYTES,
+) -> Knockout:
+    """Knock out ``heads`` (``(block, head)`` pairs, 0-based) together in one forward; logits ``(C,)``.
+
+    ``from_cache``: one-grid models start from the clean residual at the first knocked-out block (same numbers
+    as a full forward); False runs the whole model. Raises ValueError for heads out of range, an empty set, or
+    every head of the model; :class:`NotDefined` where heads cannot be knocked out.
+    """
+    _check_mode(mode)
+    clean = _clean_run(loaded, image, size, budget_bytes)
+    chosen = _check_heads(clean, heads)
+    logits, _ = _knocked_logits(clean, [chosen], mode, from_cache)
+    return Knockout(chosen, mode, _frozen(logits[0].cpu().numpy()), _frozen(clean.logits.cpu().numpy()))
+
+
+def _chunk_size(clean: _Clean, budget_bytes: int) -> int:
+    """Copies per batched forward: what one block's attention and activations of a copy take, within the budget."""
+    loaded = clean.loaded
+    per_block = loaded.family.attention_numel(loaded.config, clean.hw) / max(1, clean.num_blocks)
+    x = clean.blocks[clean.sites[0].index][0] if clean.blocks else None
+    acts = 16 * x[0].numel() if x is not None else 0
+    per_copy = (3 * per_block + acts) * 4 + 1
+    return int(max(1, min(64, budget_bytes // 4 // per_copy)))
+
+
+def _importance(
+    clean: _Clean,
+    c: int,
+    mode: KnockoutMode,
+    from_cache: bool,
+    chunk: int | None,
+    progress: Progress | None,
+    cancel: CancelCheck | None,
+    budget_bytes: int,
+) -> HeadImportance:
+    n_blocks, width = clean.num_blocks, clean.width
+    n_classes = int(clean.logits.shape[0])
+    logits = np.full((n_blocks, width, n_classes), np.nan, np.float32)
+    done_mask = np.zeros((n_blocks, width), bool)
+    tasks = [(b, h) for b in range(n_blocks) if clean.projections[b] is not None for h in range(clean.num_heads[b])]
+    if not tasks:
+        raise NotDefined(causal_notes(clean.loaded)["knockout"])
+    size = chunk or _chunk_size(clean, budget_bytes)
+    if size < 1:
+        raise ValueError(f"chunk must be at least 1, got {size}")
+    chunks = []
+    for layer in range(n_blocks):  # chunks never mix blocks: copies of a chunk start at the same block
+        mine = [t for t in tasks if t[0] == layer]
+        chunks += [mine[i : i + size] for i in range(0, len(mine), size)]
+    work = 1.0
+    clean_np = clean.logits.cpu().numpy()
+    replay = from_cache and clean.replayable
+
+    def result(complete: bool) -> HeadImportance:
+        eff = np.where(done_mask, logits[..., c] - clean_np[c], np.nan).astype(np.float32)
+        lg = np.where(done_mask[..., None], logits, np.nan).astype(np.float32)
+        return HeadImportance(
+            _frozen(eff), _frozen(lg), _frozen(clean_np.copy()), c, mode, clean.num_heads, complete,
+            round(work, 3), replay,
+        )  # fmt: skip
+
+    done = 0
+    for part in chunks:
+        if cancel is not None and cancel():
+            raise Cancelled(f"head importance cancelled after {done} of {len(tasks)} knock-outs", result(False))
+        out, w = _knocked_logits(clean, [[t] for t in part], mode, from_cache)
+        work += w
+        arr = out.cpu().numpy()
+        for (layer, head), row in zip(part, arr, strict=True):
+            logits[layer, head] = row
+            done_mask[layer, head] = True
+        done += len(part)
+        if progress is not None:
+            progress(done, len(tasks))
+    return result(True)
+
+
+def head_importance(
+    loaded: LoadedModel,
+    image: Image.Image,
+    *,
+    class_index: int | None = None,
+    mode: KnockoutMode = "mean",
+    size: int | tuple[int, int] | None = None,
+    from_cache: bool = True,
+    chunk: int | None = None,
+    progress: Progress | None = None,
+    cancel: CancelCheck | None = None,
+    budget_bytes: int = DEFAULT_BUDGET_BYTES,
+) -> HeadImportance:
+    """The effect of knocking out each head alone on ``class_index`` (default: the top-1): an (L, H) table.
+
+    ``chunk``: copies per batched forward (default: as many as ``budget_bytes`` allows, at most 64; chunks
+    never mix blocks). ``progress(done, total)`` after each chunk; ``cancel()`` before each: True raises
+    :class:`Cancelled` carrying the partial table. ``from_cache=False`` runs full forwards (for checks).
+    """
+    _check_mode(mode)
+    clean = _clean_run(loaded, image, size, budget_bytes)
+    c = _class_index(clean.logits, class_index)
+    return _importance(clean, c, mode, from_cache, chunk, progress, cancel, budget_bytes)
+
+
+# --- the fast estimate ---------------------------------------------------------------------------
+
+
+def fast_estimate(
+    loaded: LoadedModel,
+    image: Image.Image,
+    *,
+    class_index: int | None = None,
+    mode: KnockoutMode = "mean",
+    size: int | tuple[int, int] | None = None,
+    budget_bytes: int = DEFAULT_BUDGET_BYTES,
+) -> HeadEstimate:
+    """Attribution patching: every head's knock-out effect to first order, from one forward and one backward.
+
+    ``effects[l, h] = sum_{t, j in head h} dy_c / dz_l[t, j] * (z'_l[t, j] - z_l[t, j])``.
+    """
+    _check_mode(mode)
+    _check_classifier(loaded)
+    projs = install_causal_hooks(loaded)
+    if not any(p is not None for p in projs):
+        raise NotDefined(causal_notes(loaded)["knockout"])
+    hw = input_size_for(loaded, size, image.size)
+    check_budget(loaded, hw, batch=1, gradients=True, budget=budget_bytes)
+    pixels, _ = preprocess(loaded, [image], hw)
+    pixels.requires_grad_(True)  # the graph reaches every block although the parameters need no grad
+    rec = _GeometryRecorder(loaded, Call(loaded.config, hw, 1))
+    plan = _Plan(record=True)
+    sites = installed_sites(loaded.model)
+    with torch.enable_grad(), _planned(plan):
+        out = run_forward(loaded, pixels, rec)
+        logits = loaded.family.logits(loaded.model, out)
+        if logits is None:
+            raise NotDefined(f"'{loaded.name}' returned no class logits.")
+        clean_logits = logits[0].detach().float()
+        c = _class_index(clean_logits, class_index)
+        order = [s.index for s, p in zip(sites, projs, strict=True) if p is not None and s.index in plan.z]
+        grads = torch.autograd.grad(logits[0, c], [plan.z[i] for i in order], allow_unused=True)
+    heads = tuple(rec.geometries[s.index].num_heads for s in sites)
+    table = np.full((len(sites), max(heads)), np.nan, np.float32)
+    for i, g in zip(order, grads, strict=True):
+        z = plan.z[i].detach()
+        flat = z.reshape(-1, z.shape[-1])
+        target = flat.mean(dim=0, keepdim=True) if mode == "mean" else torch.zeros_like(flat[:1])
+        g = torch.zeros_like(flat) if g is None else g.reshape(-1, z.shape[-1])
+        per_col = (g * (target - flat)).sum(dim=0)  # (H * d,)
+        table[i, : heads[i]] = per_col.reshape(heads[i], -1).sum(dim=1).float().cpu().numpy()
+    return HeadEstimate(_frozen(table), _frozen(clean_logits.cpu().numpy()), c, mode, heads)
+
+
+# --- the logit lens ------------------------------------------------------------------------------
+
+
+def _lens(clean: _Clean) -> LogitLens:
+    loaded = clean.loaded
+    if clean.readout is None:
+        raise NotDefined(
+            clean.readout_problem
+            or causal_notes(loaded)["lens"]
+            or f"The logit lens is not defined for '{loaded.name}'."
+        )
+    n = clean.num_blocks
+    rows: list[tuple[int, torch.Tensor]] = []
+    last_stage = clean.sites[-1].stage
+    final = clean.blocks[clean.sites[-1].index][1]
+    if not loaded.family.hierarchical:
+        rows.append((0, clean.blocks[clean.sites[0].index][0]))
+    for i, site in enumerate(clean.sites):
+        out = clean.blocks[site.index][1]
+        if site.stage == last_stage and out is not None and out.shape[1:] == final.shape[1:]:
+            rows.append((i + 1, out))
+    table = np.full((n + 1, int(clean.logits.shape[0])), np.nan, np.float32)
+    with torch.inference_mode():
+        got = clean.readout(torch.cat([x for _, x in rows])).float().cpu().numpy()
+    for (r, _), row in zip(rows, got, strict=True):
+        table[r] = row  # row L: the readout of the last residual, checked equal to the logits in _checked_readout
+    defined = np.zeros(n + 1, bool)
+    defined[[r for r, _ in rows]] = True
+    return LogitLens(_frozen(table), _frozen(defined), clean.readout.description, causal_notes(loaded)["lens"])
+
+
+def logit_lens(
+    loaded: LoadedModel,
+    image: Image.Image,
+    *,
+    size: int | tuple[int, int] | None = None,
+    budget_bytes: int = DEFAULT_BUDGET_BYTES,
+) -> LogitLens:
+    """The residual stream after every block through the model's final norm and head: ``(L + 1, C)`` logits."""
+    return _lens(_clean_run(loaded, image, size, budget_bytes))
+
+
+# --- direct logit attribution --------------------------------------------------------------------
+
+
+def _attribution(clean: _Clean, c: int) -> Attribution:
+    loaded, fam = clean.loaded, clean.loaded.family
+    notes = causal_notes(loaded)
+    if notes["attribution"] or clean.readout is None or not clean.replayable:
+        raise NotDefined(
+            notes["attribution"]
+            or clean.readout_problem
+            or f"Direct logit attribution is not defined for '{loaded.name}'."
+        )
+    readout = clean.readout
+    norm = readout.norm
+    if not isinstance(norm, torch.nn.LayerNorm):
+        raise NotDefined(f"The final norm of '{loaded.name}' is a {type(norm).__name__}, not a LayerNorm.")
+    n, width = clean.num_blocks, clean.width
+    with torch.inference_mode():
+        x_last = clean.blocks[clean.sites[-1].index][1]
+        v = readout.select(x_last.double())  # (1, R, D)
+        sigma = torch.sqrt(v.var(dim=-1, unbiased=False, keepdim=True) + norm.eps)  # frozen, (1, R, 1)
+        dim = v.shape[-1]
+        gamma = norm.weight.double() if norm.weight is not None else torch.ones(dim, dtype=torch.float64)
+        beta = norm.bias.double() if norm.bias is not None else torch.zeros(dim, dtype=torch.float64)
+        dtype = clean.logits.dtype
+
+        def head(u: torch.Tensor) -> torch.Tensor:  # normed vectors (K, R, D) float64 -> logit of c (K,) float64
+            return readout.head(u.to(dtype)).double()[:, c]
+
+        zero = head(torch.zeros_like(v))
+
+        def part(resid: torch.Tensor) -> torch.Tensor:  # residual components (K, T, D) -> their terms (K,)
+            s = readout.select(resid.double())
+            s = s - s.mean(dim=-1, keepdim=True)
+            return head(gamma * s / sigma) - zero
+
+        heads = np.full((n, width), np.nan)
+        mlps = np.zeros(n)
+        rest_resid = clean.blocks[clean.sites[0].index][0].double().clone()  # embeddings, then every bias
+        for i, site in enumerate(clean.sites):
+            x_in, x_out, _, _ = clean.blocks[site.index]
+            proj = clean.projections[i]
+            s1, s2 = fam.residual_scales(site)
+            s1 = torch.ones(dim, dtype=torch.float64) if s1 is None else s1.detach().double()
+            s2 = torch.ones(dim, dtype=torch.float64) if s2 is None else s2.detach().double()
+            z = clean.z[site.index].double()  # (1, T, H * d)
+            h = clean.num_heads[i]
+            w = proj.weight.double()  # (D, H * d)
+            per_head = torch.einsum("thj,ehj->hte", z[0].reshape(z.shape[1], h, -1), w.reshape(dim, h, -1)) * s1
+            heads[i, :h] = part(per_head).cpu().numpy()
+            b_o = proj.bias.double() * s1 if proj.bias is not None else torch.zeros(dim, dtype=torch.float64)
+            attn = per_head.sum(dim=0, keepdim=True) + b_o
+            mlp_total = x_out.double() - x_in.double() - attn  # what the rest of the block added: its MLP update
+            fc2 = fam.mlp_output(site)
+            b_2 = fc2.bias.double() * s2 if fc2 is not None and fc2.bias is not None else torch.zeros_like(b_o)
+            mlps[i] = float(part(mlp_total - b_2)[0])
+            rest_resid = rest_resid + b_o + b_2
+        rest = float(part(rest_resid)[0] + head(beta.expand_as(v))[0])
+    logit = float(clean.logits[c])
+    total = float(np.nansum(heads) + mlps.sum() + rest)
+    scale = max(1.0, abs(logit))
+    if abs(total - logit) > _READOUT_RTOL * scale:
+        raise CaptureError(
+            f"direct logit attribution of '{loaded.name}' does not add up ({total:.6g} vs the logit {logit:.6g}): "
+            f"its blocks are not pre-norm residual blocks as the {fam.name} adapter describes them"
+        )
+    return Attribution(
+        c, logit, _frozen(heads), _frozen(mlps), rest, _frozen(sigma.reshape(-1).cpu().numpy()), readout.description
+    )
+
+
+def direct_logit_attribution(
+    loaded: LoadedModel,
+    image: Image.Image,
+    *,
+    class_index: int | None = None,
+    size: int | tuple[int, int] | None = None,
+    budget_bytes: int = DEFAULT_BUDGET_BYTES,
+) -> Attribution:
+    """The logit of ``class_index`` (default: top-1) split into heads, MLPs and the rest (see the module docstring).
+
+    Raises :class:`NotDefined` with the reason where it does not apply (hierarchical models, no linear readout).
+    """
+    notes = causal_notes(loaded)
+    if notes["attribution"]:
+        raise NotDefined(notes["attribution"])
+    clean = _clean_run(loaded, image, size, budget_bytes)
+    return _attribution(clean, _class_index(clean.logits, class_index))
+
+
+# --- everything for an export --------------------------------------------------------------------
+
+
+def causal_arrays(
+    loaded: LoadedModel,
+    image: Image.Image,
+    *,
+    class_index: int | None = None,
+    size: int | tuple[int, int] | None = None,
+    progress: Progress | None = None,
+    cancel: CancelCheck | None = None,
+    budget_bytes: int = DEFAULT_BUDGET_BYTES,
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """One clean run, then every analysis defined for the model, as arrays for ``export --causal``.
+
+    Keys: ``explained_class`` () int64; ``logit_lens`` (L + 1, C) float32; ``head_ablation`` (L, H) float32, the
+    *zero* knock-out effect on the explained class; ``head_attribution`` (L, H), ``mlp_attribution`` (L,),
+    ``attribution_rest`` () float64. A key whose analysis is not defined is left out, and the second dict says
+    why (same key).
+    """
+    notes = causal_notes(loaded)
+    clean = _clean_run(loaded, image, size, budget_bytes)
+    c = _class_index(clean.logits, class_index)
+    arrays: dict[str, np.ndarray] = {"explained_class": np.asarray(c, np.int64)}
+    why: dict[str, str] = {}
+    try:
+        arrays["logit_lens"] = _lens(clean).logits
+    except NotDefined as exc:
+        why["logit_lens"] = str(exc)
+    try:
+        arrays["head_ablation"] = _importance(clean, c, "zero", True, None, progress, cancel, budget_bytes).effects
+    except NotDefined as exc:
+        why["head_ablation"] = str(exc)
+    if notes["attribution"] or not clean.replayable:
+        for key in ("head_attribution", "mlp_attribution", "attribution_rest"):
+            why[key] = notes["attribution"] or clean.readout_problem or "Direct logit attribution is not defined."
+    else:
+        att = _attribution(clean, c)
+        arrays["head_attribution"] = att.heads
+        arrays["mlp_attribution"] = att.mlps
+        arrays["attribution_rest"] = np.asarray(att.rest, np.float64)
+    return arrays, why
