@@ -260,9 +260,7 @@ def rank(scores: Scores, names: Sequence[str]):
     from vitviz.capture.record import Prediction
 
     order = np.argsort(-scores.probabilities, kind="stable")
-    return tuple(
-        Prediction(int(i), names[i], float(scores.probabilities[i]), float(scores.logits[i])) for i in order
-    )
+    return tuple(Prediction(int(i), names[i], float(scores.probabilities[i]), float(scores.logits[i])) for i in order)
 
 
 def legend(rule: Literal["softmax", "sigmoid"]) -> str:
