@@ -15,6 +15,7 @@ the attention probabilities, and the block module whose forward finishes the blo
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -50,8 +51,9 @@ class Recorder(Protocol):
 
 _ACTIVE: ContextVar[Recorder | None] = ContextVar("vitviz_recorder", default=None)
 _INSTALL_LOCK = threading.Lock()
-_SITES_ATTR = "_vitviz_sites"
-_LOCK_ATTR = "_vitviz_lock"
+# Kept beside the models, not on them: a model stays picklable and deep-copyable (a copy has no sites).
+_SITES: weakref.WeakKeyDictionary[torch.nn.Module, list[Site]] = weakref.WeakKeyDictionary()
+_LOCKS: weakref.WeakKeyDictionary[torch.nn.Module, threading.Lock] = weakref.WeakKeyDictionary()
 
 
 def _attention_hook(site: Site):
@@ -75,19 +77,19 @@ def _block_hook(site: Site):
 def install(model: torch.nn.Module, sites: list[Site]) -> list[Site]:
     """Register the hooks of ``sites`` on ``model`` once; later calls return the installed sites."""
     with _INSTALL_LOCK:
-        existing = getattr(model, _SITES_ATTR, None)
+        existing = _SITES.get(model)
         if existing is not None:
             return existing
         for site in sites:
             site.attention.register_forward_hook(_attention_hook(site), with_kwargs=True)
             site.block.register_forward_hook(_block_hook(site), with_kwargs=True)
-        object.__setattr__(model, _SITES_ATTR, sites)  # a plain attribute, not a registered sub-module
-        object.__setattr__(model, _LOCK_ATTR, threading.Lock())
+        _SITES[model] = sites
+        _LOCKS[model] = threading.Lock()
         return sites
 
 
 def installed_sites(model: torch.nn.Module) -> list[Site]:
-    sites = getattr(model, _SITES_ATTR, None)
+    sites = _SITES.get(model)
     if sites is None:
         raise RuntimeError("vitviz's attention hooks are not installed on this model: load it with load_model()")
     return sites
@@ -95,7 +97,7 @@ def installed_sites(model: torch.nn.Module) -> list[Site]:
 
 def model_lock(model: torch.nn.Module) -> threading.Lock:
     """A lock per model, for families whose forward writes to the shared module (Swin v1)."""
-    return getattr(model, _LOCK_ATTR)
+    return _LOCKS[model]
 
 
 @contextmanager
