@@ -1,0 +1,292 @@
+"""Serving settings: one switch turns public mode on, and the limits that come with it.
+
+Where they come from, later sources winning:
+
+1. the defaults below (they differ between local and public mode, see :class:`ServeSettings`);
+2. the ``[public]`` table of a TOML file: ``$VITVIZ_CONFIG`` if set (the file must exist),
+   else ``vitviz.toml`` in the working directory if there is one::
+
+       [public]
+       enabled = true
+       allow = ["demo", "demo-swin", "google/vit-base-patch16-224"]  # extends the default allowlist
+       allow_hub_ids = false          # typed hub ids outside the allowlist, checked before download
+       max_download_gb = 1.0          # per typed hub id: weights + config/processor/tokenizer files
+       model_memory_gib = 4.0         # all loaded models together (parameters + buffers)
+       forward_slots = 1              # forward passes at once; 0 = no limit
+       uploads_per_minute = 10        # per session; 0 = no limit
+       model_changes_per_minute = 5   # per session; 0 = no limit
+       hub_downloads_per_hour = 20    # typed hub ids downloaded, whole server; 0 = no limit
+       hub_timeout_s = 10.0           # each metadata / config.json call to the hub
+
+3. environment variables: ``VITVIZ_PUBLIC``, ``VITVIZ_ALLOW`` (comma-separated; replaces the
+   file's ``allow``, both extend the default allowlist), ``VITVIZ_ALLOW_HUB_IDS``,
+   ``VITVIZ_MAX_DOWNLOAD_GB``, ``VITVIZ_MODEL_MEMORY_GIB``, ``VITVIZ_FORWARD_SLOTS``,
+   ``VITVIZ_UPLOADS_PER_MINUTE``, ``VITVIZ_MODEL_CHANGES_PER_MINUTE``,
+   ``VITVIZ_HUB_DOWNLOADS_PER_HOUR``, ``VITVIZ_HUB_TIMEOUT_S``.
+
+Only the Streamlit app reads these; the command line is never affected. A value that does
+not parse raises :class:`SettingsError` naming where it came from, so a typo in an operator's
+file stops the server at start instead of silently leaving it open.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from vitviz.demo import BUNDLED
+from vitviz.errors import VitvizError
+
+__all__ = [
+    "DEMOS",
+    "CONFIG_FILE",
+    "DEFAULT_MAX_DOWNLOAD_GB",
+    "DEFAULT_MODEL_MEMORY_GIB",
+    "ServeSettings",
+    "SettingsError",
+    "load_settings",
+]
+
+DEMOS = tuple(BUNDLED)  # bundled with vitviz (demo, demo-swin, demo-clip): always allowed
+CONFIG_FILE = "vitviz.toml"
+
+DEFAULT_MAX_DOWNLOAD_GB = 1.0  # decimal GB (10**9 bytes), as the hub reports sizes
+DEFAULT_MODEL_MEMORY_GIB = 4.0  # both modes: about ten ViT-Base models, or three ViT-Large
+DEFAULT_HUB_TIMEOUT_S = 10.0
+# Mode-dependent defaults (public, local). 0 means "no limit".
+PUBLIC_FORWARD_SLOTS_CPU = 1  # forward passes share the cores: two at once only make both slower
+PUBLIC_FORWARD_SLOTS_GPU = 2  # one pass leaves a GPU idle while Python prepares the next
+PUBLIC_UPLOADS_PER_MINUTE = 10
+PUBLIC_MODEL_CHANGES_PER_MINUTE = 5
+PUBLIC_HUB_DOWNLOADS_PER_HOUR = 20
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+class SettingsError(VitvizError):
+    """A serving setting (environment variable or ``vitviz.toml``) does not parse."""
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # no torch, or a broken driver: plan for the CPU
+        return False
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """How the app serves visitors. Build it with :func:`load_settings`; construct it directly in tests.
+
+    Fields left ``None`` take the default of the mode (``public``) in ``__post_init__``, so
+    after construction every field holds a concrete value:
+
+    ==========================  ===============================  ==================
+    field                       public mode                      local mode
+    ==========================  ===============================  ==================
+    ``allow``                   extra allowed names (``()``)     not used
+    ``allow_hub_ids``           ``False``                        not used
+    ``max_download_gb``         1.0 GB per typed hub id          not used
+    ``model_memory_gib``        4.0 GiB, larger models refused   4.0 GiB, a larger
+                                                                 model is kept alone
+    ``forward_slots``           1 on CPU, 2 with a CUDA GPU      0 (no queue)
+    ``uploads_per_minute``      10 per session                   0 (no limit)
+    ``model_changes_per_minute``  5 per session                  0 (no limit)
+    ``hub_downloads_per_hour``  20 for the whole server          0 (no limit)
+    ``hub_timeout_s``           10 s                             not used
+    ==========================  ===============================  ==================
+
+    A value set explicitly (file or environment) applies in both modes, except the model
+    policy (allowlist, hub ids), which only public mode enforces.
+    """
+
+    public: bool = False
+    allow: tuple[str, ...] = ()
+    allow_hub_ids: bool = False
+    max_download_gb: float = DEFAULT_MAX_DOWNLOAD_GB
+    model_memory_gib: float = DEFAULT_MODEL_MEMORY_GIB
+    forward_slots: int | None = None
+    uploads_per_minute: int | None = None
+    model_changes_per_minute: int | None = None
+    hub_downloads_per_hour: int | None = None
+    hub_timeout_s: float = DEFAULT_HUB_TIMEOUT_S
+    origin: str = field(default="defaults", compare=False)  # where the values came from, for logs
+
+    def __post_init__(self) -> None:
+        def fill(name: str, public: int, local: int) -> None:
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, public if self.public else local)
+
+        if self.forward_slots is None:
+            gpu = self.public and _cuda_available()
+            fill("forward_slots", PUBLIC_FORWARD_SLOTS_GPU if gpu else PUBLIC_FORWARD_SLOTS_CPU, 0)
+        fill("uploads_per_minute", PUBLIC_UPLOADS_PER_MINUTE, 0)
+        fill("model_changes_per_minute", PUBLIC_MODEL_CHANGES_PER_MINUTE, 0)
+        fill("hub_downloads_per_hour", PUBLIC_HUB_DOWNLOADS_PER_HOUR, 0)
+        object.__setattr__(self, "allow", tuple(dict.fromkeys(a.strip() for a in self.allow if a.strip())))
+        for name in ("max_download_gb", "model_memory_gib", "hub_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise SettingsError(f"{name} must be a positive number, not {getattr(self, name)!r}.")
+        for name in ("forward_slots", "uploads_per_minute", "model_changes_per_minute", "hub_downloads_per_hour"):
+            if getattr(self, name) < 0:
+                raise SettingsError(f"{name} must be 0 (no limit) or more, not {getattr(self, name)!r}.")
+
+    @property
+    def model_memory_bytes(self) -> int:
+        return int(self.model_memory_gib * 2**30)
+
+    @property
+    def max_download_bytes(self) -> int:
+        return int(self.max_download_gb * 10**9)
+
+    def describe(self) -> str:
+        """One line for the server log, e.g. at start."""
+        if not self.public:
+            return f"vitviz local mode (model memory {self.model_memory_gib:g} GiB; settings from {self.origin})"
+        hub = f"typed hub ids up to {self.max_download_gb:g} GB" if self.allow_hub_ids else "no typed hub ids"
+        slots = self.forward_slots or "unlimited"
+        return (
+            f"vitviz public mode: {len(self.allow)} extra allowed models, {hub}, model memory "
+            f"{self.model_memory_gib:g} GiB, {slots} forward slots, {self.uploads_per_minute} uploads and "
+            f"{self.model_changes_per_minute} model changes per minute per session (settings from {self.origin})"
+        )
+
+
+_FILE_KEYS = {
+    "enabled": "public",
+    "allow": "allow",
+    "allow_hub_ids": "allow_hub_ids",
+    "max_download_gb": "max_download_gb",
+    "model_memory_gib": "model_memory_gib",
+    "forward_slots": "forward_slots",
+    "uploads_per_minute": "uploads_per_minute",
+    "model_changes_per_minute": "model_changes_per_minute",
+    "hub_downloads_per_hour": "hub_downloads_per_hour",
+    "hub_timeout_s": "hub_timeout_s",
+}
+_ENV_KEYS = {
+    "VITVIZ_PUBLIC": "public",
+    "VITVIZ_ALLOW": "allow",
+    "VITVIZ_ALLOW_HUB_IDS": "allow_hub_ids",
+    "VITVIZ_MAX_DOWNLOAD_GB": "max_download_gb",
+    "VITVIZ_MODEL_MEMORY_GIB": "model_memory_gib",
+    "VITVIZ_FORWARD_SLOTS": "forward_slots",
+    "VITVIZ_UPLOADS_PER_MINUTE": "uploads_per_minute",
+    "VITVIZ_MODEL_CHANGES_PER_MINUTE": "model_changes_per_minute",
+    "VITVIZ_HUB_DOWNLOADS_PER_HOUR": "hub_downloads_per_hour",
+    "VITVIZ_HUB_TIMEOUT_S": "hub_timeout_s",
+}
+_KINDS = {f.name: f.type for f in fields(ServeSettings)}
+
+
+def _kind(name: str) -> str:
+    text = str(_KINDS[name])
+    return "bool" if "bool" in text else "int" if "int" in text else "float" if "float" in text else "names"
+
+
+def _from_text(name: str, text: str, where: str) -> Any:
+    """Parse an environment variable's text for field ``name``."""
+    kind, raw = _kind(name), text.strip()
+    if kind == "names":
+        return tuple(part.strip() for part in raw.split(",") if part.strip())
+    if kind == "bool":
+        if raw.lower() in _TRUE:
+            return True
+        if raw.lower() in _FALSE:
+            return False
+        raise SettingsError(f"{where} must be 1/true/yes/on or 0/false/no/off, not {text!r}.")
+    try:
+        return int(raw) if kind == "int" else float(raw)
+    except ValueError:
+        what = "a whole number" if kind == "int" else "a number"
+        raise SettingsError(f"{where} must be {what}, not {text!r}.") from None
+
+
+def _from_toml(name: str, value: Any, where: str) -> Any:
+    """Check a TOML value's type for field ``name``."""
+    kind = _kind(name)
+    if kind == "names":
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise SettingsError(f'{where} must be a list of model names, like ["demo", "google/vit-base-patch16-224"].')
+        return tuple(value)
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise SettingsError(f"{where} must be true or false, not {value!r}.")
+        return value
+    if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+        raise SettingsError(f"{where} must be a whole number, not {value!r}.")
+    if kind == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise SettingsError(f"{where} must be a number, not {value!r}.")
+    return float(value) if kind == "float" else value
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ImportError:
+            raise SettingsError(
+                f"Reading {path} needs Python 3.11+ (tomllib) or the tomli package: pip install tomli."
+            ) from None
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise SettingsError(f"Cannot read the settings file {path}: {exc.strerror or exc}.") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"{path} is not valid TOML ({exc}). Fix the file, or remove it.") from None
+    table = data.get("public", {})
+    if not isinstance(table, dict):
+        raise SettingsError(f"In {path}, 'public' must be a table: a line [public] followed by key = value lines.")
+    unknown = sorted(set(table) - set(_FILE_KEYS))
+    if unknown:
+        raise SettingsError(
+            f"{path} has unknown setting(s) {', '.join(unknown)} in [public]; "
+            f"the known ones are {', '.join(_FILE_KEYS)}."
+        )
+    return {_FILE_KEYS[k]: _from_toml(_FILE_KEYS[k], v, f"'{k}' in {path}") for k, v in table.items()}
+
+
+def config_path(environ: Mapping[str, str] | None = None, cwd: str | Path | None = None) -> Path | None:
+    """The settings file to read: ``$VITVIZ_CONFIG`` (which must exist), else ``./vitviz.toml`` if present."""
+    env = os.environ if environ is None else environ
+    explicit = env.get("VITVIZ_CONFIG", "").strip()
+    if explicit:
+        path = Path(explicit).expanduser()
+        if not path.is_file():
+            raise SettingsError(f"VITVIZ_CONFIG points to {path}, which is not a file. Fix the path, or unset it.")
+        return path
+    local = Path(cwd if cwd is not None else Path.cwd()) / CONFIG_FILE
+    return local if local.is_file() else None
+
+
+def load_settings(environ: Mapping[str, str] | None = None, cwd: str | Path | None = None) -> ServeSettings:
+    """Defaults, then the settings file, then environment variables (see the module docstring).
+
+    Raises:
+        SettingsError: a file that does not parse, an unknown key, or a value of the wrong type.
+    """
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    origins = []
+    path = config_path(env, cwd)
+    if path is not None:
+        values.update(_read_toml(path))
+        origins.append(str(path))
+    used = []
+    for var, name in _ENV_KEYS.items():
+        text = env.get(var)
+        if text is not None and text.strip():
+            values[name] = _from_text(name, text, var)
+            used.append(var)
+    if used:
+        origins.append("environment " + ", ".join(used))
+    return ServeSettings(**values, origin="; ".join(origins) or "defaults")
