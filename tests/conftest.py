@@ -160,3 +160,50 @@ def random_attention(seed: int, shape: tuple[int, ...]) -> np.ndarray:
     rng = np.random.default_rng(seed)
     a = rng.random(shape) ** 3
     return a / a.sum(axis=-1, keepdims=True)
+
+
+MODERN_KEYS = ("clip", "siglip", "siglip2", "dinov3")
+ZS_WORDS = ["a", "photo", "of", "cat", "dog", "car", "red", "star", "circle", "square", "bird", "airplane", "."]
+
+
+def save_modern(key: str, folder: Path, *, seed: int = 0) -> Path:
+    """Tiny two-tower models with an offline word-level tokenizer (zero-shot), and a DINOv3 with registers."""
+    import transformers as tf
+
+    from vitviz.demo.tokenizer import word_tokenizer
+
+    torch.manual_seed(seed)
+    tok = word_tokenizer(ZS_WORDS)
+    text = dict(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                intermediate_size=32, max_position_embeddings=16, eos_token_id=3, pad_token_id=0, bos_token_id=2)  # fmt: skip
+    vision = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+    if key == "clip":
+        model = tf.CLIPModel(tf.CLIPConfig(text_config=text, vision_config={**vision, "image_size": 32, "patch_size": 8},
+                                           projection_dim=24))  # fmt: skip
+        proc = tf.ViTImageProcessor(size={"height": 32, "width": 32}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    elif key == "siglip":
+        model = tf.SiglipModel(
+            tf.SiglipConfig(text_config=text, vision_config={**vision, "image_size": 32, "patch_size": 8})
+        )
+        proc = tf.SiglipImageProcessorPil(size={"height": 32, "width": 32})
+    elif key == "siglip2":
+        model = tf.Siglip2Model(
+            tf.Siglip2Config(text_config=text, vision_config={**vision, "patch_size": 4, "num_patches": 64})
+        )
+        proc = tf.Siglip2ImageProcessorPil(patch_size=4, max_num_patches=64)
+    else:
+        model = tf.DINOv3ViTModel(tf.DINOv3ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                     intermediate_size=64, image_size=32, patch_size=8,
+                                                     num_register_tokens=2))  # fmt: skip
+        proc = tf.ViTImageProcessor(size={"height": 32, "width": 32}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    model.save_pretrained(folder, safe_serialization=True)
+    proc.save_pretrained(folder)
+    if key != "dinov3":
+        tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def modern_dirs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny-modern")
+    return {k: save_modern(k, root / k) for k in MODERN_KEYS}

@@ -282,3 +282,57 @@ def test_positions_page_shows_relative_bias_for_swin_and_a_sentence_for_cvt(hier
     _choose_model(at, str(hier_dirs["cvt"]))
     at.switch_page("pages/positions.py").run()
     assert any("convolutional" in i.value for i in at.info)
+
+
+@pytest.mark.parametrize("key", ["clip", "siglip", "siglip2", "dinov3"])
+def test_every_page_on_the_modern_vits(modern_dirs, key):
+    at = _app()
+    _choose_model(at, str(modern_dirs[key]))
+    _no_trouble(at)
+    for page in PAGES[1:]:
+        at.switch_page(page).run()
+        _no_trouble(at)
+    at.switch_page("pages/heads.py").run()
+    titles = " ".join(str(f["layout"].get("title", {}).get("text", "")) for f in _figures(at))
+    if key == "dinov3":  # registers are prefix tokens: the bar of tokens not on the image names them
+        prefix = _titled(at, "Attention to tokens not on the image")["data"][0]["x"]
+        assert list(prefix)[:3] == ["CLS", "REG1", "REG2"]
+    if key.startswith("siglip"):  # no CLS: the default query is the pooled one
+        assert "pooled query" in titles
+
+
+def test_zero_shot_labels_change_without_a_new_capture(modern_dirs, monkeypatch):
+    calls = []
+    real = vitviz.capture.run.capture_batch
+    monkeypatch.setattr(vitviz.capture.run, "capture_batch", lambda *a, **k: calls.append(1) or real(*a, **k))
+    at = _app()
+    _choose_model(at, str(modern_dirs["clip"]))
+    _no_trouble(at)
+    box = at.text_area(key=f"labels_{modern_dirs['clip']}")
+    box.input("cat, dog, car").run()
+    _no_trouble(at)
+    preds = _titled(at, "Top predictions (zero-shot: softmax over the labels)")
+    assert {y.split(" (")[0] for y in preds["data"][0]["y"]} == {"cat", "dog", "car"}
+    before = len(calls)
+    at.text_area(key=f"labels_{modern_dirs['clip']}").input("red star\nbird").run()
+    _no_trouble(at)
+    preds = _titled(at, "Top predictions")
+    assert {y.split(" (")[0] for y in preds["data"][0]["y"]} == {"red star", "bird"}
+    assert len(calls) == before  # only the text tower ran
+    at.switch_page("pages/layers.py").run()
+    _no_trouble(at)
+    titles = " ".join(str(f["layout"].get("title", {}).get("text", "")) for f in _figures(at))
+    assert "Relevance for 'red star'" in titles or "Relevance for 'bird'" in titles
+    assert any("image-text score" in c.value for c in at.caption)
+
+
+def test_siglip_scores_are_sigmoids_and_bad_labels_are_a_message(modern_dirs):
+    at = _app()
+    _choose_model(at, str(modern_dirs["siglip"]))
+    assert _titled(at, "each label's own sigmoid")
+    at.text_area(key=f"labels_{modern_dirs['siglip']}").input(" , ,").run()
+    assert not at.exception
+    assert any("at least one label" in e.value for e in at.error)
+    assert any("Type labels in the sidebar" in i.value for i in at.info)  # the overview waits for labels
+    at.text_area(key=f"labels_{modern_dirs['siglip']}").input("cat").run()
+    _no_trouble(at)

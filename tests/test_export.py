@@ -166,3 +166,44 @@ def test_cli_query_xy_on_a_cvt(hier_dirs, image_files, tmp_path):
         "export", "--model", str(hier_dirs["cvt"]), "--out", str(out), "--query-xy", "ten", str(image_files[0])
     )
     assert bad.returncode == 2 and "X,Y" in bad.stderr
+
+
+def test_labels_give_the_models_own_logits_per_image(modern_dirs, image_files, tmp_path):
+    import torch
+
+    from vitviz.capture.run import input_size_for, preprocess
+    from vitviz.models.load import load_model
+
+    out = tmp_path / "zs"
+    res = _run_cli("export", "--model", str(modern_dirs["clip"]), "--out", str(out), "--labels", "cat, dog,car",
+                   str(image_files[0]))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    loaded = load_model(str(modern_dirs["clip"]))
+    img = Image.open(image_files[0]).convert("RGB")
+    pixels, _ = preprocess(loaded, [img], input_size_for(loaded, None, img.size))
+    tok = loaded.text.tokenizer(["a photo of a cat.", "a photo of a dog.", "a photo of a car."], padding=True,
+                                return_tensors="pt")  # fmt: skip
+    with torch.no_grad():
+        own = loaded.model(input_ids=tok["input_ids"], attention_mask=tok["attention_mask"], pixel_values=pixels,
+                           interpolate_pos_encoding=True).logits_per_image[0].numpy()  # fmt: skip
+    with np.load(out / "img0.npz", allow_pickle=False) as z:
+        assert z["label_names"].tolist() == ["cat", "dog", "car"]
+        np.testing.assert_allclose(z["logits"], own, rtol=1e-4, atol=1e-4)
+        assert z["label_probabilities"].sum() == pytest.approx(1.0, abs=1e-5)  # CLIP: softmax over the labels
+    as_is = _run_cli("export", "--model", str(modern_dirs["clip"]), "--out", str(tmp_path / "raw"), "--labels", "cat",
+                     "--template", "{}", str(image_files[0]))  # fmt: skip
+    assert as_is.returncode == 0, as_is.stderr
+    plain = _run_cli("export", "--model", str(modern_dirs["clip"]), "--out", str(tmp_path / "bb"), str(image_files[0]))
+    assert plain.returncode == 0, plain.stderr
+    with np.load(tmp_path / "bb" / "img0.npz", allow_pickle=False) as z:  # without --labels: a backbone
+        assert "label_names" not in z.files and z["logits"].shape == (0,)
+
+
+def test_labels_on_a_model_without_a_text_tower_are_refused(tiny_dirs, image_files, tmp_path):
+    res = _run_cli("export", "--model", str(tiny_dirs["vit"]), "--out", str(tmp_path), "--labels", "cat",
+                   str(image_files[0]))  # fmt: skip
+    assert res.returncode == 1 and "has no text tower" in res.stderr and "Traceback" not in res.stderr
+    assert not list(tmp_path.glob("*.npz"))  # refused before any image was read
+    empty = _run_cli("export", "--model", str(tiny_dirs["vit"]), "--out", str(tmp_path), "--labels", " , ",
+                     str(image_files[0]))  # fmt: skip
+    assert empty.returncode == 1 and "at least one label" in empty.stderr

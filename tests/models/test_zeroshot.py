@@ -118,3 +118,15 @@ def test_a_declared_template_is_the_default(tmp_path):
     model, _ = _two_tower(tmp_path, "clip")
     (tmp_path / "vitviz.json").write_text('{"prompt_template": "a {} on a background."}')
     assert text_tower(model, str(tmp_path), {}).template == "a {} on a background."
+
+
+def test_towers_of_different_widths_are_refused(tmp_path):
+    from transformers import SiglipConfig, SiglipModel
+
+    text = dict(vocab_size=16, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                max_position_embeddings=8)  # fmt: skip
+    vision = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, image_size=16,
+                  patch_size=8)  # fmt: skip
+    model = SiglipModel(SiglipConfig(text_config=text, vision_config=vision))
+    with pytest.raises(ModelLoadError, match="16-d embeddings and the image tower 32-d"):
+        text_tower(model, str(tmp_path), {})

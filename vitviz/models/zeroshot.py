@@ -143,12 +143,11 @@ def text_tower(
             f"'{source}' has a text and an image tower but its checkpoint lacks {', '.join(sorted(problems))}: "
             "without them the towers cannot be compared. Use a complete checkpoint."
         )
-    text_dim = _out_features(getattr(model, "text_projection", None))
-    image_dim = _out_features(getattr(model, "visual_projection", None))
+    text_dim, image_dim = _embedding_widths(model)
     if text_dim and image_dim and text_dim != image_dim:
         raise ModelLoadError(
-            f"'{source}': the text projection gives {text_dim}-d embeddings and the visual projection {image_dim}-d; "
-            "the towers disagree."
+            f"'{source}': the text tower gives {text_dim}-d embeddings and the image tower {image_dim}-d; "
+            "the towers disagree, so no label can be compared with an image."
         )
     from transformers import AutoTokenizer
 
@@ -174,6 +173,19 @@ def text_tower(
 
 def _out_features(layer) -> int | None:
     return int(layer.out_features) if isinstance(layer, torch.nn.Linear) else None
+
+
+def _embedding_widths(model: torch.nn.Module) -> tuple[int | None, int | None]:
+    """Widths of the text and image embeddings the model compares: its projections, else its towers' heads."""
+    config = model.config
+    text_cfg, vision_cfg = getattr(config, "text_config", None), getattr(config, "vision_config", None)
+    text = _out_features(getattr(model, "text_projection", None))
+    if text is None and text_cfg is not None:  # SigLIP: the text tower's head, projection_size wide
+        text = getattr(text_cfg, "projection_size", None) or getattr(text_cfg, "hidden_size", None)
+    image = _out_features(getattr(model, "visual_projection", None))
+    if image is None and vision_cfg is not None:  # SigLIP: the pooling head keeps the tower's width
+        image = getattr(vision_cfg, "hidden_size", None)
+    return text, image
 
 
 def _declared(source: str, key: str) -> str | None:
