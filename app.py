@@ -26,7 +26,8 @@ def model_ui() -> None:
     options = [*common.PRESETS, OTHER]
     index = options.index(ss.model_name) if ss.model_name in common.PRESETS else len(options) - 1
     choice = st.selectbox(
-        "Checkpoint", options, index=index, key="model_pick", help="ViT, DeiT, DINO, DINOv2 (with registers) or BEiT"
+        "Checkpoint", options, index=index, key="model_pick", help="A bundled demo, or a checkpoint of a supported family: plain ViTs (ViT, DeiT, DINO, DINOv2, BEiT), "
+        "hierarchical ones (Swin, PvT, CvT, MobileViT) and the modern ones (CLIP, SigLIP, DINOv3, MAE, ...)"
     )
     name = choice
     if choice == OTHER:

@@ -52,6 +52,17 @@ PRESETS = (
     "microsoft/cvt-13",
     "apple/mobilevit-small",
     "apple/mobilevitv2-1.0-imagenet1k-256",
+    "openai/clip-vit-base-patch32",
+    "openai/clip-vit-base-patch16",
+    "google/siglip-base-patch16-224",
+    "google/siglip2-base-patch16-224",
+    "google/siglip2-base-patch16-naflex",
+    "facebook/dinov3-vits16-pretrain-lvd1689m",
+    "facebook/vit-mae-base",
+    "facebook/ijepa_vith14_1k",
+    "apple/aimv2-large-patch14-224",
+    "facebook/data2vec-vision-base-ft1k",
+    "facebook/vit-msn-small",
 )
 DEFAULTS = {
     "model_name": "demo",
