@@ -19,31 +19,43 @@ common.init_state()
 ss = st.session_state
 
 OTHER = "other (hub id or local folder)…"
+OTHER_PUBLIC = "other (Hugging Face model id)…"
 
 
 def model_ui() -> None:
     st.subheader("Model")
-    options = [*common.PRESETS, OTHER]
-    index = options.index(ss.model_name) if ss.model_name in common.PRESETS else len(options) - 1
+    public = common.serve_settings().public
+    other = OTHER_PUBLIC if public else OTHER
+    presets = common.model_options()
+    options = [*presets, other]
+    index = options.index(ss.model_name) if ss.model_name in presets else len(options) - 1
     choice = st.selectbox(
         "Checkpoint", options, index=index, key="model_pick", help="A bundled demo, or a checkpoint of a supported family: plain ViTs (ViT, DeiT, DINO, DINOv2, BEiT), "
         "hierarchical ones (Swin, PvT, CvT, MobileViT) and the modern ones (CLIP, SigLIP, DINOv3, MAE, ...)"
     )
     name = choice
-    if choice == OTHER:
+    if choice == other:
         typed = st.text_input(
-            "Hub id or local folder", value="" if ss.model_name in common.PRESETS else ss.model_name, key="model_text"
-        )
+            "Hugging Face model id" if public else "Hub id or local folder",
+            value="" if ss.model_name in presets else ss.model_name, key="model_text",
+        )  # fmt: skip
         if not typed.strip():
-            st.caption("Type an id like `google/vit-base-patch16-384` or a folder written by `save_pretrained`.")
+            st.caption(
+                "Type an id like `google/vit-base-patch16-384`"
+                + ("." if public else " or a folder written by `save_pretrained`.")
+            )
             return
-        name = common.validate_model_field(typed)
+        if typed.strip() == ss.model_name:
+            return
+        name = common.request_model(typed)
         if name is None:
             return
+    elif name != ss.model_name and common.request_model(name) is None:
+        return
     if name != ss.model_name:
         with st.status(f"Loading {name}…", expanded=False) as status:
             try:
-                common.get_model(name)
+                common.get_model(name, progress=lambda msg: status.update(label=msg))
             except VitvizError as exc:
                 status.update(label="Model not loaded", state="error")
                 st.error(f"{exc} Still using {ss.model_name}.")
@@ -103,6 +115,7 @@ def image_ui() -> None:
     elif upload is not None and upload.file_id != ss.get("last_upload"):
         data = upload.getvalue()
         try:
+            common.session_limits().uploads.acquire()  # public mode: a polite limit per minute
             intake = read_image(data, max_bytes=common.upload_limit())
         except VitvizError as exc:
             ss.upload_error = f"{upload.name}: {exc} The previous image is still shown."

@@ -17,8 +17,10 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import streamlit as st
@@ -33,9 +35,23 @@ from vitviz.capture.run import predictions_from_logits
 from vitviz.data.images import read_image
 from vitviz.demo import bundled
 from vitviz.errors import VitvizError
-from vitviz.models.load import LoadedModel, load_model, parse_model_name
+from vitviz.models.load import LoadedModel, parse_model_name
 from vitviz.models.zeroshot import Labels, ZeroShotError, encode_labels, label_target, legend, parse_labels, rank, score
+from vitviz.serve import (
+    ForwardQueue,
+    ModelCache,
+    ModelRequest,
+    RateLimit,
+    ServeSettings,
+    SessionLimits,
+    allowlist,
+    hub_download_limit,
+    load_request,
+    load_settings,
+    vet_model_request,
+)
 
+T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "assets" / "examples"
 PRESETS = (
@@ -88,9 +104,92 @@ DEFAULTS = {
 DIRECTIONS = ("where does it look?", "who looks at it?")
 
 
-@st.cache_resource(max_entries=3, show_spinner=False)
-def get_model(name: str) -> LoadedModel:
-    return load_model(name)
+@st.cache_resource(show_spinner=False)
+def serve_settings() -> ServeSettings:
+    """Public mode and its limits (``VITVIZ_PUBLIC`` / ``vitviz.toml``), read once per server."""
+    return load_settings()
+
+
+@st.cache_resource(show_spinner=False)
+def model_cache() -> ModelCache:
+    """Loaded models, bounded by the memory their parameters take; the least recently used go first."""
+    return ModelCache.from_settings(serve_settings())
+
+
+@st.cache_resource(show_spinner=False)
+def forward_queue() -> ForwardQueue:
+    """At most K forward passes at once in the server (no limit outside public mode)."""
+    return ForwardQueue.from_settings(serve_settings())
+
+
+@st.cache_resource(show_spinner=False)
+def vetted_requests() -> dict[str, ModelRequest]:
+    """Names a visitor was allowed to load, server-wide: a model dropped for memory reloads without asking the hub."""
+    return {}
+
+
+@st.cache_resource(show_spinner=False)
+def hub_downloads() -> RateLimit:
+    return hub_download_limit(serve_settings())
+
+
+def get_model(name: str, progress: Callable[[str], None] | None = None) -> LoadedModel:
+    """The shared model ``name``, (re)loaded through the memory-bounded cache with ``progress`` messages."""
+    req = vetted_requests().get(name) or ModelRequest(name)
+    return model_cache().get(
+        name, lambda: load_request(req, on_progress=progress), on_progress=progress, expected_bytes=req.memory_bytes
+    )
+
+
+def session_limits() -> SessionLimits:
+    ss = st.session_state
+    if "_limits" not in ss:
+        ss._limits = SessionLimits.from_settings(serve_settings())
+    return ss._limits
+
+
+def request_model(text: str) -> str | None:
+    """What a visitor typed or picked -> the name to load, after the public-mode policy; shows why not."""
+    settings = serve_settings()
+    try:
+        if settings.public:
+            session_limits().model_changes.acquire()
+        req = vet_model_request(text, settings, PRESETS)  # public mode: before anything touches the disk
+        if not settings.public:
+            parse_model_name(req.name)
+        elif req.hub and req.name not in model_cache().sizes():
+            hub_downloads().acquire()
+    except VitvizError as exc:
+        st.error(str(exc))
+        return None
+    vetted_requests()[req.name] = req
+    return req.name
+
+
+def session_id() -> str:
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    ctx = get_script_run_ctx()
+    return ctx.session_id if ctx is not None else "local"
+
+
+def in_queue(compute: Callable[[], T]) -> T:
+    """Run a forward pass in the server's queue; while waiting, the visitor sees their place and the time.
+
+    Only what needs a forward pass comes here: view changes reuse cached results and never wait.
+    """
+    note = st.empty()
+
+    def on_wait(place: int, elapsed: float) -> None:
+        ahead = "you are next" if place <= 1 else f"{place - 1} visitors are ahead of you"
+        note.info(f"The server runs one analysis at a time: {ahead} ({elapsed:.0f} s so far).")
+
+    try:
+        with forward_queue().slot(session_id(), on_wait=on_wait):
+            note.empty()
+            return compute()
+    finally:
+        note.empty()
 
 
 CAPTURE_CACHE_MB = int(os.environ.get("VITVIZ_CAPTURE_CACHE_MB", "1024"))
@@ -105,9 +204,12 @@ def capture_cache() -> BoundedCache:
 def get_capture(
     model_name: str, image_digest: str, size: tuple[int, int] | None, image_bytes: bytes
 ) -> vcapture.Capture:
+    """The capture of the session's image: one forward pass per (model, image, size), in the server's queue."""
+
     def compute() -> vcapture.Capture:
         image = read_image(image_bytes, max_bytes=upload_limit()).image
-        return vcapture.capture(get_model(model_name), image, size=size)
+        model = get_model(model_name)
+        return in_queue(lambda: vcapture.capture(model, image, size=size))
 
     return capture_cache().get_or_compute((model_name, image_digest, size), compute)
 
@@ -138,26 +240,42 @@ def get_patch_components(model_name: str):
     return None if weights is None else patch_components(weights, k=28)
 
 
-@st.cache_resource(max_entries=64, show_spinner=False)
+@st.cache_resource(show_spinner=False)
+def results_cache() -> BoundedCache:
+    """Relevance maps and label embeddings, server-wide; small, computed in the queue, never on a view change."""
+    return BoundedCache(max_entries=256, max_bytes=256 * 2**20, size_of=_nbytes)
+
+
+def _nbytes(value) -> int:
+    return int(getattr(value, "nbytes", 0) or getattr(getattr(value, "relevance", None), "nbytes", 0))
+
+
 def get_relevance(
-    model_name: str, image_digest: str, size: tuple[int, int] | None, class_index: int, _image_bytes: bytes,
+    model_name: str, image_digest: str, size: tuple[int, int] | None, class_index: int, image_bytes: bytes,
     prompt: str | None = None, label: str = "",
 ):  # fmt: skip
     """Relevance for a class logit, or for a zero-shot label's score (``prompt``: the label's prompt)."""
-    loaded = get_model(model_name)
-    image = read_image(_image_bytes, max_bytes=upload_limit()).image
-    if prompt is None:
-        return explain_classes(loaded, image, [class_index], size=size)[class_index]
-    text = get_label_embeddings(model_name, (prompt,))[0]
-    target = label_target(loaded.family, loaded.model, text)
-    return explain_targets(loaded, image, {class_index: (label, target)}, size=size)[class_index]
+
+    def compute():
+        loaded = get_model(model_name)
+        image = read_image(image_bytes, max_bytes=upload_limit()).image
+        if prompt is None:
+            return in_queue(lambda: explain_classes(loaded, image, [class_index], size=size)[class_index])
+        target = label_target(loaded.family, loaded.model, get_label_embeddings(model_name, (prompt,))[0])
+        return in_queue(lambda: explain_targets(loaded, image, {class_index: (label, target)}, size=size)[class_index])
+
+    key = ("relevance", model_name, image_digest, size, class_index, prompt)
+    return results_cache().get_or_compute(key, compute)
 
 
-@st.cache_resource(max_entries=32, show_spinner=False)
 def get_label_embeddings(model_name: str, prompts: tuple[str, ...]) -> np.ndarray:
     """The text tower's embeddings of the prompts ``(K, D)``: only the text tower runs when labels change."""
-    loaded = get_model(model_name)
-    return encode_labels(loaded.model, loaded.text, Labels(prompts, prompts, "{}"))
+
+    def compute() -> np.ndarray:
+        loaded = get_model(model_name)
+        return in_queue(lambda: encode_labels(loaded.model, loaded.text, Labels(prompts, prompts, "{}")))
+
+    return results_cache().get_or_compute(("labels", model_name, prompts), compute)
 
 
 SUGGESTED_LABELS = "cat, dog, car, bird, airplane"
@@ -370,10 +488,7 @@ def downloads(stem: str, key: str, **arrays: np.ndarray) -> None:
     )
 
 
-def validate_model_field(text: str) -> str | None:
-    """Parse the model field; show an error and return None when it does not parse."""
-    try:
-        return parse_model_name(text)
-    except VitvizError as exc:
-        st.error(str(exc))
-        return None
+def model_options() -> list[str]:
+    """The models offered in the sidebar: the presets locally, the allowlist in public mode."""
+    settings = serve_settings()
+    return list(allowlist(settings, PRESETS)) if settings.public else list(PRESETS)

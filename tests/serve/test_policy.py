@@ -123,7 +123,7 @@ def test_local_mode_checks_nothing(tmp_path):
 # -- allowlist ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["demo", "demo-swin", "google/vit-base-patch16-224", " facebook/dinov2-small ",
+@pytest.mark.parametrize("name", ["demo", "google/vit-base-patch16-224", " facebook/dinov2-small ",
                                   "acme/special-vit", "/srv/models/house-vit"])  # fmt: skip
 def test_allowlisted_names_pass_without_the_hub(name):
     req = vet_model_request(name, PUBLIC, PRESETS, hub=never_called_hub())
@@ -132,13 +132,12 @@ def test_allowlisted_names_pass_without_the_hub(name):
 
 
 def test_allowlist_is_presets_demos_then_operator():
-    assert policy.allowlist(PUBLIC, PRESETS) == (
-        *PRESETS,
-        "demo-swin",
-        "demo-clip",
-        "acme/special-vit",
-        "/srv/models/house-vit",
-    )
+    from vitviz.demo import bundled
+
+    extra = [d for d in bundled() if d not in PRESETS]  # the bundled models present in this checkout
+    assert policy.allowlist(PUBLIC, PRESETS) == (*PRESETS, *extra, "acme/special-vit", "/srv/models/house-vit")
+    for name in bundled():
+        assert vet_model_request(name, PUBLIC, (), hub=never_called_hub()) == ModelRequest(name)
 
 
 def test_empty_name():

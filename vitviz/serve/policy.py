@@ -3,7 +3,7 @@
 In public mode (:attr:`ServeSettings.public`), :func:`vet_model_request` accepts:
 
 * a name on the allowlist, exactly as listed: the presets the app passes in, the bundled
-  demos (:data:`~vitviz.serve.settings.DEMOS`) and the operator's ``allow`` list. It is
+  demos present in this checkout (:func:`vitviz.demo.bundled`) and the operator's ``allow`` list. It is
   loaded as today, with :func:`vitviz.models.load.load_model`;
 * a typed Hugging Face id ``owner/name``, only where the operator set ``allow_hub_ids``,
   and only after the hub's metadata says it fits: ``config.json`` alone is downloaded to
@@ -33,8 +33,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from vitviz.demo import bundled
 from vitviz.errors import VitvizError
-from vitviz.serve.settings import DEMOS, ServeSettings
+from vitviz.serve.settings import ServeSettings
 
 __all__ = [
     "Hub",
@@ -170,8 +171,8 @@ def is_hub_id(text: str) -> bool:
 
 
 def allowlist(settings: ServeSettings, presets: Iterable[str] = ()) -> tuple[str, ...]:
-    """The names a visitor may pick: the presets, the bundled demos, then the operator's ``allow``."""
-    return tuple(dict.fromkeys([*(p.strip() for p in presets), *DEMOS, *settings.allow]))
+    """The names a visitor may pick: the presets, the bundled demos present here, then the operator's ``allow``."""
+    return tuple(dict.fromkeys([*(p.strip() for p in presets), *bundled(), *settings.allow]))
 
 
 def check_model_request(
