@@ -48,7 +48,7 @@ with c3:
         on_change=lambda: common.set_query(block.stage, ss[f"query_pick_{block.stage}_{query}"]),
     )  # fmt: skip
 
-looking = ss.direction == common.DIRECTIONS[0] or query == POOLED or g.kind == "separable"
+looking = ss.direction == common.DIRECTIONS[0] or query == POOLED or g.kind in ("separable", "pool")
 maps = head_maps(block, query, direction="query" if looking else "key")
 what = (
     f"where {cap.token_label(query, block.stage)} looks"
