@@ -109,6 +109,21 @@ def _hier_configs():
 HIER_KEYS = ("swin", "swinv2", "cvt", "pvt", "pvt_v2", "mobilevit", "mobilevitv2")
 
 
+def _liven(model: torch.nn.Module) -> None:
+    """Logits that depend on the image for a tiny random MobileViT.
+
+    ``transformers`` initialises BatchNorm weights and convolutions with std 0.02, so a
+    tiny random MobileViT's activations underflow to zero before the classifier and every
+    gradient vanishes: BatchNorm weights of 1 and He-scaled weights instead.
+    """
+    with torch.no_grad():
+        for mod in model.modules():
+            if isinstance(mod, torch.nn.BatchNorm2d):
+                mod.weight.fill_(1.0)
+            if isinstance(mod, (torch.nn.Conv2d, torch.nn.Linear)):
+                mod.weight.mul_((2.0 / mod.weight[0].numel()) ** 0.5 / mod.weight.std())
+
+
 def save_tiny(key: str, folder: Path, *, seed: int = 0) -> Path:
     import transformers
     from transformers import ViTImageProcessor
@@ -116,6 +131,8 @@ def save_tiny(key: str, folder: Path, *, seed: int = 0) -> Path:
     arch, config, side = {**{k: (*v, 32) for k, v in _configs().items()}, **_hier_configs()}[key]
     torch.manual_seed(seed)
     model = getattr(transformers, arch)(config)
+    if key.startswith("mobilevit"):
+        _liven(model)
     model.save_pretrained(folder, safe_serialization=True)
     ViTImageProcessor(size={"height": side, "width": side}, image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(
         folder

@@ -36,6 +36,7 @@ __all__ = [
     "token_layout",
     "predictions_from_logits",
     "preprocess",
+    "unnormalised",
     "run_forward",
     "capture",
     "capture_batch",
@@ -109,10 +110,17 @@ def preprocess(
     """
     h, w = hw
     resized = np.stack([np.asarray(img.convert("RGB").resize((w, h), loaded.resample)) for img in images])
-    x = resized[..., list(loaded.channel_order)].astype(np.float32) * loaded.rescale_factor  # BGR where expected
-    x = (x - np.asarray(loaded.image_mean, np.float32)) / np.asarray(loaded.image_std, np.float32)
+    x = (unnormalised(loaded, resized) - np.asarray(loaded.image_mean, np.float32)) / np.asarray(
+        loaded.image_std, np.float32
+    )
     pixels = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous()
     return pixels.to(device=loaded.device, dtype=loaded.dtype), resized
+
+
+def unnormalised(loaded: LoadedModel, resized: np.ndarray) -> np.ndarray:
+    """The model input before normalisation: uint8 ``(B, h, w, 3)`` RGB -> float32, channels in the model's order
+    (BGR where its processor flips them) and rescaled (``[0, 1]`` usually). Perturbations are made here."""
+    return resized[..., list(loaded.channel_order)].astype(np.float32) * loaded.rescale_factor
 
 
 class BlockRecorder:

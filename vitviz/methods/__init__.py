@@ -1,0 +1,118 @@
+"""Explanation methods behind one interface: ``explain(loaded, image, method, *, class_index) -> MethodMap``.
+
+Every method gives one raw map on the first stage's grid (the patch grid of a plain
+ViT), so that maps can be compared cell by cell and scored by the faithfulness
+curves (:mod:`vitviz.evaluate.faithfulness`). One module per method:
+
+========================  ==================================================================
+``attention``             last block's raw attention from its global query, head mean
+``rollout``               attention rollout of the readout row (Abnar & Zuidema 2020)
+``relevance``             class-specific relevance (Chefer, Gur & Wolf 2021)
+``gradcam``               Grad-CAM on the tokens entering the last attention block
+``integrated_gradients``  Integrated Gradients from the mean image (captum), pooled per cell
+``random``                i.i.d. uniform values from a seeded generator (the floor)
+========================  ==================================================================
+
+Rollout and relevance are undefined for MobileViT (``Family.rollout_note``); class-
+specific methods need a classifier. :func:`available_methods` lists what applies,
+:func:`why_unavailable` says why not, and :func:`explain` raises :class:`MethodError`
+with that reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from PIL import Image
+
+from vitviz.methods.attention import Attention
+from vitviz.methods.base import Inputs, Method, MethodError, MethodMap, place_on_grid, pool_to_grid
+from vitviz.methods.gradcam import GradCam
+from vitviz.methods.integrated_gradients import IntegratedGradients
+from vitviz.methods.random_map import RandomMap
+from vitviz.methods.relevance import Relevance
+from vitviz.methods.rollout import Rollout
+from vitviz.models.load import LoadedModel
+
+__all__ = [
+    "METHODS",
+    "Method",
+    "MethodMap",
+    "MethodError",
+    "Inputs",
+    "get_method",
+    "available_methods",
+    "why_unavailable",
+    "explain",
+    "explain_many",
+    "place_on_grid",
+    "pool_to_grid",
+]
+
+METHODS: dict[str, Method] = {
+    m.name: m for m in (Attention(), Rollout(), Relevance(), GradCam(), IntegratedGradients(), RandomMap())
+}
+
+
+def get_method(method: str | Method, **options) -> Method:
+    """A method by name (with ``options`` for its constructor, e.g. ``n_steps=64``), or the instance given."""
+    if isinstance(method, Method):
+        if options:
+            raise ValueError("options apply to a method given by name; configure an instance yourself")
+        return method
+    if method not in METHODS:
+        raise MethodError(f"unknown explanation method {method!r}; choose one of {', '.join(METHODS)}")
+    return type(METHODS[method])(**options) if options else METHODS[method]
+
+
+def why_unavailable(loaded: LoadedModel, method: str | Method) -> str:
+    """Why ``method`` does not apply to ``loaded`` ("" when it does)."""
+    return get_method(method).unavailable(loaded)
+
+
+def available_methods(loaded: LoadedModel) -> tuple[str, ...]:
+    """Names of the methods that apply to ``loaded``, in :data:`METHODS` order."""
+    return tuple(name for name, m in METHODS.items() if not m.unavailable(loaded))
+
+
+def explain(
+    loaded: LoadedModel,
+    image: Image.Image,
+    method: str | Method,
+    *,
+    class_index: int | None = None,
+    size: int | tuple[int, int] | None = None,
+    seed: int = 0,
+    **options,
+) -> MethodMap:
+    """One method's map of ``image`` for ``class_index`` (None: the predicted class).
+
+    ``size``: the input size (default: the model's). ``seed``: for ``random``.
+    ``options``: the method's constructor options (``integrated_gradients``: ``n_steps``,
+    ``batch_size``). Raises :class:`MethodError` when the method does not apply.
+    """
+    m = get_method(method, **options)
+    return m(Inputs(loaded, image, size=size), class_index=class_index, seed=seed)
+
+
+def explain_many(
+    loaded: LoadedModel,
+    image: Image.Image,
+    methods: Sequence[str | Method] | None = None,
+    *,
+    class_index: int | None = None,
+    size: int | tuple[int, int] | None = None,
+    seed: int = 0,
+) -> dict[str, MethodMap]:
+    """Several methods on one image (default: every available one), sharing one capture and one class.
+
+    ``class_index`` None: the predicted class, resolved once so that every map explains
+    the same class. Raises :class:`MethodError` for a method that does not apply.
+    """
+    chosen = [get_method(m) for m in (available_methods(loaded) if methods is None else methods)]
+    inputs = Inputs(loaded, image, size=size)
+    if any(m.uses_capture for m in chosen):
+        inputs.capture  # noqa: B018 - one capture serves the prediction and every attention-based map
+    if class_index is None:
+        class_index = inputs.predicted_class()
+    return {m.name: m(inputs, class_index=class_index, seed=seed) for m in chosen}

@@ -1,0 +1,117 @@
+"""``gradcam``: Grad-CAM (Selvaraju et al. 2017) for Vision Transformers, written here on vitviz's hooks.
+
+Why not ``grad-cam`` (jacobgil/pytorch-grad-cam)? It imports torchvision and OpenCV
+at import time, and installing it with its dependencies replaces our torch by a
+6 GB CUDA build (``ALGORITHMS.md``); the method is a few lines on top of the
+capture hooks, so it lives here.
+
+Definition. Activations ``A`` ``(N, C)``: the grid tokens *entering the last
+attention block* (the block's input, prefix tokens and padding left out), rows in
+row-major order on that block's grid ``(gh_L, gw_L)`` (the last stage's grid of a
+hierarchical model; MobileViT: the block's unfolded patch rows ``(N, A * C)``, one
+row per patch, offsets x channels, as ``Family.tokens`` gives them). ``y_c`` is the
+class logit before softmax. Then
+
+    w = mean_t dy_c / dA[t, :]                  (C,)  mean over the N grid tokens
+    map[t] = ReLU(sum_c w_c A[t, c])            (N,)  -> (gh_L, gw_L)
+
+placed on the first stage's grid by nearest cell (:func:`vitviz.methods.base.place_on_grid`).
+
+Which layer, per family: always the last attention block's input (for models with
+an attention-pooling head, SigLIP and AIMv2, the last encoder block's, not the
+head's). This is the layer pytorch-grad-cam's own ViT and Swin recipes use
+(``blocks[-1].norm1``, ``layers[-1].blocks[-1].norm1``), read before that LayerNorm
+(the residual stream) rather than after it. The last block's *output* would not do
+for CLS models: the classifier reads only the CLS token after a per-token LayerNorm,
+so the gradient with respect to the output's patch tokens is exactly zero there.
+The block input is found by the block's forward hook (``vitviz.capture.hooks``) and
+its gradient by ``torch.autograd.grad``; no ``.grad`` is written on the shared model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from vitviz.capture.run import BlockRecorder, preprocess, run_forward
+from vitviz.errors import CaptureError
+from vitviz.methods.base import Inputs, Method
+from vitviz.models.families.base import Call
+from vitviz.models.load import LoadedModel
+
+__all__ = ["GradCam", "gradcam_map"]
+
+_INPUT_KEYS = ("hidden_states", "hidden_state")
+
+
+class _LastBlockInput(BlockRecorder):
+    """Keeps the hook arguments of the last attention block that is not a pooling head (the live tensors)."""
+
+    def __init__(self, loaded: LoadedModel, call: Call) -> None:
+        super().__init__(loaded, call)
+        self.last: tuple | None = None
+
+    def block(self, site, g, raw, module, args, kwargs, output) -> None:
+        if g.kind != "pool":
+            self.last = (site, g, module, args, kwargs, output)
+
+
+def _block_input(args: tuple, kwargs: dict) -> torch.Tensor:
+    if args:
+        return args[0]
+    for key in _INPUT_KEYS:
+        if key in kwargs:
+            return kwargs[key]
+    raise CaptureError("the last block was called without its hidden states: Grad-CAM cannot find its input")
+
+
+def _with_input(args: tuple, kwargs: dict, value: torch.Tensor) -> tuple[tuple, dict]:
+    """The same call with the block's input replaced by ``value``."""
+    if args:
+        return (value, *args[1:]), kwargs
+    key = next(k for k in _INPUT_KEYS if k in kwargs)
+    return args, {**kwargs, key: value}
+
+
+def gradcam_map(loaded: LoadedModel, pixels: torch.Tensor, hw: tuple[int, int], class_index: int) -> np.ndarray:
+    """Grad-CAM ``(gh_L, gw_L)`` float32 on the last attention block's grid for normalised ``pixels`` ``(1, 3, h, w)``.
+
+    The activations and their gradients are both rearranged by the family's own
+    ``tokens`` (a pure reshape / slice of the block input), so prefix tokens,
+    padding and MobileViT's unfolding are handled where the family knows them.
+    """
+    fam = loaded.family
+    call = Call(loaded.config, hw, 1)
+    rec = _LastBlockInput(loaded, call)
+    pixels = pixels.detach().clone().requires_grad_(True)  # the graph reaches every block; parameters need no grad
+    with torch.enable_grad():
+        out = run_forward(loaded, pixels, rec)
+        if rec.last is None:
+            raise CaptureError(f"'{loaded.name}' has no attention block before its head: nothing for Grad-CAM")
+        site, g, module, args, kwargs, output = rec.last
+        x = _block_input(args, kwargs)
+        (grad,) = torch.autograd.grad(fam.logits(loaded.model, out)[0, class_index], [x], allow_unused=True)
+    grad = torch.zeros_like(x) if grad is None else grad
+    acts = fam.tokens(call, site, module, args, kwargs, output)[0].detach()  # (1, T, C)
+    g_args, g_kwargs = _with_input(args, kwargs, grad)
+    grads = fam.tokens(call, site, module, g_args, g_kwargs, output)[0]  # the same rearrangement of the gradient
+    n = g.grid[0] * g.grid[1]
+    p = g.num_prefix
+    a = acts[0, p : p + n].double()  # (N, C)
+    d = grads[0, p : p + n].double()
+    weights = d.mean(dim=0)  # (C,)
+    cam = torch.relu(a @ weights)  # (N,)
+    return cam.reshape(g.grid).float().cpu().numpy()
+
+
+class GradCam(Method):
+    name = "gradcam"
+    title = "Grad-CAM"
+    definition = (
+        "Grad-CAM on the tokens entering the last attention block: ReLU(sum_c mean_t(dy_c/dA[t,c]) A[t,c]), "
+        "nearest cell on the first-stage grid"
+    )
+
+    def compute(self, inputs: Inputs, class_index: int | None, seed: int) -> np.ndarray:
+        pixels, _ = preprocess(inputs.loaded, [inputs.image], inputs.input_size)
+        return gradcam_map(inputs.loaded, pixels, inputs.input_size, class_index)
