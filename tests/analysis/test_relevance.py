@@ -28,8 +28,11 @@ def test_two_layers_hand_computed_and_heads_averaged():
     np.testing.assert_allclose(chefer_relevance(np.stack([a1, a2]), np.stack([g1, g2])), expected)
 
 
-def _torch_reference(loaded, image, cls: int) -> np.ndarray:
-    """Independent route: retain_grad + backward() on the attentions, relevance rolled in torch."""
+def _torch_reference(loaded, image, cls: int, pooled: bool = False) -> np.ndarray:
+    """Independent route: retain_grad + backward() on the attentions, relevance rolled in torch.
+
+    The row read out: CLS, or the mean of the patch rows where the classifier mean-pools (BEiT).
+    """
     pixels, _ = preprocess(loaded, [image], input_size_for(loaded))
     pixels.requires_grad_(True)
     out = loaded.model(pixel_values=pixels, output_attentions=True)
@@ -41,7 +44,8 @@ def _torch_reference(loaded, image, cls: int) -> np.ndarray:
     for a in out.attentions:
         cam = (a.grad[0].double() * a[0].detach().double()).clamp(min=0).mean(0)
         r = r + cam @ r
-    return r[0].numpy()
+    p = len(loaded.family.prefix_kinds(loaded.config))
+    return (r[p:].mean(0) if pooled else r[0]).numpy()
 
 
 @pytest.mark.parametrize("key", ["vit", "deit", "beit"])
@@ -49,8 +53,11 @@ def test_matches_independent_torch_implementation(tiny_models, key):
     loaded = tiny_models[key]
     img = random_image(4)
     got = explain_classes(loaded, img, [2, 0])
+    pooled = key == "beit"  # BEiT's classifier mean-pools the patch tokens
+    assert got[2].readout == ("pooled query" if pooled else "CLS")
     for c in (2, 0):
-        np.testing.assert_allclose(got[c].relevance, _torch_reference(loaded, img, c), rtol=1e-4, atol=1e-6)
+        ref = _torch_reference(loaded, img, c, pooled)
+        np.testing.assert_allclose(got[c].relevance, ref, rtol=1e-4, atol=1e-6)
     assert got[2].patch_map().shape == (4, 4)
     assert not np.allclose(got[2].relevance, got[0].relevance)  # really class-specific
     assert all(p.grad is None for p in loaded.model.parameters())  # shared model untouched

@@ -65,10 +65,39 @@ hierarchical models (patch merging mixes tokens and widths) and for models whose
 readout is not an affine function of normalised tokens; the call then raises
 :class:`NotDefined` with the reason (``causal_notes`` says so before any forward).
 
+**Zero-shot two-tower models** (CLIP, SigLIP): given the label embeddings ``(K, D)``
+(``vitviz.models.zeroshot.encode_labels``), the "logits" are the label scores the
+model's forward computes (``logit_scale.exp() * cos(image embedding, label)``, plus
+``logit_bias`` for SigLIP), and knock-outs, head importance and the fast estimate
+explain them (full batched forwards: no readout head to start from the cached
+residual). The logit lens and attribution of label scores are not defined until
+the contrastive adapter describes a readout head (post-norm, image projection).
+
 **Fast estimate** (attribution patching): the first-order estimate of every
 knock-out effect at once, ``sum_{t, j in head h} dy_c/dz_l[t, j] * (z'_l[t, j] -
 z_l[t, j])`` with ``z'`` the knocked-out value (mean or zero), from one forward
 and one backward pass (about 3 forward-equivalents).
+
+Families
+--------
+Rows of every (L, H) table are the model's attention sites in forward order.
+
+* ViT, DINO, DeiT (distilled or not), DINOv2 (+ registers) classifiers, BEiT,
+  ViT-MSN, data2vec-vision: everything (cached-residual knock-outs).
+* Swin, Swin V2: knock-outs, importance (full batched forwards), the estimate; the
+  lens for the last stage's blocks; no attribution.
+* PvT, PvT v2, CvT: knock-outs, importance, the estimate; no readout head is
+  described for them (no lens), no attribution.
+* MobileViT: its projection ``attention.output.dense`` reads the heads of every
+  offset and patch, so a knock-out applies at all of them ("mean" = over all
+  patch-offset positions of the image); importance and the estimate hold; no lens
+  or attribution (convolutions fuse the transformer's output with the input).
+* MobileViT V2: nothing (one separable "head" per block, a convolution as projection).
+* CLIP, SigLIP two-tower models: knock-outs, importance and the estimate of label
+  scores; SigLIP's pooling head has no row (``nn.MultiheadAttention`` never calls
+  its ``out_proj`` as a module, so no hook can edit its input).
+* I-JEPA classifier (mean of all tokens, no CLS): knock-outs, importance (full
+  forwards), the estimate; no readout head is described yet (no lens, no attribution).
 
 Mechanics
 ---------
@@ -86,6 +115,7 @@ passed them in the clean run, then the family's readout head.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -251,7 +281,7 @@ class Attribution:
 
 _PLAN: ContextVar[_Plan | None] = ContextVar("vitviz_causal_plan", default=None)
 _INSTALL_LOCK = threading.Lock()
-_PROJ_ATTR = "_vitviz_head_projections"
+_PROJECTIONS: weakref.WeakKeyDictionary[torch.nn.Module, tuple] = weakref.WeakKeyDictionary()  # beside the model
 
 
 class _Plan:
@@ -288,25 +318,35 @@ def _projection_hook(index: int):
     return hook
 
 
+def _hookable(site: Site, proj: torch.nn.Linear | None) -> torch.nn.Linear | None:
+    """``proj`` unless the forward never calls it as a module (``nn.MultiheadAttention`` reads ``out_proj.weight``)."""
+    if proj is None:
+        return None
+    for m in (site.attention, *site.block.modules()):
+        if isinstance(m, torch.nn.MultiheadAttention) and m.out_proj is proj:
+            return None
+    return proj
+
+
 def install_causal_hooks(loaded: LoadedModel) -> tuple[torch.nn.Linear | None, ...]:
     """Register, once per model, the pre-hook on every block's output projection; return the projections
     (None for blocks without one). Idle unless a causal call in the current context sets a plan. Safe to call
     at load time (recommended) or lazily (the first causal call does it)."""
     model = loaded.model
-    found = getattr(model, _PROJ_ATTR, None)
+    found = _PROJECTIONS.get(model)
     if found is not None:
         return found
     with _INSTALL_LOCK:
-        found = getattr(model, _PROJ_ATTR, None)
+        found = _PROJECTIONS.get(model)
         if found is not None:
             return found
-        projs = tuple(loaded.family.head_projection(s) for s in installed_sites(model))
+        projs = tuple(_hookable(s, loaded.family.head_projection(s)) for s in installed_sites(model))
         if len({id(p) for p in projs if p is not None}) != sum(p is not None for p in projs):
             raise CaptureError(f"the {loaded.family.name} adapter names one output projection for two blocks")
         for i, proj in enumerate(projs):
             if proj is not None:
                 proj.register_forward_pre_hook(_projection_hook(i))
-        object.__setattr__(model, _PROJ_ATTR, projs)  # a plain attribute, not a sub-module
+        _PROJECTIONS[model] = projs
         return projs
 
 
@@ -324,14 +364,16 @@ def _planned(plan: _Plan) -> Iterator[_Plan]:
 
 def causal_notes(loaded: LoadedModel) -> dict[str, str]:
     """Why each analysis is not (or only partly) defined for ``loaded``: keys ``knockout`` (knock-outs, head
-    importance, the fast estimate), ``lens``, ``attribution``; "" where fully defined. No forward runs."""
+    importance, the fast estimate), ``lens``, ``attribution``; "" where fully defined. No forward runs (the
+    projection hooks are installed if they are not yet)."""
     fam, model = loaded.family, loaded.model
     projs = install_causal_hooks(loaded)
     notes = {"knockout": "", "lens": "", "attribution": ""}
-    if not loaded.has_classifier:
+    two_tower = loaded.zero_shot or isinstance(getattr(model, "logit_scale", None), torch.Tensor)
+    if not loaded.has_classifier and not two_tower:
         why = (
-            f"'{loaded.name}' has no classifier: knock-out effects, the logit lens and attribution need class "
-            "logits" + (" (zero-shot label scores are not wired to these analyses yet)." if loaded.zero_shot else ".")
+            f"'{loaded.name}' has no classifier and no text tower: knock-out effects, the logit lens and "
+            "attribution need class logits (or, for a two-tower model, label scores)."
         )
         return dict.fromkeys(notes, why)
     if not any(p is not None for p in projs):
@@ -344,6 +386,12 @@ def causal_notes(loaded: LoadedModel) -> dict[str, str]:
             f"Only {sum(p is not None for p in projs)} of {len(projs)} {fam.name} blocks have a per-head output "
             "projection; the others have no rows in the head tables."
         )
+    if not loaded.has_classifier:  # zero-shot: knock-outs of label scores; no readout head for them yet
+        notes["lens"] = notes["attribution"] = (
+            f"The logit lens and attribution of zero-shot label scores are not defined: the {fam.name} adapter "
+            "describes no readout head (final norm, image projection, then the label embeddings)."
+        )
+        return notes
     readout = fam.readout_head(model)
     if readout is None:
         notes["lens"] = (
@@ -404,6 +452,7 @@ class _Clean:
     blocks: dict[int, tuple[torch.Tensor, torch.Tensor, tuple, dict]]
     readout: ReadoutHead | None
     readout_problem: str  # why ``readout`` is None although the family has one ("" otherwise)
+    scorer: Scorer
 
     @property
     def num_blocks(self) -> int:
@@ -425,13 +474,47 @@ class _Clean:
         return flat.mean(dim=0) if mode == "mean" else torch.zeros_like(flat[0])
 
 
-def _check_classifier(loaded: LoadedModel) -> None:
-    if not loaded.has_classifier:
-        raise NotDefined(causal_notes(loaded)["knockout"])
+Scorer = Callable[[object], torch.Tensor]  # the forward's output -> scores (B, K): class logits or label scores
 
 
-def _clean_run(loaded: LoadedModel, image: Image.Image, size, budget_bytes: int) -> _Clean:
-    _check_classifier(loaded)
+def _scorer(loaded: LoadedModel, label_embeddings: np.ndarray | None) -> Scorer:
+    """Class logits, or (with ``label_embeddings`` ``(K, D)``) a two-tower model's label scores, as its forward's
+    ``logits_per_image`` computes them: ``logit_scale.exp() * cos(image embedding, label) (+ logit_bias)``."""
+    fam, model = loaded.family, loaded.model
+    if label_embeddings is None:
+        if not loaded.has_classifier:
+            if loaded.zero_shot or isinstance(getattr(model, "logit_scale", None), torch.Tensor):
+                raise NotDefined(
+                    f"'{loaded.name}' is a zero-shot two-tower model: give the label embeddings (encode_labels) "
+                    "whose scores to explain."
+                )
+            raise NotDefined(causal_notes(loaded)["knockout"])
+        return lambda out: fam.logits(model, out)
+    text = torch.as_tensor(np.asarray(label_embeddings, np.float32))
+    if text.ndim != 2 or text.shape[0] < 1:
+        raise ValueError(f"label embeddings must be (K, D) with K >= 1, got shape {tuple(text.shape)}")
+    scale = getattr(model, "logit_scale", None)
+    if not isinstance(scale, torch.Tensor):
+        raise NotDefined(f"'{loaded.name}' has no logit_scale: only a two-tower model scores label embeddings.")
+    bias = getattr(model, "logit_bias", None)
+    unit = text / text.norm(dim=-1, keepdim=True)
+
+    def score(out) -> torch.Tensor:
+        img = fam.image_embedding(model, out)
+        if img is None:
+            raise NotDefined(f"'{loaded.name}' gives no image embedding to compare with label embeddings.")
+        if img.shape[-1] != unit.shape[-1]:
+            raise ValueError(f"label embeddings have width {unit.shape[-1]}, the image embedding {img.shape[-1]}")
+        got = scale.exp() * (img / img.norm(dim=-1, keepdim=True)) @ unit.to(img.device, img.dtype).T
+        return got + bias if isinstance(bias, torch.Tensor) else got
+
+    return score
+
+
+def _clean_run(
+    loaded: LoadedModel, image: Image.Image, size, budget_bytes: int, label_embeddings: np.ndarray | None = None
+) -> _Clean:
+    scorer = _scorer(loaded, label_embeddings)
     projs = install_causal_hooks(loaded)
     hw = input_size_for(loaded, size, image.size)
     check_budget(loaded, hw, batch=1, gradients=False, budget=budget_bytes)
@@ -440,12 +523,18 @@ def _clean_run(loaded: LoadedModel, image: Image.Image, size, budget_bytes: int)
     plan = _Plan(record=True)
     with torch.inference_mode(), _planned(plan):
         out = run_forward(loaded, pixels, rec)
-        logits = loaded.family.logits(loaded.model, out)
+        logits = scorer(out)
     if logits is None:
         raise NotDefined(f"'{loaded.name}' returned no class logits.")
     sites = installed_sites(loaded.model)
     heads = tuple(rec.geometries[s.index].num_heads for s in sites)
-    readout, problem = _checked_readout(loaded, rec.blocks, sites, logits[0].float())
+    # A projection the forward never called as a module (nn.MultiheadAttention uses its out_proj's weight
+    # directly) cannot be edited by a hook: its block has no knock-outs.
+    projs = tuple(p if p is not None and s.index in plan.z else None for s, p in zip(sites, projs, strict=True))
+    if label_embeddings is None:
+        readout, problem = _checked_readout(loaded, rec.blocks, sites, logits[0].float())
+    else:
+        readout, problem = None, causal_notes(loaded)["lens"] or "Not defined for label scores."
     return _Clean(
         loaded=loaded,
         hw=hw,
@@ -458,6 +547,7 @@ def _clean_run(loaded: LoadedModel, image: Image.Image, size, budget_bytes: int)
         blocks=rec.blocks,
         readout=readout,
         readout_problem=problem,
+        scorer=scorer,
     )
 
 
@@ -582,7 +672,7 @@ def _knocked_logits(
             inputs = loaded.family.model_inputs(loaded, pixels, clean.hw)
             with loaded.family.running(loaded.model):
                 out = loaded.family.forward(loaded.model, inputs)
-            logits = loaded.family.logits(loaded.model, out)
+            logits = clean.scorer(out)
             work = float(k)
     return logits.float(), work
 
@@ -595,16 +685,18 @@ def knock_out(
     mode: KnockoutMode = "mean",
     size: int | tuple[int, int] | None = None,
     from_cache: bool = True,
+    label_embeddings: np.ndarray | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
 ) -> Knockout:
     """Knock out ``heads`` (``(block, head)`` pairs, 0-based) together in one forward; logits ``(C,)``.
 
     ``from_cache``: one-grid models start from the clean residual at the first knocked-out block (same numbers
     as a full forward); False runs the whole model. Raises ValueError for heads out of range, an empty set, or
-    every head of the model; :class:`NotDefined` where heads cannot be knocked out.
+    every head of the model; :class:`NotDefined` where heads cannot be knocked out. ``label_embeddings``
+    ``(K, D)`` (zero-shot two-tower models, from ``encode_labels``): the logits are the label scores.
     """
     _check_mode(mode)
-    clean = _clean_run(loaded, image, size, budget_bytes)
+    clean = _clean_run(loaded, image, size, budget_bytes, label_embeddings)
     chosen = _check_heads(clean, heads)
     logits, _ = _knocked_logits(clean, [chosen], mode, from_cache)
     return Knockout(chosen, mode, _frozen(logits[0].cpu().numpy()), _frozen(clean.logits.cpu().numpy()))
@@ -617,7 +709,7 @@ def _chunk_size(clean: _Clean, budget_bytes: int) -> int:
     x = clean.blocks[clean.sites[0].index][0] if clean.blocks else None
     acts = 16 * x[0].numel() if x is not None else 0
     per_copy = (3 * per_block + acts) * 4 + 1
-    return int(max(1, min(64, budget_bytes // 4 // per_copy)))
+    return int(max(1, min(64, budget_bytes // 2 // per_copy)))
 
 
 def _importance(
@@ -683,6 +775,7 @@ def head_importance(
     chunk: int | None = None,
     progress: Progress | None = None,
     cancel: CancelCheck | None = None,
+    label_embeddings: np.ndarray | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
 ) -> HeadImportance:
     """The effect of knocking out each head alone on ``class_index`` (default: the top-1): an (L, H) table.
@@ -690,9 +783,10 @@ def head_importance(
     ``chunk``: copies per batched forward (default: as many as ``budget_bytes`` allows, at most 64; chunks
     never mix blocks). ``progress(done, total)`` after each chunk; ``cancel()`` before each: True raises
     :class:`Cancelled` carrying the partial table. ``from_cache=False`` runs full forwards (for checks).
+    ``label_embeddings`` ``(K, D)``: explain a zero-shot model's label scores (``class_index`` is then a label).
     """
     _check_mode(mode)
-    clean = _clean_run(loaded, image, size, budget_bytes)
+    clean = _clean_run(loaded, image, size, budget_bytes, label_embeddings)
     c = _class_index(clean.logits, class_index)
     return _importance(clean, c, mode, from_cache, chunk, progress, cancel, budget_bytes)
 
@@ -707,14 +801,16 @@ def fast_estimate(
     class_index: int | None = None,
     mode: KnockoutMode = "mean",
     size: int | tuple[int, int] | None = None,
+    label_embeddings: np.ndarray | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
 ) -> HeadEstimate:
     """Attribution patching: every head's knock-out effect to first order, from one forward and one backward.
 
     ``effects[l, h] = sum_{t, j in head h} dy_c / dz_l[t, j] * (z'_l[t, j] - z_l[t, j])``.
+    ``label_embeddings`` as in :func:`head_importance`.
     """
     _check_mode(mode)
-    _check_classifier(loaded)
+    scorer = _scorer(loaded, label_embeddings)
     projs = install_causal_hooks(loaded)
     if not any(p is not None for p in projs):
         raise NotDefined(causal_notes(loaded)["knockout"])
@@ -727,7 +823,7 @@ def fast_estimate(
     sites = installed_sites(loaded.model)
     with torch.enable_grad(), _planned(plan):
         out = run_forward(loaded, pixels, rec)
-        logits = loaded.family.logits(loaded.model, out)
+        logits = scorer(out)
         if logits is None:
             raise NotDefined(f"'{loaded.name}' returned no class logits.")
         clean_logits = logits[0].detach().float()
@@ -805,44 +901,49 @@ def _attribution(clean: _Clean, c: int) -> Attribution:
     if not isinstance(norm, torch.nn.LayerNorm):
         raise NotDefined(f"The final norm of '{loaded.name}' is a {type(norm).__name__}, not a LayerNorm.")
     n, width = clean.num_blocks, clean.width
+    device, dtype = clean.logits.device, clean.logits.dtype
+
+    def f64(t: torch.Tensor) -> torch.Tensor:  # float64 on the CPU (MPS has no float64)
+        return t.detach().to("cpu", torch.float64)
+
     with torch.inference_mode():
         x_last = clean.blocks[clean.sites[-1].index][1]
-        v = readout.select(x_last.double())  # (1, R, D)
+        v = readout.select(f64(x_last))  # (1, R, D)
         sigma = torch.sqrt(v.var(dim=-1, unbiased=False, keepdim=True) + norm.eps)  # frozen, (1, R, 1)
         dim = v.shape[-1]
-        gamma = norm.weight.double() if norm.weight is not None else torch.ones(dim, dtype=torch.float64)
-        beta = norm.bias.double() if norm.bias is not None else torch.zeros(dim, dtype=torch.float64)
-        dtype = clean.logits.dtype
+        ones = torch.ones(dim, dtype=torch.float64)
+        gamma = f64(norm.weight) if norm.weight is not None else ones
+        beta = f64(norm.bias) if norm.bias is not None else torch.zeros_like(ones)
 
         def head(u: torch.Tensor) -> torch.Tensor:  # normed vectors (K, R, D) float64 -> logit of c (K,) float64
-            return readout.head(u.to(dtype)).double()[:, c]
+            return f64(readout.head(u.to(device, dtype))[:, c])
 
         zero = head(torch.zeros_like(v))
 
         def part(resid: torch.Tensor) -> torch.Tensor:  # residual components (K, T, D) -> their terms (K,)
-            s = readout.select(resid.double())
+            s = readout.select(resid)
             s = s - s.mean(dim=-1, keepdim=True)
             return head(gamma * s / sigma) - zero
 
         heads = np.full((n, width), np.nan)
         mlps = np.zeros(n)
-        rest_resid = clean.blocks[clean.sites[0].index][0].double().clone()  # embeddings, then every bias
+        rest_resid = f64(clean.blocks[clean.sites[0].index][0]).clone()  # embeddings, then every bias
         for i, site in enumerate(clean.sites):
             x_in, x_out, _, _ = clean.blocks[site.index]
             proj = clean.projections[i]
             s1, s2 = fam.residual_scales(site)
-            s1 = torch.ones(dim, dtype=torch.float64) if s1 is None else s1.detach().double()
-            s2 = torch.ones(dim, dtype=torch.float64) if s2 is None else s2.detach().double()
-            z = clean.z[site.index].double()  # (1, T, H * d)
+            s1 = ones if s1 is None else f64(s1)
+            s2 = ones if s2 is None else f64(s2)
+            z = f64(clean.z[site.index])  # (1, T, H * d)
             h = clean.num_heads[i]
-            w = proj.weight.double()  # (D, H * d)
+            w = f64(proj.weight)  # (D, H * d)
             per_head = torch.einsum("thj,ehj->hte", z[0].reshape(z.shape[1], h, -1), w.reshape(dim, h, -1)) * s1
-            heads[i, :h] = part(per_head).cpu().numpy()
-            b_o = proj.bias.double() * s1 if proj.bias is not None else torch.zeros(dim, dtype=torch.float64)
+            heads[i, :h] = part(per_head).numpy()
+            b_o = f64(proj.bias) * s1 if proj.bias is not None else torch.zeros_like(ones)
             attn = per_head.sum(dim=0, keepdim=True) + b_o
-            mlp_total = x_out.double() - x_in.double() - attn  # what the rest of the block added: its MLP update
+            mlp_total = f64(x_out) - f64(x_in) - attn  # what the rest of the block added: its MLP update
             fc2 = fam.mlp_output(site)
-            b_2 = fc2.bias.double() * s2 if fc2 is not None and fc2.bias is not None else torch.zeros_like(b_o)
+            b_2 = f64(fc2.bias) * s2 if fc2 is not None and fc2.bias is not None else torch.zeros_like(ones)
             mlps[i] = float(part(mlp_total - b_2)[0])
             rest_resid = rest_resid + b_o + b_2
         rest = float(part(rest_resid)[0] + head(beta.expand_as(v))[0])
@@ -855,7 +956,7 @@ def _attribution(clean: _Clean, c: int) -> Attribution:
             f"its blocks are not pre-norm residual blocks as the {fam.name} adapter describes them"
         )
     return Attribution(
-        c, logit, _frozen(heads), _frozen(mlps), rest, _frozen(sigma.reshape(-1).cpu().numpy()), readout.description
+        c, logit, _frozen(heads), _frozen(mlps), rest, _frozen(sigma.reshape(-1).numpy()), readout.description
     )
 
 
@@ -889,6 +990,7 @@ def causal_arrays(
     size: int | tuple[int, int] | None = None,
     progress: Progress | None = None,
     cancel: CancelCheck | None = None,
+    label_embeddings: np.ndarray | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """One clean run, then every analysis defined for the model, as arrays for ``export --causal``.
@@ -899,7 +1001,7 @@ def causal_arrays(
     why (same key).
     """
     notes = causal_notes(loaded)
-    clean = _clean_run(loaded, image, size, budget_bytes)
+    clean = _clean_run(loaded, image, size, budget_bytes, label_embeddings)
     c = _class_index(clean.logits, class_index)
     arrays: dict[str, np.ndarray] = {"explained_class": np.asarray(c, np.int64)}
     why: dict[str, str] = {}
@@ -915,8 +1017,12 @@ def causal_arrays(
         for key in ("head_attribution", "mlp_attribution", "attribution_rest"):
             why[key] = notes["attribution"] or clean.readout_problem or "Direct logit attribution is not defined."
     else:
-        att = _attribution(clean, c)
-        arrays["head_attribution"] = att.heads
-        arrays["mlp_attribution"] = att.mlps
-        arrays["attribution_rest"] = np.asarray(att.rest, np.float64)
+        try:
+            att = _attribution(clean, c)
+        except NotDefined as exc:
+            why.update(dict.fromkeys(("head_attribution", "mlp_attribution", "attribution_rest"), str(exc)))
+        else:
+            arrays["head_attribution"] = att.heads
+            arrays["mlp_attribution"] = att.mlps
+            arrays["attribution_rest"] = np.asarray(att.rest, np.float64)
     return arrays, why

@@ -22,7 +22,7 @@ import torch
 from vitviz.capture.hooks import install
 from vitviz.capture.record import PositionInfo
 from vitviz.demo import bundled
-from vitviz.errors import ModelLoadError
+from vitviz.errors import CaptureError, ModelLoadError
 from vitviz.models.families import Family, family_for
 from vitviz.models.zeroshot import TextTower, text_tower
 
@@ -321,7 +321,7 @@ def load_model(
     fixed = family.fixed_size(config)
     has_head = hasattr(model, "classifier") or hasattr(model, "cls_classifier")
     labels = _class_names(config) if has_head else None
-    return LoadedModel(
+    loaded = LoadedModel(
         name=name.strip(),
         source=source,
         model=model,
@@ -340,3 +340,10 @@ def load_model(
         patch_weights=weights,
         text=text,
     )
+    from vitviz.capture.causal import install_causal_hooks  # here, not lazily: never while others run the model
+
+    try:
+        install_causal_hooks(loaded)
+    except (ValueError, RuntimeError, CaptureError) as exc:
+        raise ModelLoadError(f"'{name}' does not have the layout of a {family.name} model: {exc}") from None
+    return loaded

@@ -30,7 +30,7 @@ from vitviz.models.families.contrastive import Clip, Siglip, Siglip2, naflex_siz
 from vitviz.models.load import load_model
 
 TEXT = dict(
-    hidden_size=16,
+    hidden_size=32,
     num_hidden_layers=1,
     num_attention_heads=2,
     intermediate_size=32,

@@ -31,7 +31,7 @@ import torch
 
 from vitviz.capture.hooks import Site, installed_sites, model_lock
 from vitviz.capture.record import Geometry, PositionInfo, PositionTable, RelativeBias
-from vitviz.models.families.base import Family
+from vitviz.models.families.base import Family, ReadoutHead
 
 __all__ = ["Swin", "SwinV2", "FAMILIES"]
 
@@ -157,6 +157,19 @@ class Swin(Family):
 
     def _bias(self, attention: torch.nn.Module, w: int) -> np.ndarray:
         return _bias_map(attention.relative_position_bias.relative_position_bias_table, w)
+
+    def readout_head(self, model: torch.nn.Module) -> ReadoutHead | None:
+        """``classifier(mean over tokens of layernorm(x))`` of the last stage's tokens (the pooler averages them)."""
+        classifier = getattr(model, "classifier", None)
+        norm = getattr(model.base_model, "layernorm", None)
+        if not isinstance(classifier, torch.nn.Linear) or not isinstance(norm, torch.nn.LayerNorm):
+            return None
+        return ReadoutHead(
+            select=lambda x: x,
+            norm=norm,
+            head=lambda z: classifier(z.mean(dim=1)),
+            description="the final LayerNorm of every last-stage token, their mean, then the classifier",
+        )
 
 
 class SwinV2(Swin):

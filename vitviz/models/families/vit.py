@@ -15,7 +15,7 @@ import torch
 
 from vitviz.capture.hooks import Site
 from vitviz.capture.record import Geometry, PositionInfo, PositionTable
-from vitviz.models.families.base import Family
+from vitviz.models.families.base import Family, ReadoutHead
 
 __all__ = ["PlainViT", "DeiT", "Dinov2", "Dinov2Registers", "Beit", "FAMILIES", "recorded_classes"]
 
@@ -98,6 +98,21 @@ class PlainViT(Family):
         t = len(self.prefix_kinds(config)) + (hw[0] // p) * (hw[1] // p)
         return config.num_hidden_layers * config.num_attention_heads * t * t
 
+    def readout_head(self, model: torch.nn.Module) -> ReadoutHead | None:
+        """``classifier(layernorm(x)[:, 0])``: the final LayerNorm of the CLS token, then the linear classifier."""
+        classifier = getattr(model, "classifier", None)
+        norm = getattr(model.base_model, "layernorm", None)
+        if not isinstance(classifier, torch.nn.Linear) or not isinstance(norm, torch.nn.LayerNorm):
+            return None
+        if self.prefix_kinds(model.config)[:1] != ("CLS",):
+            return None
+        return ReadoutHead(
+            select=lambda x: x[:, :1],
+            norm=norm,
+            head=lambda z: classifier(z[:, 0]),
+            description="the final LayerNorm of the CLS token, then the classifier",
+        )
+
 
 class DeiT(PlainViT):
     """DeiT (facebook/deit-*): CLS, distillation token, patches; both prefix tokens have position rows."""
@@ -111,6 +126,22 @@ class DeiT(PlainViT):
     def position_prefix_rows(self, config) -> int:
         return 2
 
+    def readout_head(self, model: torch.nn.Module) -> ReadoutHead | None:
+        """Distilled DeiT: the mean of the CLS head on the normed CLS token and the distillation head on DIST."""
+        cls_head = getattr(model, "cls_classifier", None)
+        dist_head = getattr(model, "distillation_classifier", None)
+        norm = getattr(model.base_model, "layernorm", None)
+        if not isinstance(cls_head, torch.nn.Linear):
+            return super().readout_head(model)
+        if not isinstance(dist_head, torch.nn.Linear) or not isinstance(norm, torch.nn.LayerNorm):
+            return None
+        return ReadoutHead(
+            select=lambda x: x[:, :2],
+            norm=norm,
+            head=lambda z: (cls_head(z[:, 0]) + dist_head(z[:, 1])) / 2,
+            description="the final LayerNorm of CLS and DIST, then (CLS head + distillation head) / 2",
+        )
+
 
 class Dinov2(PlainViT):
     """DINOv2 (facebook/dinov2-*): interpolates its 37 x 37 position grid to any input by itself."""
@@ -118,6 +149,20 @@ class Dinov2(PlainViT):
     name = "DINOv2"
     model_types = ("dinov2",)
     interpolate_kwarg = False
+
+    def readout_head(self, model: torch.nn.Module) -> ReadoutHead | None:
+        """DINOv2 classifier: ``classifier(cat(CLS, mean of the patches))`` of the normed tokens (registers unread)."""
+        classifier = getattr(model, "classifier", None)
+        norm = getattr(model.base_model, "layernorm", None)
+        if not isinstance(classifier, torch.nn.Linear) or not isinstance(norm, torch.nn.LayerNorm):
+            return None
+        p = len(self.prefix_kinds(model.config))
+        return ReadoutHead(
+            select=lambda x: torch.cat((x[:, :1], x[:, p:]), dim=1),
+            norm=norm,
+            head=lambda z: classifier(torch.cat((z[:, 0], z[:, 1:].mean(dim=1)), dim=-1)),
+            description="the final LayerNorm of every token, then the classifier on [CLS, mean of the patches]",
+        )
 
 
 class Dinov2Registers(Dinov2):
@@ -136,6 +181,10 @@ class Beit(PlainViT):
     name = "BEiT"
     model_types = ("beit",)
 
+    def readout(self, config) -> Literal["cls", "pooled"]:
+        """BEiT's classifier mean-pools the patch tokens (``use_mean_pooling``, on by default), else reads CLS."""
+        return "pooled" if getattr(config, "use_mean_pooling", True) else "cls"
+
     def position_table(self, model: torch.nn.Module) -> torch.Tensor | None:
         if not getattr(model.config, "use_absolute_position_embeddings", False):
             return None
@@ -145,6 +194,23 @@ class Beit(PlainViT):
         if getattr(config, "use_absolute_position_embeddings", False):
             return ""
         return "BEiT encodes position with a relative position bias inside attention; it has no absolute position embeddings."
+
+    def readout_head(self, model: torch.nn.Module) -> ReadoutHead | None:
+        """Mean pooling (the default): ``classifier(pooler.layernorm(mean of the patch tokens))``; else CLS as ViT."""
+        pooler = getattr(model.base_model, "pooler", None)
+        norm = getattr(pooler, "layernorm", None)
+        classifier = getattr(model, "classifier", None)
+        if norm is None:
+            return super().readout_head(model)
+        if not isinstance(classifier, torch.nn.Linear) or not isinstance(norm, torch.nn.LayerNorm):
+            return None
+        p = len(self.prefix_kinds(model.config))
+        return ReadoutHead(
+            select=lambda x: x[:, p:].mean(dim=1, keepdim=True),
+            norm=norm,
+            head=lambda z: classifier(z[:, 0]),
+            description="the mean of the patch tokens, the pooler's LayerNorm, then the classifier",
+        )
 
 
 FAMILIES: tuple[Family, ...] = (PlainViT(), DeiT(), Dinov2(), Dinov2Registers(), Beit())
