@@ -715,3 +715,22 @@ def test_zero_shot_label_scores_knockouts_equal_the_models_own_scores(two_tower,
     arrays, why = C.causal_arrays(loaded, img, label_embeddings=text)
     assert arrays["head_ablation"].shape == imp.effects.shape and "logit_lens" not in arrays
     assert "zero-shot" in why["logit_lens"] and "zero-shot" in why["head_attribution"]
+
+
+def test_a_capture_with_heads_knocked_out_shows_the_downstream_attention(demo_model):
+    from vitviz.capture.causal import capture_knocked_out, knock_out
+    from vitviz.capture.run import capture
+    from vitviz.data.shapes import make_sample
+
+    loaded = demo_model
+    img = make_sample(220).image
+    clean = capture(loaded, img, attention_dtype="float32")
+    cap, ko = capture_knocked_out(loaded, img, [(0, 3), (1, 2)], mode="mean", attention_dtype="float32")
+    ref = knock_out(loaded, img, [(0, 3), (1, 2)], mode="mean")
+    np.testing.assert_allclose(ko.logits, ref.logits, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ko.clean_logits, clean.logits, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(cap.logits, ko.logits, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(cap.blocks[0].attention, clean.blocks[0].attention, atol=1e-6)  # before: unchanged
+    assert np.abs(cap.blocks[1].attention - clean.blocks[1].attention).max() > 1e-2  # after: changed
+    again = capture(loaded, img, attention_dtype="float32")  # and the shared model is untouched
+    np.testing.assert_array_equal(again.blocks[1].attention, clean.blocks[1].attention)

@@ -157,6 +157,7 @@ __all__ = [
     "logit_lens",
     "direct_logit_attribution",
     "causal_arrays",
+    "capture_knocked_out",
 ]
 
 KnockoutMode = Literal["mean", "zero"]
@@ -1026,3 +1027,36 @@ def causal_arrays(
             arrays["mlp_attribution"] = att.mlps
             arrays["attribution_rest"] = np.asarray(att.rest, np.float64)
     return arrays, why
+
+
+def capture_knocked_out(
+    loaded: LoadedModel,
+    image: Image.Image,
+    heads: Sequence[tuple[int, int]],
+    *,
+    mode: KnockoutMode = "mean",
+    size: int | tuple[int, int] | None = None,
+    label_embeddings: np.ndarray | None = None,
+    attention_dtype: str = "float16",
+    budget_bytes: int = DEFAULT_BUDGET_BYTES,
+):
+    """The capture of the image with ``heads`` knocked out, and the knock-out's logits against the clean ones.
+
+    One clean run (for the mean values), then :func:`vitviz.capture.run.capture` with the
+    knock-out in place, so every block after the first knocked-out one shows the attention
+    the model computes without those heads. Returns ``(Capture, Knockout)``.
+    """
+    from vitviz.capture.run import capture
+
+    _check_mode(mode)
+    clean = _clean_run(loaded, image, size, budget_bytes, label_embeddings)
+    chosen = _check_heads(clean, heads)
+    with _planned(_Plan(copies=1, edits=_edits(clean, [chosen], mode))):
+        cap = capture(loaded, image, size=size, attention_dtype=attention_dtype, budget_bytes=budget_bytes)
+    if label_embeddings is None:
+        logits = np.asarray(cap.logits, np.float32)
+    else:  # the label scores of the knocked-out image embedding, as the forward's logits_per_image
+        from vitviz.models.zeroshot import score
+
+        logits = score(loaded.model, loaded.text, cap.image_embedding, label_embeddings).logits
+    return cap, Knockout(chosen, mode, _frozen(np.array(logits)), _frozen(clean.logits.cpu().numpy()))
