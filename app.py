@@ -30,8 +30,12 @@ def model_ui() -> None:
     options = [*presets, other]
     index = options.index(ss.model_name) if ss.model_name in presets else len(options) - 1
     choice = st.selectbox(
-        "Checkpoint", options, index=index, key="model_pick", help="A bundled demo, or a checkpoint of a supported family: plain ViTs (ViT, DeiT, DINO, DINOv2, BEiT), "
-        "hierarchical ones (Swin, PvT, CvT, MobileViT) and the modern ones (CLIP, SigLIP, DINOv3, MAE, ...)"
+        "Checkpoint",
+        options,
+        index=index,
+        key="model_pick",
+        help="A bundled demo, or a checkpoint of a supported family: plain ViTs (ViT, DeiT, DINO, DINOv2, BEiT), "
+        "hierarchical ones (Swin, PvT, CvT, MobileViT) and the modern ones (CLIP, SigLIP, DINOv3, MAE, ...)",
     )
     name = choice
     if choice == other:
@@ -167,6 +171,7 @@ pages = [
     st.Page("pages/overview.py", title="Image & predictions", icon=":material/image:", default=True),
     st.Page("pages/heads.py", title="Heads", icon=":material/grid_view:"),
     st.Page("pages/layers.py", title="Layers & rollout", icon=":material/layers:"),
+    st.Page("pages/importance.py", title="Head importance", icon=":material/science:"),
     st.Page("pages/positions.py", title="Position embeddings", icon=":material/explore:"),
     st.Page("pages/embedding.py", title="Patch embedding & norms", icon=":material/extension:"),
 ]

@@ -36,7 +36,17 @@ from vitviz.data.images import read_image
 from vitviz.demo import bundled
 from vitviz.errors import VitvizError
 from vitviz.models.load import LoadedModel, parse_model_name
-from vitviz.models.zeroshot import Labels, ZeroShotError, encode_labels, label_target, legend, parse_labels, rank, score
+from vitviz.models.zeroshot import (
+    Labels,
+    ZeroShotError,
+    encode_labels,
+    from_logits,
+    label_target,
+    legend,
+    parse_labels,
+    rank,
+    score,
+)
 from vitviz.serve import (
     ForwardQueue,
     ModelCache,
@@ -92,6 +102,8 @@ DEFAULTS = {
     "show_windows": True,
     "direction": "where does it look?",
     "class_index": None,
+    "knockout": [],  # heads knocked out on the Heads page: [block, head] pairs
+    "knockout_mode": "mean",
     "labels_text": None,  # zero-shot models: what the user typed (None: the model's suggestion)
     "template": None,  # zero-shot models: the prompt template (None: the model's own)
     "fusion": "mean",
@@ -247,7 +259,14 @@ def results_cache() -> BoundedCache:
 
 
 def _nbytes(value) -> int:
-    return int(getattr(value, "nbytes", 0) or getattr(getattr(value, "relevance", None), "nbytes", 0))
+    """A cached result's size: arrays, captures (``nbytes``), records holding arrays (their fields)."""
+    if isinstance(value, tuple):
+        return sum(_nbytes(v) for v in value)
+    size = getattr(value, "nbytes", None)
+    if size is not None:
+        return int(size)
+    fields = getattr(value, "__dataclass_fields__", {})
+    return sum(int(getattr(getattr(value, f), "nbytes", 0) or 0) for f in fields)
 
 
 def get_relevance(
@@ -298,9 +317,16 @@ class Classes:
     ranked: tuple[Prediction, ...]  # every class, most probable first
     legend: str
     labels: Labels | None = None  # zero-shot models
+    rule: str = "softmax"
 
     def prompt(self, index: int) -> str | None:
         return None if self.labels is None else self.labels.prompts[index]
+
+    def rerank(self, logits: np.ndarray, id2label: dict[int, str] | None) -> tuple[Prediction, ...]:
+        """The same classes ranked by other logits (after a knock-out), probabilities by the same rule."""
+        if self.labels is None:
+            return predictions_from_logits(logits, id2label)
+        return rank(from_logits(logits, self.rule), self.labels.names)
 
 
 def classes(cur: Current) -> Classes | None:
@@ -311,7 +337,7 @@ def classes(cur: Current) -> Classes | None:
             return None
         scores = score(cur.model.model, cur.model.text, cur.cap.image_embedding,
                        get_label_embeddings(cur.model.name, labels.prompts))  # fmt: skip
-        return Classes(rank(scores, labels.names), legend(scores.rule), labels)
+        return Classes(rank(scores, labels.names), legend(scores.rule), labels, scores.rule)
     if cur.cap.logits is None:
         return None
     return Classes(predictions_from_logits(cur.cap.logits, cur.model.id2label), "softmax of the logits")
@@ -492,3 +518,72 @@ def model_options() -> list[str]:
     """The models offered in the sidebar: the presets locally, the allowlist in public mode."""
     settings = serve_settings()
     return list(allowlist(settings, PRESETS)) if settings.public else list(PRESETS)
+
+
+def label_embeddings(cur: Current) -> np.ndarray | None:
+    """Zero-shot models: the embeddings of the session's labels (what "class" means for them); else None."""
+    if not cur.model.zero_shot:
+        return None
+    labels = current_labels(cur.model)
+    return None if labels is None else get_label_embeddings(cur.model.name, labels.prompts)
+
+
+def _labels_key(cur: Current) -> tuple[str, ...] | None:
+    labels = current_labels(cur.model) if cur.model.zero_shot else None
+    return None if labels is None else labels.prompts
+
+
+def get_knockout(cur: Current, heads: tuple[tuple[int, int], ...], mode: str):
+    """``(Capture, Knockout)`` of the session's image with ``heads`` knocked out: one forward, cached, queued."""
+    from vitviz.capture.causal import capture_knocked_out
+
+    def compute():
+        image = read_image(cur.image_bytes, max_bytes=upload_limit()).image
+        emb = label_embeddings(cur)
+        return in_queue(
+            lambda: capture_knocked_out(cur.model, image, list(heads), mode=mode, size=cur.key[2], label_embeddings=emb)
+        )
+
+    return results_cache().get_or_compute(("knockout", *cur.key, heads, mode, _labels_key(cur)), compute)
+
+
+def get_importance(cur: Current, class_index: int, mode: str, fast: bool, progress=None):
+    """Head importance (exact, in batches) or the fast first-order estimate, for one class; cached, queued."""
+    from vitviz.capture.causal import fast_estimate, head_importance
+
+    def compute():
+        image = read_image(cur.image_bytes, max_bytes=upload_limit()).image
+        kw = dict(class_index=class_index, mode=mode, size=cur.key[2], label_embeddings=label_embeddings(cur))
+        if fast:
+            return in_queue(lambda: fast_estimate(cur.model, image, **kw))
+        return in_queue(lambda: head_importance(cur.model, image, progress=progress, **kw))
+
+    return results_cache().get_or_compute(("importance", *cur.key, class_index, mode, fast, _labels_key(cur)), compute)
+
+
+def get_attribution(cur: Current, class_index: int):
+    from vitviz.capture.causal import direct_logit_attribution
+
+    def compute():
+        image = read_image(cur.image_bytes, max_bytes=upload_limit()).image
+        return in_queue(lambda: direct_logit_attribution(cur.model, image, class_index=class_index, size=cur.key[2]))
+
+    return results_cache().get_or_compute(("attribution", *cur.key, class_index), compute)
+
+
+def get_lens(cur: Current):
+    from vitviz.capture.causal import logit_lens
+
+    def compute():
+        image = read_image(cur.image_bytes, max_bytes=upload_limit()).image
+        return in_queue(lambda: logit_lens(cur.model, image, size=cur.key[2]))
+
+    return results_cache().get_or_compute(("lens", *cur.key), compute)
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def get_causal_notes(model_name: str) -> dict[str, str]:
+    """Which causal analyses a model supports ("" where defined, else why not); no forward pass."""
+    from vitviz.capture.causal import causal_notes
+
+    return causal_notes(get_model(model_name))

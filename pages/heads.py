@@ -7,6 +7,7 @@ from pages import common
 from vitviz import figures
 from vitviz.analysis.blocks import head_maps, select, window_edges
 from vitviz.capture.record import POOLED
+from vitviz.errors import VitvizError
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
@@ -124,3 +125,67 @@ with side:
         all_heads=maps.values,
         attention=select(block, head=head),
     )
+
+# Does this head matter? Knock heads out and see the prediction and the attention downstream
+st.subheader("Does this head matter? Knock it out")
+notes = common.get_causal_notes(cap.model_name)
+ranked = common.classes(cur)
+if notes["knockout"]:
+    st.info(notes["knockout"])
+elif ranked is None:
+    st.info("Knock-outs change class scores: they need a classifier, or labels for a zero-shot model.")
+else:
+    pairs = [(b, h) for b in range(cap.num_blocks) for h in range(cap.blocks[b].num_heads)]
+    ss.knockout = [tuple(p) for p in ss.knockout if tuple(p) in pairs]
+    k1, k2, k3 = st.columns([4, 1, 2])
+    k1.multiselect(
+        "Heads knocked out together", pairs, format_func=lambda bh: f"{cap.block_label(bh[0])}, head {bh[1]}",
+        **common.keep("knockout"),
+    )  # fmt: skip
+    k2.radio("Replaced by", ["mean", "zero"], **common.keep("knockout_mode"),
+             help="mean: the head's output averaged over the image's tokens (the default); zero: nothing")  # fmt: skip
+    k3.button(
+        f"Knock out {cap.block_label(ss.layer)}, head {ss.head}",
+        on_click=lambda: ss.update(knockout=sorted({*map(tuple, ss.knockout), (ss.layer, ss.head)})),
+    )
+    if ss.knockout:
+        chosen = tuple(sorted(map(tuple, ss.knockout)))
+        try:
+            with st.spinner("Running the model with those heads knocked out…"):
+                knocked_cap, ko = common.get_knockout(cur, chosen, ss.knockout_mode)
+        except (VitvizError, ValueError) as exc:
+            st.error(str(exc))
+        else:
+            cls = ss.class_index if ss.class_index in {p.index for p in ranked.ranked} else ranked.ranked[0].index
+            after = ranked.rerank(ko.logits, cur.model.id2label)
+            name = next(p.label for p in ranked.ranked if p.index == cls)
+            left, right = st.columns(2)
+            with left:
+                st.plotly_chart(
+                    figures.comparison_figure(ranked.ranked[:5], after,
+                                              title=f"Top classes before and after ({ranked.legend})"),
+                    key="knockout_predictions",
+                )  # fmt: skip
+                top_changed = after[0].index != ranked.ranked[0].index
+                st.caption(
+                    f"Logit of '{name}': {ko.clean_logits[cls]:.3f} -> {ko.logits[cls]:.3f} "
+                    f"(effect {ko.effect[cls]:+.3f}). "
+                    + (f"The top class changes to '{after[0].label}'." if top_changed else "The top class stays.")
+                )
+            with right:
+                first = min(b for b, _ in chosen)
+                if ss.layer > first:
+                    after_maps = head_maps(knocked_cap.blocks[ss.layer], query, direction="query" if looking else "key")
+                    st.plotly_chart(
+                        figures.small_multiples_figure(
+                            after_maps.values, [f"head {h}" for h in range(block.num_heads)],
+                            colorbar_title="attention (raw)", cols=6, image=cap.image,
+                        ),
+                        key="knockout_heads",
+                    )  # fmt: skip
+                    st.caption(f"{cap.block_label(ss.layer).capitalize()} after the knock-out: {what}.")
+                else:
+                    st.caption(
+                        f"Pick a block after {cap.block_label(first)} to see how the knock-out changes the attention "
+                        "downstream; blocks up to the first knocked-out one are unchanged."
+                    )

@@ -151,3 +151,29 @@ with s2:
                                       stage_of_block=stage_of_block if len(cap.stages) > 1 else None),
         key="distance_depth",
     )  # fmt: skip
+
+# Logit lens
+st.subheader("Logit lens")
+ranked = common.classes(cur)
+notes = common.get_causal_notes(cap.model_name)
+if notes["lens"]:
+    st.info(notes["lens"])
+elif ranked is None or ranked.labels is not None:
+    st.info("The logit lens reads class logits through the model's own head: it needs a classifier.")
+else:
+    try:
+        with st.spinner("Reading the residual stream through the model's head…"):
+            lens = common.get_lens(cur)
+    except VitvizError as exc:
+        st.error(str(exc))
+    else:
+        final = lens.logits[-1]
+        top = np.argsort(-final)[:5]
+        probs = lens.probabilities()[:, top]
+        names = [cur.model.id2label.get(int(c), f"class {c}") for c in top]
+        st.plotly_chart(figures.lens_figure(probs, names, lens.ranks(int(top[0])), target=names[0]), key="lens")
+        st.caption(
+            f"Each row: the residual stream after that block, through the model's final norm and head ({lens.readout}). "
+            + (lens.note or "The last row is the model's own prediction.")
+        )
+        common.downloads("logit_lens", "lens", logit_lens=lens.logits)

@@ -12,7 +12,14 @@ from streamlit.testing.v1 import AppTest
 import vitviz.capture.run
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
-PAGES = ["pages/overview.py", "pages/heads.py", "pages/layers.py", "pages/positions.py", "pages/embedding.py"]
+PAGES = [
+    "pages/overview.py",
+    "pages/heads.py",
+    "pages/layers.py",
+    "pages/importance.py",
+    "pages/positions.py",
+    "pages/embedding.py",
+]
 
 
 def _app(page: str | None = None) -> AppTest:
@@ -336,3 +343,48 @@ def test_siglip_scores_are_sigmoids_and_bad_labels_are_a_message(modern_dirs):
     assert any("Type labels in the sidebar" in i.value for i in at.info)  # the overview waits for labels
     at.text_area(key=f"labels_{modern_dirs['siglip']}").input("cat").run()
     _no_trouble(at)
+
+
+def test_knock_out_a_head_on_the_heads_page():
+    from vitviz.data.shapes import make_sample
+
+    at = _app()
+    buf = __import__("io").BytesIO()
+    make_sample(220).image.save(buf, format="PNG")
+    at.file_uploader[0].set_value(("cross.png", buf.getvalue(), "image/png")).run()
+    at.switch_page("pages/heads.py").run()
+    at.slider(key="_w_layer").set_value(0).run()
+    at.radio(key="_w_head").set_value(3).run()
+    next(b for b in at.button if b.label.startswith("Knock out layer 0, head 3")).click().run()
+    _no_trouble(at)
+    assert at.session_state.knockout == [(0, 3)]
+    before_after = _titled(at, "Top classes before and after")
+    assert [t["name"] for t in before_after["data"]] == ["before", "after"]
+    assert any("The top class changes to 'square'" in c.value for c in at.caption)  # the measured demo effect
+    at.slider(key="_w_layer").set_value(2).run()  # downstream: attention after the knock-out
+    _no_trouble(at)
+    assert any("Layer 2 after the knock-out" in c.value for c in at.caption)
+
+
+def test_head_importance_page_computes_on_request_and_opens_a_head():
+    at = _app("pages/importance.py")
+    _no_trouble(at)
+    assert not any("click a cell" in str(f["layout"].get("title", {}).get("text", "")) for f in _figures(at))
+    next(b for b in at.button if b.label == "Compute head importance").click().run()
+    _no_trouble(at)
+    table = _titled(at, "Effect of knocking out each head")
+    assert _decode(table["data"][0]["z"]).shape == (4, 4)
+    assert _titled(at, "Direct contribution of each head")
+    at.radio(key="importance_method").set_value("fast estimate (first order)").run()
+    next(b for b in at.button if b.label == "Compute head importance").click().run()
+    assert _titled(at, "Fast estimate") and not at.exception
+    at.session_state["importance_map"] = {"selection": {"points": [{"customdata": [1, 2]}]}}
+    at.run()
+    assert (at.session_state.layer, at.session_state.head) == (1, 2)
+
+
+def test_logit_lens_on_the_layers_page():
+    at = _app("pages/layers.py")
+    _no_trouble(at)
+    lens = _titled(at, "Logit lens")
+    assert len(lens["data"]) == 6  # five classes and the rank of the top one

@@ -734,3 +734,15 @@ def test_a_capture_with_heads_knocked_out_shows_the_downstream_attention(demo_mo
     assert np.abs(cap.blocks[1].attention - clean.blocks[1].attention).max() > 1e-2  # after: changed
     again = capture(loaded, img, attention_dtype="float32")  # and the shared model is untouched
     np.testing.assert_array_equal(again.blocks[1].attention, clean.blocks[1].attention)
+
+
+def test_lens_probabilities_and_ranks_by_hand():
+    from vitviz.capture.causal import LogitLens
+
+    logits = np.array([[0.0, 1.0, 2.0], [3.0, 1.0, 0.0], [np.nan, np.nan, np.nan]], np.float32)
+    lens = LogitLens(logits, np.array([True, True, False]), "CLS", "")
+    p = lens.probabilities()
+    np.testing.assert_allclose(p[0], np.exp([0, 1, 2]) / np.exp([0, 1, 2]).sum(), rtol=1e-6)
+    assert np.isnan(p[2]).all()
+    np.testing.assert_array_equal(lens.ranks(0)[:2], [3, 1])
+    assert np.isnan(lens.ranks(0)[2])

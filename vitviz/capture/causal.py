@@ -258,6 +258,19 @@ class LogitLens:
     readout: str
     note: str
 
+    def probabilities(self) -> np.ndarray:
+        """``(L + 1, C)`` softmax of each row (NaN rows stay NaN)."""
+        z = self.logits.astype(np.float64)
+        e = np.exp(z - np.nanmax(z, axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    def ranks(self, class_index: int) -> np.ndarray:
+        """``(L + 1,)`` rank of ``class_index`` in each row (1 = the top class; ties count against it); NaN where undefined."""
+        z = self.logits
+        out = (z > z[:, [class_index]]).sum(axis=1).astype(np.float64) + 1
+        out[~self.defined] = np.nan
+        return out
+
 
 @dataclass(frozen=True)
 class Attribution:

@@ -30,6 +30,8 @@ __all__ = [
     "position_similarity_figure",
     "patch_components_figure",
     "token_norms_figure",
+    "comparison_figure",
+    "lens_figure",
 ]
 
 ATTENTION_SCALE = "Inferno"
@@ -355,8 +357,11 @@ def layer_head_figure(
     marked: tuple[int, int] | None = None,
     row_labels: Sequence[str] | None = None,
     stage_of_block: Sequence[int] | None = None,
+    diverging: bool = False,
 ) -> go.Figure:
     """A blocks x heads heatmap (rows = blocks in forward order); click a cell to open that head.
+
+    ``diverging``: a red-blue scale centred on 0 (effects and attributions, which take both signs).
 
     ``nan`` cells (heads a block does not have) stay blank and are not clickable;
     a line separates stages.
@@ -368,7 +373,8 @@ def layer_head_figure(
             z=values,
             x=np.arange(num_heads),
             y=np.arange(num_layers),
-            colorscale=NORM_SCALE,
+            colorscale=SIMILARITY_SCALE if diverging else NORM_SCALE,
+            zmid=0.0 if diverging else None,
             colorbar=dict(title=dict(text=colorbar_title, side="right"), thickness=12),
             customdata=np.broadcast_to(np.array(labels, dtype=object)[:, None], values.shape),
             hovertemplate="%{customdata}, head %{x}<br>%{z:.4g}<extra></extra>",
@@ -570,4 +576,47 @@ def token_norms_figure(norms: np.ndarray, token_kinds: Sequence[str]) -> go.Figu
         height=min(520, 140 + 24 * norms.shape[0]),
         margin=_MARGIN,
     )
+    return fig
+
+
+def comparison_figure(before: Sequence[Prediction], after: Sequence[Prediction], *, title: str) -> go.Figure:
+    """Probabilities of the same classes before and after an intervention (grouped bars, most probable first)."""
+    names = [p.label for p in before]
+    after_by = {p.index: p for p in after}
+    fig = go.Figure(
+        [
+            go.Bar(x=names, y=[p.probability for p in before], name="before", marker_color="#7f7f7f",
+                   hovertemplate="%{x}: %{y:.2%} before<extra></extra>"),
+            go.Bar(x=names, y=[after_by[p.index].probability if p.index in after_by else 0.0 for p in before],
+                   name="after", marker_color="#d62728", hovertemplate="%{x}: %{y:.2%} after<extra></extra>"),
+        ]
+    )  # fmt: skip
+    fig.update_layout(title=title, barmode="group", yaxis=dict(range=[0, 1], tickformat=".0%"), height=300,
+                      margin=_MARGIN)  # fmt: skip
+    return fig
+
+
+def lens_figure(probabilities: np.ndarray, labels: Sequence[str], ranks: np.ndarray, *, target: str) -> go.Figure:
+    """Logit lens: the probability of a few classes after each block (row 0: the embeddings) and the rank of
+    the final top-1 class (1 = top), against depth. ``probabilities`` ``(L+1, K)``, ``ranks`` ``(L+1,)``;
+    ``nan`` where the lens is not defined."""
+    from plotly.subplots import make_subplots
+
+    depth = np.arange(probabilities.shape[0])
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("probability of the top classes", f"rank of '{target}'"))
+    for k, name in enumerate(labels):
+        fig.add_trace(
+            go.Scatter(x=depth, y=probabilities[:, k], mode="lines+markers", name=name,
+                       hovertemplate=f"{name}<br>after block %{{x}}: %{{y:.2%}}<extra></extra>"),
+            row=1, col=1,
+        )  # fmt: skip
+    fig.add_trace(
+        go.Scatter(x=depth, y=ranks, mode="lines+markers", name=f"rank of {target}", showlegend=False,
+                   hovertemplate="after block %{x}: rank %{y}<extra></extra>", line=dict(color="#000000")),
+        row=1, col=2,
+    )  # fmt: skip
+    fig.update_xaxes(title_text="residual stream after block (0: embeddings)", dtick=1)
+    fig.update_yaxes(range=[0, 1], tickformat=".0%", row=1, col=1)
+    fig.update_yaxes(autorange="reversed", title_text="rank (1 = top)", row=1, col=2)
+    fig.update_layout(title="Logit lens: what the model would predict after each block", height=380, margin=_MARGIN)
     return fig

@@ -42,6 +42,7 @@ __all__ = [
     "text_tower",
     "encode_labels",
     "score",
+    "from_logits",
     "label_target",
     "rank",
     "legend",
@@ -239,19 +240,24 @@ def _scale_bias(model: torch.nn.Module) -> tuple[float, float]:
     return scale, bias
 
 
+def from_logits(logits: np.ndarray, rule: Literal["softmax", "sigmoid"]) -> Scores:
+    """Probabilities of label scores ``(K,)`` by the model's rule (e.g. the scores after a knock-out)."""
+    z = np.asarray(logits, np.float64)
+    if rule == "softmax":
+        e = np.exp(z - z.max())
+        probs = e / e.sum()
+    else:
+        probs = 1.0 / (1.0 + np.exp(-z))
+    return Scores(np.asarray(logits, np.float32), probs, rule)
+
+
 def score(model: torch.nn.Module, tower: TextTower, image_embedding: np.ndarray, text: np.ndarray) -> Scores:
     """Scores of one image ``(D,)`` against K label embeddings ``(K, D)``, as the model's forward computes them."""
     img = np.asarray(image_embedding, np.float64)
     txt = np.asarray(text, np.float64)
     cos = (txt / np.linalg.norm(txt, axis=1, keepdims=True)) @ (img / np.linalg.norm(img))
     scale, bias = _scale_bias(model)
-    logits = scale * cos + bias
-    if tower.rule == "softmax":
-        e = np.exp(logits - logits.max())
-        probs = e / e.sum()
-    else:
-        probs = 1.0 / (1.0 + np.exp(-logits))
-    return Scores(logits.astype(np.float32), probs, tower.rule)
+    return from_logits(scale * cos + bias, tower.rule)
 
 
 def label_target(family, model: torch.nn.Module, text_embedding: np.ndarray):
