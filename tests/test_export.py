@@ -207,3 +207,35 @@ def test_labels_on_a_model_without_a_text_tower_are_refused(tiny_dirs, image_fil
     empty = _run_cli("export", "--model", str(tiny_dirs["vit"]), "--out", str(tmp_path), "--labels", " , ",
                      str(image_files[0]))  # fmt: skip
     assert empty.returncode == 1 and "at least one label" in empty.stderr
+
+
+def test_causal_export_on_the_demo_model(tmp_path):
+    from vitviz.capture.causal import direct_logit_attribution, knock_out
+    from vitviz.data.images import load_image
+    from vitviz.data.shapes import make_sample
+    from vitviz.models.load import load_model
+
+    path = tmp_path / "cross.png"
+    make_sample(220).image.save(path)
+    out = tmp_path / "causal"
+    res = _run_cli("export", "--model", "demo", "--out", str(out), "--causal", "--class", "3", str(path))
+    assert res.returncode == 0, res.stderr
+    demo = load_model("demo")
+    with np.load(out / "cross.npz", allow_pickle=False) as z:
+        assert int(z["explained_class"]) == 3
+        assert z["logit_lens"].shape == (5, 5) and z["head_ablation"].shape == (4, 4)
+        img = load_image(path)
+        ko = knock_out(demo, img, [(0, 3)], mode="zero")
+        assert z["head_ablation"][0, 3] == pytest.approx(ko.effect[3], rel=1e-4, abs=1e-5)
+        att = direct_logit_attribution(demo, img, class_index=3)
+        np.testing.assert_allclose(z["head_attribution"], att.heads, rtol=1e-5)
+        total = z["head_attribution"].sum() + z["mlp_attribution"].sum() + float(z["attribution_rest"])
+        assert total == pytest.approx(float(z["logit_lens"][-1, 3]), rel=1e-4)
+
+
+def test_causal_export_says_what_a_hierarchical_model_lacks(hier_dirs, image_files, tmp_path):
+    res = _run_cli("export", "--model", str(hier_dirs["cvt"]), "--out", str(tmp_path), "--causal", str(image_files[0]))
+    assert res.returncode == 0, res.stderr
+    assert "note: head_attribution left out" in res.stderr
+    with np.load(tmp_path / "img0.npz", allow_pickle=False) as z:
+        assert "head_ablation" in z.files and "head_attribution" not in z.files

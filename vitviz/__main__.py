@@ -31,7 +31,7 @@ def _export(args: argparse.Namespace) -> int:
     with tqdm(total=len(present), unit="img", desc="export", file=sys.stderr) as bar:
         report = export_images(
             loaded, present, args.out, size=size, batch_size=args.batch_size, query_xy=args.query_xy,
-            labels=labels, progress=bar.update,
+            labels=labels, causal=args.causal, class_index=args.class_index, progress=bar.update,
         )  # fmt: skip
     report.failed[:0] = [(p, "no such file") for p in missing]
     print(f"wrote {len(report.written)} of {len(args.images)} images to {args.out}")
@@ -81,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
         help='prompt made from each label, {} is the label (default: the model\'s own, else "a photo of a {}."; '
         '"{}" uses the labels as they are)',
     )  # fmt: skip
+    ex.add_argument(
+        "--causal", action="store_true",
+        help="add logit_lens, head_ablation (zero knock-out), head/mlp attribution and explained_class",
+    )  # fmt: skip
+    ex.add_argument("--class", dest="class_index", type=int, default=None, metavar="C",
+                    help="with --causal: the class explained (default: the top-1)")  # fmt: skip
     ex.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
     ex.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     ex.add_argument("--allow-pickle", action="store_true", help="accept pickle-only checkpoints (runs their code!)")

@@ -14,6 +14,7 @@ from vitviz.analysis.blocks import global_query, head_maps
 from vitviz.analysis.embeddings import position_similarity
 from vitviz.analysis.rollout import capture_rollout
 from vitviz.analysis.stats import summary_table
+from vitviz.capture.causal import causal_arrays
 from vitviz.capture.run import Capture, capture_batch
 from vitviz.data.images import load_image
 from vitviz.errors import VitvizError
@@ -143,6 +144,7 @@ def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
 class ExportReport:
     written: list[Path] = field(default_factory=list)
     failed: list[tuple[str, str]] = field(default_factory=list)  # (input, message)
+    notes: dict[str, str] = field(default_factory=dict)  # key left out -> why (e.g. causal analyses a model lacks)
 
 
 def _batches(items: Sequence, size: int) -> Iterable[Sequence]:
@@ -159,12 +161,18 @@ def export_images(
     batch_size: int = 8,
     query_xy: tuple[float, float] | None = None,
     labels: Labels | None = None,
+    causal: bool = False,
+    class_index: int | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> ExportReport:
     """Write ``<stem>.npz`` and ``<stem>_rollout.png`` (``_attention.png`` where rollout is undefined) per image.
 
     Unreadable images are reported in ``failed`` and skipped; everything written
     before a failure stays. ``progress(n)`` is called after each ``n`` images.
+    ``causal``: also ``logit_lens``, ``head_ablation`` (zero knock-out effect on the
+    explained class: ``class_index``, else the top-1), ``head_attribution``,
+    ``mlp_attribution``, ``attribution_rest`` and ``explained_class``; keys a model does
+    not support are left out and named in ``report.notes``.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -186,6 +194,14 @@ def export_images(
             caps = []
         for path, cap in zip(names, caps, strict=True):
             arrays = capture_arrays(cap, pos_similarity=sim, query_xy=query_xy, labels=scorer)
+            if causal:
+                extra, why = causal_arrays(
+                    loaded, images[names.index(path)], class_index=class_index, size=size,
+                    label_embeddings=None if scorer is None else scorer.text,
+                )  # fmt: skip
+                arrays.update(extra)
+                for key, reason in why.items():
+                    report.notes.setdefault(key, reason)
             target = out / f"{path.stem}.npz"
             _write_npz(target, arrays)
             name, grid_map = overlay_map(cap, arrays)
@@ -197,5 +213,7 @@ def export_images(
 
 
 def print_failures(report: ExportReport) -> None:
+    for key, why in report.notes.items():
+        print(f"note: {key} left out: {why}", file=sys.stderr)
     for name, msg in report.failed:
         print(f"error: {name}: {msg}", file=sys.stderr)
