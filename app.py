@@ -172,6 +172,7 @@ pages = [
     st.Page("pages/heads.py", title="Heads", icon=":material/grid_view:"),
     st.Page("pages/layers.py", title="Layers & rollout", icon=":material/layers:"),
     st.Page("pages/importance.py", title="Head importance", icon=":material/science:"),
+    st.Page("pages/compare.py", title="Compare explanations", icon=":material/compare:"),
     st.Page("pages/positions.py", title="Position embeddings", icon=":material/explore:"),
     st.Page("pages/embedding.py", title="Patch embedding & norms", icon=":material/extension:"),
 ]

@@ -587,3 +587,31 @@ def get_causal_notes(model_name: str) -> dict[str, str]:
     from vitviz.capture.causal import causal_notes
 
     return causal_notes(get_model(model_name))
+
+
+def get_method_maps(cur: Current, class_index: int) -> dict:
+    """Every explanation method's map of the session's image for one class (``vitviz.methods``): cached, queued."""
+    from vitviz.methods import explain_many
+
+    def compute():
+        image = read_image(cur.image_bytes, max_bytes=upload_limit()).image
+        return in_queue(lambda: explain_many(cur.model, image, class_index=class_index, size=cur.key[2]))
+
+    return results_cache().get_or_compute(("methods", *cur.key, class_index), compute)
+
+
+def get_curves(cur: Current, class_index: int, progress=None) -> dict:
+    """Deletion and insertion curves of every method (``vitviz.evaluate``), computed on request: cached, queued."""
+    from vitviz.evaluate.faithfulness import Perturbations
+
+    def compute():
+        image = read_image(cur.image_bytes, max_bytes=upload_limit()).image
+        maps = get_method_maps(cur, class_index)
+
+        def run():
+            perturb = Perturbations(cur.model, image, size=cur.key[2], batch_size=20)
+            return perturb.curves_many(list(maps.values()), progress=progress)
+
+        return in_queue(run)
+
+    return results_cache().get_or_compute(("curves", *cur.key, class_index), compute)

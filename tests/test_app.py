@@ -17,6 +17,7 @@ PAGES = [
     "pages/heads.py",
     "pages/layers.py",
     "pages/importance.py",
+    "pages/compare.py",
     "pages/positions.py",
     "pages/embedding.py",
 ]
@@ -388,3 +389,34 @@ def test_logit_lens_on_the_layers_page():
     _no_trouble(at)
     lens = _titled(at, "Logit lens")
     assert len(lens["data"]) == 6  # five classes and the rank of the top one
+
+
+def test_compare_explanations_maps_then_curves_on_request(monkeypatch):
+    import importlib
+
+    faithfulness = importlib.import_module("vitviz.evaluate.faithfulness")  # the package re-exports a function
+    calls = []
+    real = faithfulness.Perturbations.curves_many
+    monkeypatch.setattr(faithfulness.Perturbations, "curves_many", lambda *a, **k: calls.append(1) or real(*a, **k))
+    at = _app("pages/compare.py")
+    _no_trouble(at)
+    tiles = [f for f in _figures(at) if f["layout"].get("annotations")]
+    assert [a["text"] for a in tiles[0]["layout"]["annotations"]] == [
+        "attention",
+        "rollout",
+        "relevance",
+        "gradcam",
+        "integrated_gradients",
+        "random",
+    ]
+    assert not calls  # curves only on request
+    next(b for b in at.button if b.label == "Compute the curves").click().run()
+    _no_trouble(at)
+    curves = _titled(at, "Deletion and insertion curves")
+    assert len(curves["data"]) == 12  # six methods, two curves each
+    table = at.dataframe[0].value
+    assert list(table["method"]).count("random") == 1 and len(table) == 6
+    assert len(calls) == 1
+    at.switch_page("pages/heads.py").run()
+    at.switch_page("pages/compare.py").run()  # back again: the curves come from the cache
+    assert _titled(at, "Deletion and insertion curves") and len(calls) == 1

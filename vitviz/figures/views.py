@@ -32,6 +32,7 @@ __all__ = [
     "token_norms_figure",
     "comparison_figure",
     "lens_figure",
+    "curves_figure",
 ]
 
 ATTENTION_SCALE = "Inferno"
@@ -619,4 +620,29 @@ def lens_figure(probabilities: np.ndarray, labels: Sequence[str], ranks: np.ndar
     fig.update_yaxes(range=[0, 1], tickformat=".0%", row=1, col=1)
     fig.update_yaxes(autorange="reversed", title_text="rank (1 = top)", row=1, col=2)
     fig.update_layout(title="Logit lens: what the model would predict after each block", height=380, margin=_MARGIN)
+    return fig
+
+
+def curves_figure(fractions: np.ndarray, curves: dict[str, tuple[np.ndarray, np.ndarray]], *, target: str) -> go.Figure:
+    """Deletion and insertion curves of several maps in one figure: probability of ``target`` against the fraction
+    of patches deleted (left) or inserted (right); ``curves``: method -> (deletion (K,), insertion (K,))."""
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("deletion (lower is more faithful)",
+                                                         "insertion (higher is more faithful)"))  # fmt: skip
+    for i, (name, (deletion, insertion)) in enumerate(curves.items()):
+        colour = "#7f7f7f" if name == "random" else qualitative.Plotly[i % len(qualitative.Plotly)]
+        dash = "dot" if name == "random" else "solid"
+        for col, ys in ((1, deletion), (2, insertion)):
+            fig.add_trace(
+                go.Scatter(x=fractions, y=ys, mode="lines", name=name, legendgroup=name, showlegend=col == 1,
+                           line=dict(color=colour, dash=dash),
+                           hovertemplate=f"{name}<br>%{{x:.0%}} of patches: %{{y:.3f}}<extra></extra>"),
+                row=1, col=col,
+            )  # fmt: skip
+    fig.update_xaxes(title_text="fraction of patches", tickformat=".0%")
+    fig.update_yaxes(title_text=f"probability of '{target}'", range=[0, 1], row=1, col=1)
+    fig.update_yaxes(range=[0, 1], row=1, col=2)
+    fig.update_layout(title="Deletion and insertion curves (Petsiuk et al. 2018)", height=400, margin=_MARGIN)
     return fig

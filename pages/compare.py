@@ -1,0 +1,85 @@
+"""Compare explanations: every method's map for one class, their deletion and insertion curves, a table of areas."""
+
+import numpy as np
+import streamlit as st
+
+from pages import common
+from vitviz import figures
+from vitviz.errors import VitvizError
+from vitviz.methods import METHODS, why_unavailable
+
+cur = common.require_current()
+cap, ss = cur.cap, st.session_state
+
+st.header("Which map can you trust?")
+ranked = common.classes(cur)
+if ranked is None or ranked.labels is not None:
+    st.info(
+        "Deletion and insertion follow the probability of a class: they need a classifier "
+        "(zero-shot label scores are not supported here yet)."
+    )
+    st.stop()
+cls = ss.class_index if ss.class_index in {p.index for p in ranked.ranked} else ranked.ranked[0].index
+name = next(p.label for p in ranked.ranked if p.index == cls)
+st.caption(f"Explained: **{name}** (pick another class on *Image & predictions*).")
+skipped = {m: why_unavailable(cur.model, m) for m in METHODS if why_unavailable(cur.model, m)}
+for method, why in skipped.items():
+    st.caption(f"{method}: {why}")
+
+try:
+    with st.spinner("Computing every method's map…"):
+        maps = common.get_method_maps(cur, cls)
+except (VitvizError, ValueError) as exc:
+    st.error(str(exc))
+    st.stop()
+names = list(maps)
+tiles = np.stack([np.asarray(maps[m].values, np.float64) for m in names])
+scale = np.abs(tiles).reshape(len(names), -1).max(axis=1)
+tiles = tiles / np.where(scale > 0, scale, 1.0)[:, None, None]
+st.plotly_chart(
+    figures.small_multiples_figure(tiles.astype(np.float32), names, colorbar_title="normalised per map (value / max |value|)",
+                                   cols=6, image=cap.image, zmin=-1 if (tiles < 0).any() else 0, zmax=1),
+    key="method_maps",
+)  # fmt: skip
+with st.expander("How each map is defined"):
+    for m in names:
+        st.markdown(f"**{m}**: {maps[m].definition}")
+
+st.subheader("Deletion and insertion")
+key = ("curves", *cur.key, cls)
+if ss.get("curves_wanted") != key:
+    st.button("Compute the curves", type="primary", on_click=lambda: ss.update(curves_wanted=key),
+              help="21 perturbed images per curve and method, forwarded in batches; kept for this image and class.")  # fmt: skip
+    st.caption("Deletion removes the most important patches first (replaced by the image's mean colour); insertion "
+               "puts them back into a blurred image. The random map is the floor.")  # fmt: skip
+else:
+    st.button("Stop", on_click=lambda: ss.update(curves_wanted=None))
+    bar = st.progress(0.0, text="Forwarding the perturbed images…")
+    try:
+        results = common.get_curves(
+            cur, cls, progress=lambda done, total: bar.progress(done / max(total, 1), text=f"{done} of {total} images")
+        )
+    except (VitvizError, ValueError) as exc:
+        bar.empty()
+        st.error(str(exc))
+    else:
+        bar.empty()
+        curves = {r.method: (r.deletion, r.insertion) for r in results}
+        st.plotly_chart(figures.curves_figure(results[0].fractions, curves, target=name), key="curves")
+        rows = [
+            {"method": r.method, "deletion area (lower is better)": round(r.deletion_area, 4),
+             "insertion area (higher is better)": round(r.insertion_area, 4)}
+            for r in sorted(results, key=lambda r: r.deletion_area)
+        ]  # fmt: skip
+        st.dataframe(rows, hide_index=True)
+        floor = next((r for r in results if r.method == "random"), None)
+        if floor is not None:
+            beat = [r.method for r in results if r.method != "random" and r.deletion_area < floor.deletion_area]
+            st.caption(f"Below the random floor on deletion ({floor.deletion_area:.3f}): {', '.join(beat) or 'none'}.")
+        flat = np.ptp([r.insertion_area for r in results]) < 1e-3
+        if flat:
+            st.caption("Every insertion area is the same here: the blurred image alone already gives the class "
+                       "its full probability, so insertion tells the methods apart on this image no better than chance.")  # fmt: skip
+        common.downloads("faithfulness", "curves", fractions=results[0].fractions,
+                         **{f"{r.method}_deletion": r.deletion for r in results},
+                         **{f"{r.method}_insertion": r.insertion for r in results})  # fmt: skip
