@@ -104,9 +104,10 @@ def labels_ui() -> None:
 def image_ui() -> None:
     st.subheader("Image")
     examples = sorted(p.name for p in common.EXAMPLES.iterdir() if p.suffix.lower() in {".jpg", ".png"})
-    pick = st.selectbox(
-        "Example", examples, index=examples.index(ss.image_name) if ss.image_name in examples else 0, key="example_pick"
-    )
+    # An image that is not an example (an upload, an image opened from the Data set page) keeps the
+    # last example picked as the widget's default: a changed default would reset the widget to it.
+    shown = ss.image_name if ss.image_name in examples else ss.get("example_seen")
+    pick = st.selectbox("Example", examples, index=examples.index(shown) if shown in examples else 0, key="example_pick")
     upload = st.file_uploader(
         "…or upload your own",
         type=["png", "jpg", "jpeg", "webp", "bmp", "gif", "tif", "tiff"],
@@ -173,6 +174,7 @@ pages = [
     st.Page("pages/layers.py", title="Layers & rollout", icon=":material/layers:"),
     st.Page("pages/importance.py", title="Head importance", icon=":material/science:"),
     st.Page("pages/compare.py", title="Compare explanations", icon=":material/compare:"),
+    st.Page("pages/dataset.py", title="Data set", icon=":material/dataset:"),
     st.Page("pages/positions.py", title="Position embeddings", icon=":material/explore:"),
     st.Page("pages/embedding.py", title="Patch embedding & norms", icon=":material/extension:"),
 ]

@@ -343,6 +343,15 @@ def classes(cur: Current) -> Classes | None:
     return Classes(predictions_from_logits(cur.cap.logits, cur.model.id2label), "softmax of the logits")
 
 
+def last_results_path() -> Path | None:
+    """The last local ``evaluate`` run's results file; never on a public server (it names the server's files)."""
+    if serve_settings().public:
+        return None
+    from vitviz.evaluate.results import last_run
+
+    return last_run()
+
+
 def leave_folder_mode() -> None:
     """Leave Streamlit's legacy folder-based multipage mode before drawing anything.
 

@@ -33,6 +33,7 @@ __all__ = [
     "comparison_figure",
     "lens_figure",
     "curves_figure",
+    "areas_figure",
 ]
 
 ATTENTION_SCALE = "Inferno"
@@ -645,4 +646,23 @@ def curves_figure(fractions: np.ndarray, curves: dict[str, tuple[np.ndarray, np.
     fig.update_yaxes(title_text=f"probability of '{target}'", range=[0, 1], row=1, col=1)
     fig.update_yaxes(range=[0, 1], row=1, col=2)
     fig.update_layout(title="Deletion and insertion curves (Petsiuk et al. 2018)", height=400, margin=_MARGIN)
+    return fig
+
+
+def areas_figure(deletion: dict[str, np.ndarray], insertion: dict[str, np.ndarray]) -> go.Figure:
+    """Distributions of the deletion and insertion areas per method over a data set (box plots with every point)."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("deletion area (lower is more faithful)",
+                                                         "insertion area (higher is more faithful)"))  # fmt: skip
+    for col, values in ((1, deletion), (2, insertion)):
+        for name, v in values.items():
+            fig.add_trace(
+                go.Box(y=v, name=name, boxpoints="outliers", showlegend=False,
+                       marker_color="#7f7f7f" if name == "random" else None,
+                       hovertemplate=f"{name}: %{{y:.3f}}<extra></extra>"),
+                row=1, col=col,
+            )  # fmt: skip
+    fig.update_yaxes(range=[0, 1])
+    fig.update_layout(title="Areas over the images, per method", height=420, margin=_MARGIN)
     return fig

@@ -1,0 +1,127 @@
+"""Data set: results of `python -m vitviz evaluate` over many images: areas per method, head distances, disagreements."""
+
+from pathlib import Path
+
+import numpy as np
+import streamlit as st
+
+from pages import common
+from vitviz import figures
+from vitviz.errors import VitvizError
+from vitviz.evaluate.results import read_results
+
+common.leave_folder_mode()
+ss = st.session_state
+if ss.pop("open_compare", False):
+    st.switch_page("pages/compare.py")
+
+
+def _open(path: str, model: str | None) -> None:
+    """An "Open" click (a callback: it runs before the sidebar is drawn, so the sidebar shows the new model)."""
+    try:
+        common.set_image(Path(path).read_bytes(), Path(path).name)
+    except (OSError, VitvizError) as exc:
+        ss.open_error = f"{path} cannot be opened: {exc}"
+        return
+    if model and model != ss.model_name and model in common.model_options():
+        ss.model_name = model
+        ss.input_size = ss.layer = ss.query = ss.class_index = None
+        ss.labels_text = ss.template = None
+        for key in ("model_pick", "model_text"):
+            ss.pop(key, None)
+    ss.open_compare = True
+
+
+if "open_error" in ss:
+    st.error(ss.pop("open_error"))
+st.header("A whole data set")
+st.caption(
+    "Results written by `python -m vitviz evaluate --model M --data FOLDER_OR_CSV --out RESULTS.parquet`: "
+    "per image and method the class explained, the deletion and insertion areas, and per image each head's "
+    "mean attention distance."
+)
+
+
+@st.cache_data(max_entries=4, show_spinner=False)
+def _read(data: bytes | str):
+    return read_results(data)
+
+
+source = st.file_uploader("Results file (.parquet)", type=["parquet"], key="results_upload")
+last = common.last_results_path()
+if source is not None:
+    ss.results_source = source.getvalue()
+elif last is not None:
+    st.button(f"Open the last local run ({last.name})", on_click=lambda: ss.update(results_source=str(last)))
+if ss.get("results_source") is None:
+    st.info("Upload a results file" + (", or open the last local run." if last is not None else "."))
+    st.stop()
+try:
+    results = _read(ss.results_source)
+except VitvizError as exc:
+    st.error(f"{exc} The previous results, if any, are no longer shown.")
+    ss.results_source = None
+    st.stop()
+
+meta = results.meta
+skipped = meta.get("skipped", [])
+st.caption(
+    f"**{meta.get('model')}** on {results.num_images} images ({meta.get('data', '?')}), methods "
+    f"{', '.join(results.methods)}; seed {meta.get('seed')}; {len(skipped)} inputs skipped."
+)
+summary = results.summary()
+st.dataframe(
+    [
+        {"method": s.method, "images": s.n, "deletion area": f"{s.deletion_mean:.3f} ± {s.deletion_se:.3f}",
+         "insertion area": f"{s.insertion_mean:.3f} ± {s.insertion_se:.3f}",
+         "peak in box": "" if s.peak_in_box_rate is None else f"{s.peak_in_box_rate:.1%} of {s.n_boxes}"}
+        for s in summary
+    ],
+    hide_index=True,
+)  # fmt: skip
+st.caption("Mean ± standard error over the images; the random map is the floor.")
+
+deletion = {m: results.method_rows(m).column("deletion_area").to_numpy() for m in results.methods}
+insertion = {m: results.method_rows(m).column("insertion_area").to_numpy() for m in results.methods}
+st.plotly_chart(figures.areas_figure(deletion, insertion), key="areas")
+curves = results.mean_curves()
+any_method = next(iter(curves.values()))
+st.plotly_chart(
+    figures.curves_figure(any_method[0], {m: (c[1], c[2]) for m, c in curves.items()}, target="the explained class"),
+    key="mean_curves",
+)
+
+st.subheader("Mean attention distance by depth, over the images")
+dist = results.head_stats("distance")
+if dist.size:
+    image_px = max(max(results.images().column(c).to_pylist()) for c in ("input_height", "input_width"))
+    with np.errstate(all="ignore"):
+        mean, spread = np.nanmean(dist, axis=0), np.nanstd(dist, axis=0)
+    st.plotly_chart(figures.distance_depth_figure(mean, image_px=image_px, spread=spread), key="distance_depth")
+    st.caption(f"Each point: one head's mean over {dist.shape[0]} images; bars: the standard deviation over them "
+               "(the ViT paper's Figure 7 right averaged 128 images).")  # fmt: skip
+
+st.subheader("Where the methods disagree most")
+methods = [m for m in results.methods if m != "random"]
+ids = results.images().column("image_id").to_pylist()
+paths = dict(zip(ids, results.images().column("path").to_pylist(), strict=True))
+areas = np.full((len(ids), len(methods)), np.nan)
+index = {i: k for k, i in enumerate(ids)}
+for j, m in enumerate(methods):
+    t = results.method_rows(m)
+    for image_id, a in zip(t.column("image_id").to_pylist(), t.column("deletion_area").to_pylist(), strict=True):
+        areas[index[image_id], j] = a
+with np.errstate(all="ignore"):
+    spread = np.nanmax(areas, axis=1) - np.nanmin(areas, axis=1)
+order = np.argsort(-np.nan_to_num(spread, nan=-1))[:10]
+public = common.serve_settings().public
+for k in order:
+    image_id = ids[k]
+    cols = st.columns([3, 4, 1])
+    cols[0].markdown(f"`{image_id}`")
+    cols[1].caption(", ".join(f"{m} {areas[k, j]:.2f}" for j, m in enumerate(methods)) + f" (range {spread[k]:.2f})")
+    if not public:
+        cols[2].button("Open", key=f"open_{image_id}", on_click=_open, args=(paths[image_id], meta.get("model")),
+                       help="Show this image on the per-image pages (Compare explanations first)")  # fmt: skip
+if public:
+    st.caption("On a public server, images named in a results file are not opened.")

@@ -1,0 +1,97 @@
+"""The Ray engine gives the local engine's rows: 40 demo images, a local 2-CPU Ray, the cheap methods at 48 px."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from vitviz.data.shapes import write_dataset
+from vitviz.evaluate.results import read_results
+from vitviz.evaluate.run import WorkDir, evaluate_dataset
+from vitviz.models.load import load_model
+
+pytestmark = pytest.mark.ray
+ray = pytest.importorskip("ray")
+
+METHODS = ("attention", "rollout", "random")
+SIZE = 48
+LISTS = ("fractions", "deletion_curve", "insertion_curve", "head_distance", "head_entropy")
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    from vitviz.evaluate.ray_engine import start_local_ray
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # the actors use one thread each: the same arithmetic here
+    started = not ray.is_initialized()
+    if started:
+        start_local_ray(num_cpus=2)
+    yield
+    if started:
+        ray.shutdown()
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def shapes40(tmp_path_factory) -> Path:
+    """40 demo images, plus a truncated image and a box outside its image (both engines must skip them alike)."""
+    csv_path = write_dataset(tmp_path_factory.mktemp("shapes40"), n=40, seed=2024)
+    first = csv_path.read_text().splitlines()[1].split(",")[0]
+    good = (csv_path.parent / first).read_bytes()
+    (csv_path.parent / "broken.png").write_bytes(good[: len(good) // 3])
+    (csv_path.parent / "copy.png").write_bytes(good)
+    with csv_path.open("a") as fh:
+        fh.write("broken.png,circle,1,1,20,20\ncopy.png,circle,50,50,100,90\n")
+    return csv_path
+
+
+@pytest.fixture(scope="module")
+def local_run(shapes40: Path, tmp_path_factory):
+    out = tmp_path_factory.mktemp("local") / "local.parquet"
+    report = evaluate_dataset("demo", shapes40, out, methods=METHODS, size=SIZE, seed=9,
+                              loaded=load_model("demo", device="cpu"))  # fmt: skip
+    return report, pd.read_parquet(out)
+
+
+def assert_same_rows(a: pd.DataFrame, b: pd.DataFrame) -> None:
+    assert list(a["image_id"]) == list(b["image_id"]) and list(a["method"]) == list(b["method"])
+    pd.testing.assert_frame_equal(a.drop(columns=list(LISTS)), b.drop(columns=list(LISTS)), rtol=1e-6)
+    for c in LISTS:
+        for x, y in zip(a[c], b[c], strict=True):
+            np.testing.assert_allclose(np.array(x.tolist(), dtype=float), np.array(y.tolist(), dtype=float),
+                                       rtol=1e-6, equal_nan=True)  # fmt: skip
+
+
+def test_ray_gives_the_local_rows(local_ray, local_run, shapes40: Path, tmp_path: Path) -> None:
+    local, want = local_run
+    assert local.evaluated == 40 and len(local.skipped) == 2
+    out = tmp_path / "ray.parquet"
+    report = evaluate_dataset("demo", shapes40, out, methods=METHODS, size=SIZE, seed=9, engine="ray",
+                              ray_actors=2)  # fmt: skip
+    assert report.evaluated == 40 and report.new == 40
+    assert sorted(map(str, report.skipped)) == sorted(map(str, local.skipped))
+    assert_same_rows(pd.read_parquet(out), want)
+    assert read_results(out).meta["engine"] == "ray"
+
+
+def test_a_run_started_locally_finishes_on_ray(local_ray, local_run, shapes40: Path, tmp_path: Path) -> None:
+    out = tmp_path / "mixed.parquet"
+
+    def stop(done: int, total: int) -> None:
+        if done == 12:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        evaluate_dataset("demo", shapes40, out, methods=METHODS, size=SIZE, seed=9, chunk_images=5, progress=stop,
+                         loaded=load_model("demo", device="cpu"))  # fmt: skip
+    assert len(WorkDir(out).done_ids()) == 12
+    report = evaluate_dataset("demo", shapes40, out, methods=METHODS, size=SIZE, seed=9, engine="ray")
+    assert report.new == 40 - 12 and report.evaluated == 40
+    got = pd.read_parquet(out)
+    assert not got.duplicated(["image_id", "method"]).any()
+    assert_same_rows(got, local_run[1])

@@ -1,0 +1,160 @@
+"""The results file: schema, metadata, readable by pandas / pyarrow.dataset (/ DuckDB where installed), and
+``read_results`` refusing what is not a vitviz results file."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+import pytest
+
+from vitviz.evaluate.results import (
+    META_KEY,
+    SCHEMA,
+    SCHEMA_VERSION,
+    ResultsError,
+    image_seed,
+    make_rows,
+    read_results,
+    rows_to_table,
+    run_metadata,
+    write_results,
+)
+
+FRACTIONS = np.linspace(0, 1, 21)
+
+
+def _scored(method: str, d: float, i: float, peak: bool | None) -> SimpleNamespace:
+    """Stands in for a ``Faithfulness``: the attributes ``make_rows`` reads."""
+    return SimpleNamespace(
+        class_index=2, label="two", probability=0.9, deletion_area=d, insertion_area=i, peak_in_box=peak,
+        fractions=FRACTIONS, deletion=np.full(21, d), insertion=np.full(21, i),
+    )  # fmt: skip
+
+
+def _rows(image_id: str, k: int, box: bool = True) -> list[dict]:
+    distance = np.array([[10.0 + k, 20.0], [30.0, np.nan]])  # the second block has one head: NaN -> null
+    return make_rows(
+        image_id=image_id, path=f"/data/{image_id}", label="two" if k % 2 == 0 else "one", image_wh=(200, 100),
+        box=(1.0, 2.0, 30.0, 40.0) if box else None,
+        scored={"attention": _scored("attention", 0.2 + k / 10, 0.8, True if box else None),
+                "random": _scored("random", 0.5, 0.5 + k / 10, False if box else None)},
+        model="demo", input_hw=(96, 96), seed=7, seed_of_image=image_seed(7, image_id),
+        head_distance=distance, head_entropy=distance / 10,
+    )  # fmt: skip
+
+
+@pytest.fixture()
+def results_file(tmp_path: Path) -> Path:
+    rows = _rows("a.png", 0) + _rows("b.png", 1) + _rows("c.png", 2, box=False)
+    meta = run_metadata(model="demo", methods=["attention", "random"], seed=7, size=None, data="x.csv",
+                        engine="local", points=21, images=3, skipped=[{"where": "x.csv:9", "reason": "bad"}])  # fmt: skip
+    return write_results(rows_to_table(rows), tmp_path / "r.parquet", meta)
+
+
+def test_pandas_reads_a_tidy_table(results_file: Path) -> None:
+    import pandas as pd
+
+    df = pd.read_parquet(results_file)
+    assert list(df.columns) == SCHEMA.names
+    assert len(df) == 6 and list(df["method"]) == ["attention", "random"] * 3
+    means = df.groupby("method")["deletion_area"].mean()
+    assert means["attention"] == pytest.approx(0.3) and means["random"] == pytest.approx(0.5)
+    assert df["correct"].tolist() == [True, True, False, False, True, True]
+    assert df["peak_in_box"].isna().sum() == 2  # the image without a box
+    assert len(df["deletion_curve"].iloc[0]) == 21
+    first = df.drop_duplicates("image_id")["head_distance"].iloc[1]
+    assert list(first[0]) == [11.0, 20.0]
+    assert first[1][1] is None or np.isnan(first[1][1])
+
+
+def test_pyarrow_dataset_and_metadata(results_file: Path) -> None:
+    table = pads.dataset(results_file, format="parquet").to_table(filter=pads.field("method") == "random")
+    assert table.num_rows == 3
+    meta = json.loads(pq.read_schema(results_file).metadata[META_KEY])
+    assert meta["format"] == "vitviz evaluation results" and meta["schema_version"] == SCHEMA_VERSION
+    assert meta["methods"] == ["attention", "random"] and meta["skipped"][0]["where"] == "x.csv:9"
+    assert pq.read_schema(results_file).field("deletion_area").metadata[b"description"].startswith(b"area")
+
+
+def test_duckdb_reads_it_where_installed(results_file: Path) -> None:
+    duckdb = pytest.importorskip("duckdb")
+    got = duckdb.sql(
+        f"SELECT method, avg(deletion_area) AS d FROM '{results_file}' GROUP BY method ORDER BY method"
+    ).fetchall()
+    assert [m for m, _ in got] == ["attention", "random"]
+    kv = duckdb.sql(f"SELECT value FROM parquet_kv_metadata('{results_file}') WHERE key = 'vitviz'").fetchall()
+    assert json.loads(kv[0][0])["schema_version"] == SCHEMA_VERSION
+
+
+def test_read_results_helpers(results_file: Path) -> None:
+    res = read_results(results_file)
+    assert res.methods == ("attention", "random") and res.num_images == 3
+    summary = {s.method: s for s in res.summary()}
+    a = summary["attention"]
+    assert a.n == 3 and a.deletion_mean == pytest.approx(0.3)
+    assert a.deletion_se == pytest.approx(np.std([0.2, 0.3, 0.4], ddof=1) / np.sqrt(3))
+    assert a.peak_in_box_rate == 1.0 and a.n_boxes == 2 and summary["random"].peak_in_box_rate == 0.0
+    fr, dele, ins = res.mean_curves()["random"]
+    assert fr == pytest.approx(FRACTIONS) and dele == pytest.approx(np.full(21, 0.5))
+    assert ins == pytest.approx(np.full(21, 0.6))
+    heads = res.head_stats("distance")
+    assert heads.shape == (3, 2, 2) and heads[:, 0, 0] == pytest.approx([10, 11, 12]) and np.isnan(heads[0, 1, 1])
+    assert res.head_stats("entropy")[2, 0, 0] == pytest.approx(1.2)
+    assert res.images().num_rows == 3
+    assert read_results(results_file.read_bytes()).num_images == 3  # an upload (bytes) reads the same
+    assert read_results(io.BytesIO(results_file.read_bytes())).num_images == 3
+
+
+def test_image_seed_is_stable_and_differs_per_image() -> None:
+    assert image_seed(7, "a.png") == image_seed(7, "a.png")
+    assert len({image_seed(7, f"{k}.png") for k in range(50)}) == 50
+    assert image_seed(7, "a.png") != image_seed(8, "a.png")
+    assert 0 <= image_seed(0, "x") < 2**32
+
+
+def test_read_results_refuses_what_is_not_results(tmp_path: Path) -> None:
+    foreign = tmp_path / "foreign.parquet"
+    pq.write_table(pa.table({"a": [1, 2], "b": ["x", "y"]}), foreign)
+    with pytest.raises(ResultsError, match=r"Parquet file but not vitviz evaluation results.*columns: a, b"):
+        read_results(foreign)
+    text = tmp_path / "notes.parquet"
+    text.write_text("hello, I am a CSV\n1,2\n")
+    with pytest.raises(ResultsError, match="is not a Parquet file"):
+        read_results(text)
+    with pytest.raises(ResultsError, match="not a Parquet file"):
+        read_results(b"")
+    with pytest.raises(ResultsError, match="does not exist"):
+        read_results(tmp_path / "missing.parquet")
+    with pytest.raises(ResultsError, match="is a folder"):
+        read_results(tmp_path)
+
+
+def test_read_results_refuses_newer_versions_and_missing_columns(tmp_path: Path, results_file: Path) -> None:
+    table = pq.read_table(results_file)
+    meta = json.loads(table.schema.metadata[META_KEY])
+    newer = tmp_path / "newer.parquet"
+    pq.write_table(table.replace_schema_metadata({META_KEY: json.dumps({**meta, "schema_version": 99})}), newer)
+    with pytest.raises(ResultsError, match=r"schema version 99.*update vitviz"):
+        read_results(newer)
+    partial = tmp_path / "partial.parquet"
+    pq.write_table(table.drop_columns(["head_entropy"]), partial)
+    with pytest.raises(ResultsError, match=r"lacks the column.*head_entropy"):
+        read_results(partial)
+    odd = tmp_path / "odd.parquet"
+    pq.write_table(table.replace_schema_metadata({META_KEY: b"not json"}), odd)
+    with pytest.raises(ResultsError, match="not a results header"):
+        read_results(odd)
+
+
+def test_write_is_atomic_and_leaves_no_temporary_file(tmp_path: Path, results_file: Path) -> None:
+    assert [p.name for p in tmp_path.iterdir()] == ["r.parquet"]
+    empty = write_results(SCHEMA.empty_table(), tmp_path / "empty.parquet", run_metadata(methods=[]))
+    res = read_results(empty)
+    assert res.num_images == 0 and res.summary() == [] and res.head_stats().shape == (0, 0, 0)

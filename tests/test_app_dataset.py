@@ -1,0 +1,84 @@
+"""AppTest of the Data set page: the last local run opens, its figures show its numbers, Open shows the image."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from vitviz.__main__ import main
+from vitviz.data.shapes import write_dataset
+from vitviz.evaluate.results import last_run, read_results
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+
+
+@pytest.fixture(scope="module")
+def last_results(tmp_path_factory) -> Path:
+    """Six demo images evaluated by the command line, which notes the run as the last local one."""
+    home = tmp_path_factory.mktemp("home")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VITVIZ_HOME", str(home))
+    csv_path = write_dataset(tmp_path_factory.mktemp("shapes"), n=6, seed=31)
+    out = tmp_path_factory.mktemp("run") / "results.parquet"
+    argv = ["evaluate", "--data", str(csv_path), "--out", str(out), "--methods", "attention,rollout,random"]
+    assert main([*argv, "--size", "48"]) == 0
+    assert last_run() == out.resolve()
+    yield out
+    mp.undo()
+
+
+def _page() -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    at.switch_page("pages/dataset.py")
+    return at.run()
+
+
+def _no_trouble(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+def test_without_results_the_page_asks_for_a_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("VITVIZ_HOME", str(tmp_path))
+    at = _page()
+    _no_trouble(at)
+    assert any("Upload a results file" in i.value for i in at.info) and not at.get("plotly_chart")
+
+
+def test_the_last_local_run_shows_its_areas_distances_and_disagreements(last_results):
+    at = _page()
+    _no_trouble(at)
+    at.button[0].click().run()  # "Open the last local run"
+    _no_trouble(at)
+    results = read_results(last_results)
+    table = at.dataframe[0].value
+    assert list(table["method"]) == [s.method for s in results.summary()]
+    rollout = next(s for s in results.summary() if s.method == "rollout")
+    assert table.set_index("method").loc["rollout", "deletion area"].startswith(f"{rollout.deletion_mean:.3f}")
+    figs = {el.proto.id: json.loads(el.proto.spec) for el in at.get("plotly_chart")}
+    assert len(figs) == 3  # areas, mean curves, distance vs depth
+    areas = next(f for f in figs.values() if "Areas" in f["layout"]["title"]["text"])
+    boxes = {(t["name"], t["xaxis"]): t for t in areas["data"]}
+    got = boxes[("rollout", "x")]["y"]
+    got = np.array(got if isinstance(got, list) else [], dtype=float)
+    want = results.method_rows("rollout").column("deletion_area").to_numpy()
+    if got.size:  # plotly may serialise the values as binary; the table above already checked the mean
+        np.testing.assert_allclose(np.sort(got), np.sort(want))
+    assert sum(b.label == "Open" for b in at.button) == 6  # every image, ranked by disagreement
+
+
+def test_open_shows_that_image_on_compare_explanations(last_results):
+    at = _page()
+    at.button[0].click().run()
+    path = read_results(last_results).images().column("path").to_pylist()
+    opens = [b for b in at.button if b.label == "Open"]
+    opens[0].click().run()
+    _no_trouble(at)
+    assert at.session_state.image_name in {Path(p).name for p in path}
+    assert at.session_state.model_name == "demo"
+    assert any("Which map can you trust?" in h.value for h in at.header)

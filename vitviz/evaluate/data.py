@@ -1,0 +1,292 @@
+"""The images of an evaluation: a folder of images, or a CSV of files, labels and object boxes.
+
+Two inputs are accepted by :func:`read_dataset`:
+
+* **A folder**: every file with an image suffix (``.png .jpg .jpeg .webp .bmp .gif .tif
+  .tiff``, any case) under it, sub-folders included, in sorted order; hidden files and
+  folders (``.name``) are ignored. Other files are reported and skipped.
+* **A CSV** in the format ``python -m vitviz demo-data`` writes
+  (:func:`vitviz.data.shapes.write_dataset`): columns ``file,label,x0,y0,x1,y1``;
+  ``file`` is relative to the CSV's folder (or absolute); ``label`` (optional) is the
+  true class, as text; the box ``(x0, y0, x1, y1)`` (optional as a whole: all four
+  columns or none; a row may leave all four cells empty) is the object's box in pixels
+  of the ORIGINAL image, x1/y1 exclusive.
+
+Nothing is decoded while listing: a row with a missing file, a bad number or an empty
+box is reported (:class:`Skipped`) and the listing goes on. Decoding and the check that
+the box lies inside the image happen per image, in whichever engine runs it
+(:func:`load_item`), so a damaged file costs only its own row.
+
+Every item has a stable id, its path relative to the folder (or the CSV's ``file``
+cell, normalised): a resumed run recognises what it has already done by it.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePath
+
+from PIL import Image
+
+from vitviz.data.images import load_image
+from vitviz.errors import VitvizError
+
+__all__ = [
+    "IMAGE_SUFFIXES",
+    "CSV_COLUMNS",
+    "BOX_COLUMNS",
+    "DataError",
+    "Item",
+    "Skipped",
+    "Dataset",
+    "read_dataset",
+    "read_folder",
+    "read_csv",
+    "load_item",
+    "scale_box",
+]
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+CSV_COLUMNS = ("file", "label", "x0", "y0", "x1", "y1")  # what ``demo-data`` writes
+BOX_COLUMNS = ("x0", "y0", "x1", "y1")
+
+Box = tuple[float, float, float, float]
+
+
+class DataError(VitvizError):
+    """A data set (folder or CSV) or one of its images cannot be used; the message says why."""
+
+
+@dataclass(frozen=True)
+class Item:
+    """One image to evaluate.
+
+    ``image_id``: stable id (path relative to the folder, or the CSV's ``file`` cell in
+    POSIX form); ``path``: where the file is; ``label``: the true class from the CSV
+    (None without); ``box``: ``(x0, y0, x1, y1)`` in pixels of the original image, x1/y1
+    exclusive (None without); ``source``: where it was listed (``labels.csv:7``).
+    """
+
+    image_id: str
+    path: str
+    label: str | None = None
+    box: Box | None = None
+    source: str = ""
+
+    def to_dict(self) -> dict:
+        """Plain types only (for Ray Data and JSON)."""
+        return {
+            "image_id": self.image_id,
+            "path": self.path,
+            "label": self.label,
+            "box": None if self.box is None else list(self.box),
+            "source": self.source,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Item:
+        box = d.get("box")
+        return cls(
+            image_id=str(d["image_id"]),
+            path=str(d["path"]),
+            label=d.get("label"),
+            box=None if box is None else tuple(float(v) for v in box),
+            source=str(d.get("source") or ""),
+        )
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """Something that was not evaluated: ``where`` (a file or ``labels.csv:7``) and ``reason``."""
+
+    where: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.reason}"
+
+
+@dataclass
+class Dataset:
+    """The items to evaluate and what was skipped while listing them."""
+
+    source: Path
+    kind: str  # "folder" or "csv"
+    items: list[Item] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    has_labels: bool = False
+    has_boxes: bool = False
+
+
+def read_dataset(path: str | Path, *, limit: int | None = None) -> Dataset:
+    """A folder of images or a CSV (module docstring); ``limit``: stop after that many usable items.
+
+    Raises :class:`DataError` when ``path`` is neither, or when the CSV lacks columns.
+    """
+    p = Path(path)
+    if limit is not None and limit < 1:
+        raise DataError(f"--limit must be at least 1, got {limit}")
+    if p.is_dir():
+        return read_folder(p, limit=limit)
+    if p.is_file():
+        if p.suffix.lower() == ".csv":
+            return read_csv(p, limit=limit)
+        raise DataError(
+            f"'{p}' is a file but not a .csv: give a folder of images or a CSV with columns {','.join(CSV_COLUMNS)} "
+            "(as `python -m vitviz demo-data` writes)"
+        )
+    raise DataError(f"'{p}' does not exist: give a folder of images or a CSV with columns {','.join(CSV_COLUMNS)}")
+
+
+def _hidden(rel: PurePath) -> bool:
+    return any(part.startswith(".") for part in rel.parts)
+
+
+def read_folder(folder: str | Path, *, limit: int | None = None) -> Dataset:
+    """Every image file under ``folder`` (recursively, sorted); other files are skipped and reported."""
+    root = Path(folder)
+    ds = Dataset(source=root, kind="folder")
+    files = sorted(
+        (f for f in root.rglob("*") if not _hidden(f.relative_to(root)) and not f.is_dir()),
+        key=lambda f: f.relative_to(root).as_posix(),
+    )
+    for f in files:
+        if limit is not None and len(ds.items) >= limit:
+            break
+        rel = f.relative_to(root).as_posix()
+        if f.suffix.lower() not in IMAGE_SUFFIXES:
+            hint = " (to use its labels and boxes, pass the CSV itself as --data)" if f.suffix.lower() == ".csv" else ""
+            ds.skipped.append(Skipped(str(f), f"not an image file (expected {' '.join(IMAGE_SUFFIXES)}){hint}"))
+            continue
+        ds.items.append(Item(image_id=rel, path=str(f), source=str(f)))
+    if not ds.items and not ds.skipped:
+        raise DataError(f"the folder '{root}' holds no image files ({' '.join(IMAGE_SUFFIXES)})")
+    return ds
+
+
+def _number(row: dict, column: str) -> float:
+    text = (row.get(column) or "").strip()
+    try:
+        value = float(text)
+    except ValueError:
+        raise DataError(f"{column} = {text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise DataError(f"{column} = {text!r} is not a finite number")
+    return value
+
+
+def _box(row: dict) -> Box | None:
+    cells = [(row.get(c) or "").strip() for c in BOX_COLUMNS]
+    if not any(cells):
+        return None
+    if not all(cells):
+        empty = [c for c, v in zip(BOX_COLUMNS, cells, strict=True) if not v]
+        raise DataError(f"the box is incomplete: {', '.join(empty)} empty (fill all four or none)")
+    x0, y0, x1, y1 = (_number(row, c) for c in BOX_COLUMNS)
+    if not (x0 < x1 and y0 < y1):
+        raise DataError(f"the box ({x0:g}, {y0:g}, {x1:g}, {y1:g}) is empty: it needs x0 < x1 and y0 < y1")
+    return (x0, y0, x1, y1)
+
+
+def read_csv(path: str | Path, *, limit: int | None = None) -> Dataset:
+    """Rows of a ``file,label,x0,y0,x1,y1`` CSV (module docstring); bad rows are skipped and reported."""
+    csv_path = Path(path)
+    root = csv_path.parent
+    ds = Dataset(source=csv_path, kind="csv")
+    try:
+        fh = csv_path.open(newline="", encoding="utf-8-sig")
+    except OSError as exc:
+        raise DataError(f"cannot read '{csv_path}': {exc.strerror or exc}") from None
+    with fh:
+        try:
+            reader = csv.DictReader(fh)
+            header = [h.strip() for h in (reader.fieldnames or [])]
+        except (csv.Error, UnicodeDecodeError) as exc:
+            raise DataError(f"'{csv_path}' is not a readable CSV: {exc}") from None
+        reader.fieldnames = header
+        expected = f"expected the columns {','.join(CSV_COLUMNS)} as `python -m vitviz demo-data` writes them"
+        if not header:
+            raise DataError(f"'{csv_path}' is empty: {expected}")
+        missing = [c for c in ("file",) if c not in header]
+        box_missing = [c for c in BOX_COLUMNS if c not in header]
+        if len(box_missing) not in (0, len(BOX_COLUMNS)):
+            missing += box_missing
+        if missing:
+            raise DataError(
+                f"'{csv_path}' lacks the column{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                f"(it has {', '.join(header)}): {expected} (label and the four box columns are optional, "
+                "the box as a whole)"
+            )
+        ds.has_labels = "label" in header
+        ds.has_boxes = not box_missing
+        seen: dict[str, str] = {}
+        try:
+            for row in reader:
+                if limit is not None and len(ds.items) >= limit:
+                    break
+                where = f"{csv_path.name}:{reader.line_num}"
+                if not any((v or "").strip() for k, v in row.items() if k is not None):
+                    continue  # a blank line
+                try:
+                    item = _row_item(row, root, where, ds.has_boxes)
+                except DataError as exc:
+                    ds.skipped.append(Skipped(where, str(exc)))
+                    continue
+                if item.image_id in seen:
+                    ds.skipped.append(
+                        Skipped(where, f"'{item.image_id}' is listed again (first at {seen[item.image_id]})")
+                    )
+                    continue
+                seen[item.image_id] = where
+                ds.items.append(item)
+        except (csv.Error, UnicodeDecodeError) as exc:
+            ds.skipped.append(
+                Skipped(f"{csv_path.name}:{reader.line_num}", f"the rest of the CSV is unreadable: {exc}")
+            )
+    if not ds.items and not ds.skipped:
+        raise DataError(f"'{csv_path}' lists no images")
+    return ds
+
+
+def _row_item(row: dict, root: Path, where: str, has_boxes: bool) -> Item:
+    if None in row:  # csv puts surplus cells under the key None
+        raise DataError(f"the row has {len(row) - 1 + len(row[None])} cells, the header {len(row) - 1}")
+    name = (row.get("file") or "").strip()
+    if not name:
+        raise DataError("the file cell is empty")
+    path = Path(name) if Path(name).is_absolute() else root / name
+    if not path.is_file():
+        raise DataError(f"no such file '{path}'")
+    box = _box(row) if has_boxes else None
+    label = (row.get("label") or "").strip() or None
+    return Item(image_id=PurePath(name).as_posix(), path=str(path), label=label, box=box, source=where)
+
+
+def load_item(item: Item) -> Image.Image:
+    """The item's image as RGB, or :class:`DataError` / :class:`~vitviz.errors.ImageError` saying why not.
+
+    Checks that the box (if any) lies inside the image: ``0 <= x0 < x1 <= width`` and
+    likewise for y.
+    """
+    image = load_image(item.path)
+    if item.box is not None:
+        x0, y0, x1, y1 = item.box
+        w, h = image.size
+        if not (0 <= x0 < x1 <= w and 0 <= y0 < y1 <= h):
+            raise DataError(f"the box ({x0:g}, {y0:g}, {x1:g}, {y1:g}) lies outside the {w} x {h} image")
+    return image
+
+
+def scale_box(box: Sequence[float], image_wh: tuple[int, int], input_hw: tuple[int, int]) -> Box:
+    """A box in pixels of the original ``image_wh`` (w, h) -> pixels of the ``input_hw`` (h, w) model input.
+
+    The app resizes the whole image to the input size (no crop,
+    :func:`vitviz.capture.run.preprocess`), so each axis scales by its own factor.
+    """
+    (w, h), (ih, iw) = image_wh, input_hw
+    x0, y0, x1, y1 = (float(v) for v in box)
+    sx, sy = iw / w, ih / h
+    return (x0 * sx, y0 * sy, x1 * sx, y1 * sy)

@@ -1,0 +1,440 @@
+"""Evaluation results as ONE Parquet file: a tidy table, one row per (image, method).
+
+Readable by anything that reads Parquet::
+
+    import pandas as pd
+    df = pd.read_parquet("results.parquet")
+    df.groupby("method")[["deletion_area", "insertion_area"]].agg(["mean", "sem"])
+
+    -- DuckDB
+    SELECT method, avg(deletion_area), avg(insertion_area), avg(peak_in_box::INT)
+    FROM 'results.parquet' GROUP BY method;
+
+    import polars as pl; pl.read_parquet("results.parquet")
+
+**Columns** (:data:`SCHEMA`; each field also carries its description in the Arrow
+field metadata, key ``description``):
+
+=====================  ===================  ============================================================
+``image_id``           string               stable id: path relative to the folder, or the CSV's file
+``path``               string               the image file as read
+``label``              string, null         true class from the CSV (null without)
+``image_width``        int32                original image size in pixels
+``image_height``       int32
+``box_x0`` .. ``_y1``  float64, null        object box in pixels of the MODEL INPUT (rescaled), x1/y1 excl.
+``method``             string               explanation method (``vitviz.methods``)
+``class_index``        int64                class explained and scored: the model's top-1
+``class_label``        string               its name
+``correct``            bool, null           ``class_label == label`` (null without a label)
+``probability``        float64              softmax probability of the class, unperturbed input
+``deletion_area``      float64              area under the deletion curve (lower: more faithful)
+``insertion_area``     float64              area under the insertion curve (higher: more faithful)
+``peak_in_box``        bool, null           the map's peak cell centre lies in the box (null: no box)
+``fractions``          list<float64> (21)   fraction of cells perturbed at each point (k / N)
+``deletion_curve``     list<float64> (21)   probability of the class at each point, deletion
+``insertion_curve``    list<float64> (21)   the same, insertion
+``model``              string               model name as loaded
+``input_height``       int32                model input size in pixels
+``input_width``        int32
+``seed``               int64                the run's seed (``--seed``)
+``image_seed``         int64                seed of this image's random map: :func:`image_seed`
+``head_distance``      list<list<float64>>  per block (depth), per head: mean attention distance (px)
+``head_entropy``       list<list<float64>>  per block, per head: attention entropy (nats)
+=====================  ===================  ============================================================
+
+Per-image columns (``path`` .. ``box_*``, ``class_*``, ``probability``, ``input_*``,
+``head_*``) repeat on each method row of the image; for per-image statistics take one
+row per ``image_id`` (:meth:`Results.images`). ``head_*`` are ``[block][head]`` from
+the capture's blocks (:func:`vitviz.analysis.stats.summary_table`), null where a
+block has fewer heads than the widest; :meth:`Results.head_stats` stacks them into an
+``(images, blocks, heads)`` array, e.g. for "mean attention distance vs depth per head
+with its spread over the images".
+
+**File metadata**: the Parquet key-value metadata key ``vitviz`` holds JSON with
+``format`` (``"vitviz evaluation results"``), ``schema_version`` (:data:`SCHEMA_VERSION`),
+the run's ``model``, ``methods``, ``seed``, ``size``, ``data``, ``engine``,
+``created`` (UTC, ISO 8601), ``images`` (evaluated), ``skipped`` (a list of
+``{"where", "reason"}``) and ``points`` (21). Read it with
+``pyarrow.parquet.read_schema(path).metadata[b"vitviz"]`` or DuckDB's
+``parquet_kv_metadata('results.parquet')``. :func:`read_results` refuses any file
+without it (:class:`ResultsError`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import os
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from vitviz.errors import VitvizError
+
+__all__ = [
+    "remember_last_run",
+    "last_run",
+    "SCHEMA_VERSION",
+    "FORMAT",
+    "META_KEY",
+    "SCHEMA",
+    "COLUMN_DOCS",
+    "ResultsError",
+    "MethodSummary",
+    "Results",
+    "image_seed",
+    "make_rows",
+    "rows_to_table",
+    "run_metadata",
+    "write_results",
+    "write_table_atomic",
+    "read_results",
+]
+
+SCHEMA_VERSION = 1
+FORMAT = "vitviz evaluation results"
+META_KEY = b"vitviz"
+
+_F64 = pa.float64()
+COLUMN_DOCS: dict[str, tuple[pa.DataType, str]] = {
+    "image_id": (pa.string(), "stable image id: path relative to the folder, or the CSV's file cell"),
+    "path": (pa.string(), "the image file as read"),
+    "label": (pa.string(), "true class from the CSV (null without)"),
+    "image_width": (pa.int32(), "original image width in pixels"),
+    "image_height": (pa.int32(), "original image height in pixels"),
+    "box_x0": (_F64, "object box, left, in pixels of the model input (null without a box)"),
+    "box_y0": (_F64, "object box, top, in pixels of the model input"),
+    "box_x1": (_F64, "object box, right (exclusive), in pixels of the model input"),
+    "box_y1": (_F64, "object box, bottom (exclusive), in pixels of the model input"),
+    "method": (pa.string(), "explanation method (vitviz.methods)"),
+    "class_index": (pa.int64(), "class explained and scored: the model's top-1"),
+    "class_label": (pa.string(), "name of that class"),
+    "correct": (pa.bool_(), "class_label == label (null without a label)"),
+    "probability": (_F64, "softmax probability of the class for the unperturbed input"),
+    "deletion_area": (_F64, "area under the deletion curve, trapezoid rule over k/N (lower: more faithful)"),
+    "insertion_area": (_F64, "area under the insertion curve (higher: more faithful)"),
+    "peak_in_box": (pa.bool_(), "the centre of the map's largest cell lies in the box (null without a box)"),
+    "fractions": (pa.list_(_F64), "fraction of cells perturbed at each of the 21 points (k / N)"),
+    "deletion_curve": (pa.list_(_F64), "probability of the class at each point, deletion"),
+    "insertion_curve": (pa.list_(_F64), "probability of the class at each point, insertion"),
+    "model": (pa.string(), "model name as loaded"),
+    "input_height": (pa.int32(), "model input height in pixels"),
+    "input_width": (pa.int32(), "model input width in pixels"),
+    "seed": (pa.int64(), "the run's seed"),
+    "image_seed": (pa.int64(), "seed of this image's random map, derived from seed and image_id"),
+    "head_distance": (pa.list_(pa.list_(_F64)), "[block][head] mean attention distance in pixels"),
+    "head_entropy": (pa.list_(pa.list_(_F64)), "[block][head] attention entropy in nats"),
+}
+SCHEMA = pa.schema([pa.field(name, dtype, metadata={"description": doc}) for name, (dtype, doc) in COLUMN_DOCS.items()])
+PER_IMAGE = (
+    "image_id", "path", "label", "image_width", "image_height", "box_x0", "box_y0", "box_x1", "box_y1",
+    "class_index", "class_label", "correct", "probability", "model", "input_height", "input_width", "seed",
+    "image_seed", "head_distance", "head_entropy",
+)  # fmt: skip
+
+
+class ResultsError(VitvizError):
+    """A file that is not (or no longer) a vitviz results file; the message says what it is."""
+
+
+def image_seed(seed: int, image_id: str) -> int:
+    """The random map's seed for one image: the first 4 bytes of ``sha256(f"{seed}/{image_id}")``, little-endian.
+
+    A pure function of the run's seed and the image id, so both engines, and a resumed
+    run, draw the same map; different images get different maps (one fixed map for all
+    images would score one ordering, not the random baseline).
+    """
+    return int.from_bytes(hashlib.sha256(f"{int(seed)}/{image_id}".encode()).digest()[:4], "little")
+
+
+def _nested(table: np.ndarray) -> list[list[float | None]]:
+    return [[None if not math.isfinite(v) else float(v) for v in row] for row in np.asarray(table, dtype=np.float64)]
+
+
+def make_rows(
+    *,
+    image_id: str,
+    path: str,
+    label: str | None,
+    image_wh: tuple[int, int],
+    box: Sequence[float] | None,
+    scored: Mapping[str, Any],
+    model: str,
+    input_hw: tuple[int, int],
+    seed: int,
+    seed_of_image: int,
+    head_distance: np.ndarray,
+    head_entropy: np.ndarray,
+) -> list[dict]:
+    """Rows of one image, one per method, from :class:`~vitviz.evaluate.faithfulness.Faithfulness` results.
+
+    ``box``: in pixels of the model input (already rescaled), or None.
+    """
+    distance, entropy = _nested(head_distance), _nested(head_entropy)
+    bx = [None] * 4 if box is None else [float(v) for v in box]
+    rows = []
+    for method, f in scored.items():
+        rows.append(
+            {
+                "image_id": image_id,
+                "path": path,
+                "label": label,
+                "image_width": int(image_wh[0]),
+                "image_height": int(image_wh[1]),
+                "box_x0": bx[0],
+                "box_y0": bx[1],
+                "box_x1": bx[2],
+                "box_y1": bx[3],
+                "method": method,
+                "class_index": int(f.class_index),
+                "class_label": f.label,
+                "correct": None if label is None else f.label == label,
+                "probability": float(f.probability),
+                "deletion_area": float(f.deletion_area),
+                "insertion_area": float(f.insertion_area),
+                "peak_in_box": f.peak_in_box,
+                "fractions": [float(v) for v in f.fractions],
+                "deletion_curve": [float(v) for v in f.deletion],
+                "insertion_curve": [float(v) for v in f.insertion],
+                "model": model,
+                "input_height": int(input_hw[0]),
+                "input_width": int(input_hw[1]),
+                "seed": int(seed),
+                "image_seed": int(seed_of_image),
+                "head_distance": distance,
+                "head_entropy": entropy,
+            }
+        )
+    return rows
+
+
+def rows_to_table(rows: Sequence[Mapping[str, Any]]) -> pa.Table:
+    """Rows (dicts with the :data:`SCHEMA` columns) -> a table of exactly that schema."""
+    return pa.Table.from_pylist(list(rows), schema=SCHEMA)
+
+
+def run_metadata(**fields: Any) -> dict:
+    """The ``vitviz`` file metadata: ``format``, ``schema_version``, ``created`` and the run's ``fields``."""
+    return {
+        "format": FORMAT,
+        "schema_version": SCHEMA_VERSION,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        **fields,
+    }
+
+
+def write_table_atomic(table: pa.Table, path: str | Path) -> Path:
+    """Write ``table`` as Parquet at ``path`` atomically: a hidden temporary file beside it, then a rename.
+
+    A reader (or a resumed run) sees either no file or the whole file, never a part of one.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def write_results(table: pa.Table, path: str | Path, meta: Mapping[str, Any]) -> Path:
+    """Write the final results file (atomically) with the ``vitviz`` metadata ``meta``."""
+    table = table.cast(SCHEMA).replace_schema_metadata({META_KEY: json.dumps(dict(meta)).encode()})
+    return write_table_atomic(table, path)
+
+
+@dataclass(frozen=True)
+class MethodSummary:
+    """One method over the images: means and their standard errors (``sd / sqrt(n)``), peak-in-box rate."""
+
+    method: str
+    n: int
+    deletion_mean: float
+    deletion_se: float
+    insertion_mean: float
+    insertion_se: float
+    peak_in_box_rate: float | None  # over the images with a box; None when none has one
+    n_boxes: int
+
+
+def _mean_se(values: np.ndarray) -> tuple[float, float]:
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        return math.nan, math.nan
+    se = float(v.std(ddof=1) / math.sqrt(v.size)) if v.size > 1 else math.nan
+    return float(v.mean()), se
+
+
+@dataclass(frozen=True)
+class Results:
+    """A results file read back: the :data:`SCHEMA` table and its ``vitviz`` metadata."""
+
+    table: pa.Table = field(repr=False)
+    meta: dict
+    path: str | None = None
+
+    def to_pandas(self):
+        """The table as a pandas DataFrame (one row per image and method)."""
+        return self.table.to_pandas()
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        """Methods present, in the order of the run's ``methods`` (others after, sorted)."""
+        present = set(self.table.column("method").to_pylist())
+        order = [m for m in self.meta.get("methods", []) if m in present]
+        return tuple(order + sorted(present - set(order)))
+
+    @property
+    def num_images(self) -> int:
+        return len(set(self.table.column("image_id").to_pylist()))
+
+    def method_rows(self, method: str) -> pa.Table:
+        return self.table.filter(pc.equal(self.table.column("method"), method))
+
+    def images(self) -> pa.Table:
+        """One row per image (its first method row), per-image columns only."""
+        ids = self.table.column("image_id").to_pylist()
+        first = sorted({i: k for k, i in reversed(list(enumerate(ids)))}.values())
+        return self.table.take(pa.array(first, type=pa.int64())).select(list(PER_IMAGE))
+
+    def summary(self) -> list[MethodSummary]:
+        """Per method: mean +- standard error of both areas, and the peak-in-box rate over images with a box."""
+        out = []
+        for m in self.methods:
+            t = self.method_rows(m)
+            d_mean, d_se = _mean_se(t.column("deletion_area").to_numpy())
+            i_mean, i_se = _mean_se(t.column("insertion_area").to_numpy())
+            peaks = [p for p in t.column("peak_in_box").to_pylist() if p is not None]
+            rate = float(np.mean(peaks)) if peaks else None
+            out.append(MethodSummary(m, t.num_rows, d_mean, d_se, i_mean, i_se, rate, len(peaks)))
+        return out
+
+    def mean_curves(self) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per method: ``(fractions, mean deletion curve, mean insertion curve)``, each ``(21,)``.
+
+        Images whose curves have other fractions (another grid) are averaged point by
+        point all the same; the fractions returned are their mean.
+        """
+        out = {}
+        for m in self.methods:
+            t = self.method_rows(m)
+            stack = [np.array(t.column(c).to_pylist(), dtype=np.float64) for c in ("fractions", "deletion_curve",
+                                                                                      "insertion_curve")]  # fmt: skip
+            out[m] = tuple(s.mean(axis=0) for s in stack)
+        return out
+
+    def head_stats(self, what: str = "distance") -> np.ndarray:
+        """``(images, blocks, heads)`` float64 of ``head_distance`` or ``head_entropy`` (NaN where absent).
+
+        Images are those of :meth:`images`; images of another depth or width are padded with NaN.
+        """
+        if what not in ("distance", "entropy"):
+            raise ValueError(f"what must be 'distance' or 'entropy', got {what!r}")
+        nested = self.images().column(f"head_{what}").to_pylist()
+        if not nested:
+            return np.zeros((0, 0, 0))
+        depth = max(len(t) for t in nested)
+        width = max((len(r) for t in nested for r in t), default=0)
+        out = np.full((len(nested), depth, width), np.nan)
+        for i, t in enumerate(nested):
+            for b, row in enumerate(t):
+                out[i, b, : len(row)] = [np.nan if v is None else v for v in row]
+        return out
+
+
+def _describe(source: Any) -> str:
+    return f"'{source}'" if isinstance(source, (str, Path)) else "the uploaded file"
+
+
+def read_results(source: str | Path | bytes | IO[bytes]) -> Results:
+    """Read a results file (path, bytes or binary file object), or raise :class:`ResultsError` saying why not.
+
+    Refuses missing files, folders, files that are not Parquet, Parquet files without
+    the ``vitviz`` metadata (not made by ``python -m vitviz evaluate``), files of a
+    newer schema version, and files that lack columns.
+    """
+    name = _describe(source)
+    if isinstance(source, (str, Path)):
+        p = Path(source)
+        if not p.exists():
+            raise ResultsError(f"{name} does not exist")
+        if p.is_dir():
+            raise ResultsError(f"{name} is a folder; give the .parquet file written by `python -m vitviz evaluate`")
+        handle: Any = str(p)
+    elif isinstance(source, (bytes, bytearray, memoryview)):
+        handle = pa.BufferReader(bytes(source))
+    else:
+        handle = io.BytesIO(source.read())
+    try:
+        pf = pq.ParquetFile(handle)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise ResultsError(
+            f"{name} is not a Parquet file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
+            "vitviz results are written by `python -m vitviz evaluate --out RESULTS.parquet`"
+        ) from None
+    meta_raw = (pf.schema_arrow.metadata or {}).get(META_KEY)
+    if meta_raw is None:
+        raise ResultsError(
+            f"{name} is a Parquet file but not vitviz evaluation results (it has no 'vitviz' metadata; columns: "
+            f"{', '.join(pf.schema_arrow.names[:8])}{', ...' if len(pf.schema_arrow.names) > 8 else ''}). "
+            "Make one with `python -m vitviz evaluate`."
+        )
+    try:
+        meta = json.loads(meta_raw)
+        version = int(meta["schema_version"])
+        if meta.get("format") != FORMAT:
+            raise ValueError(meta.get("format"))
+    except (ValueError, KeyError, TypeError):
+        raise ResultsError(f"{name} has 'vitviz' metadata that is not a results header: it cannot be read") from None
+    if version > SCHEMA_VERSION:
+        raise ResultsError(
+            f"{name} was written with results schema version {version}; this vitviz reads up to "
+            f"{SCHEMA_VERSION}: update vitviz"
+        )
+    missing = [c for c in SCHEMA.names if c not in pf.schema_arrow.names]
+    if missing:
+        raise ResultsError(f"{name} lacks the column(s) {', '.join(missing)}: it is not a complete results file")
+    try:
+        table = pf.read(columns=SCHEMA.names)
+    except (pa.ArrowException, OSError) as exc:
+        raise ResultsError(f"{name} is damaged: {str(exc).splitlines()[0]}") from None
+    return Results(table=table, meta=meta, path=str(source) if isinstance(source, (str, Path)) else None)
+
+
+def _last_run_file() -> Path:
+    home = os.environ.get("VITVIZ_HOME") or Path.home() / ".cache" / "vitviz"
+    return Path(home) / "last_results.txt"
+
+
+def remember_last_run(path: str | Path) -> None:
+    """Note ``path`` as the last local run, for the app's Data set page (best effort: never fails a run)."""
+    try:
+        f = _last_run_file()
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(str(Path(path).resolve()))
+    except OSError:
+        pass
+
+
+def last_run() -> Path | None:
+    """The results file of the last local ``evaluate`` run (``$VITVIZ_HOME/last_results.txt``), if it still exists."""
+    try:
+        path = Path(_last_run_file().read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return path if path.is_file() else None
