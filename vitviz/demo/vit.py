@@ -103,11 +103,12 @@ def train_demo(
     batch_size: int = 64,
     train_images: int = 40_000,
     lr: float = 1e-3,
+    held_out: int = 500,
     log=print,
 ) -> DemoScore:
     """Train the demo model from scratch and save it (HF format) under ``out``.
 
-    Returns its score on 500 held-out images (data seed ``seed + 1``, never trained on).
+    Returns its score on ``held_out`` held-out images (data seed ``seed + 1``, never trained on).
     """
     from transformers import ViTForImageClassification, ViTImageProcessor
 
@@ -115,7 +116,7 @@ def train_demo(
     gen = torch.Generator().manual_seed(seed)
     t0 = time.time()
     images, labels, _ = demo_data.make_batch(range(seed * 1_000_003, seed * 1_000_003 + train_images))
-    held = demo_data.make_batch(range((seed + 1) * 1_000_003, (seed + 1) * 1_000_003 + 500))
+    held = demo_data.make_batch(range((seed + 1) * 1_000_003, (seed + 1) * 1_000_003 + held_out))
     log(f"generated {train_images} training images in {time.time() - t0:.0f} s")
 
     model = ViTForImageClassification(demo_config())
