@@ -1,4 +1,4 @@
-"""Command line: ``python -m vitviz {export,evaluate,demo-data,train-demo} ...``."""
+"""Command line: ``python -m vitviz {export,evaluate,convert,demo-data,train-demo} ...``."""
 
 from __future__ import annotations
 
@@ -110,6 +110,24 @@ def _train_demo(args: argparse.Namespace) -> int:
     return 0 if score.accuracy >= accuracy and score.peak_in_box >= in_box else 1
 
 
+def _convert(args: argparse.Namespace) -> int:
+    from vitviz.zoo.convert import convert, official_names
+
+    if args.list:
+        print("\n".join(official_names()))
+        return 0
+    if not (args.arch and args.checkpoint and args.out):
+        print(f"{PROG} convert: error: --arch, --checkpoint and --out are required (--list shows the names)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    labels = None
+    if args.labels:
+        labels = [line.strip() for line in Path(args.labels).read_text().splitlines() if line.strip()]
+    out = convert(args.arch, args.checkpoint, args.out, labels=labels)
+    print(f"wrote {out} (model.safetensors, config.json, preprocessor_config.json): load it with --model {out}")
+    return 0
+
+
 def _xy(text: str) -> tuple[float, float]:
     try:
         x, y = (float(v) for v in text.split(","))
@@ -171,6 +189,16 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--batch-size", type=int, default=20, help="perturbed images per forward pass")
     ev.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
     ev.set_defaults(func=_evaluate)
+
+    cv = sub.add_parser(
+        "convert", help="an official CCT / T2T-ViT / DAT checkpoint (.pth state dict) -> a folder vitviz loads"
+    )
+    cv.add_argument("--arch", metavar="NAME", help="official model name, e.g. cct_14_7x2_224 (see --list)")
+    cv.add_argument("--checkpoint", metavar="FILE.pth", help="the authors' checkpoint (read with weights_only=True)")
+    cv.add_argument("--out", metavar="FOLDER", help="the folder to write (must not exist or be empty)")
+    cv.add_argument("--labels", metavar="FILE.txt", help="class names, one per line (default: LABEL_0, ...)")
+    cv.add_argument("--list", action="store_true", help="list the official model names and exit")
+    cv.set_defaults(func=_convert)
 
     dd = sub.add_parser("demo-data", help="write the demo model's synthetic shapes and labels.csv")
     dd.add_argument("--n", type=int, required=True)

@@ -264,6 +264,9 @@ def load_model(
     """
     from transformers import AutoConfig
 
+    from vitviz.zoo import register
+
+    register()  # CCT, T2T-ViT, DAT: our own classes, registered with the Auto classes (never remote code)
     if dtype not in _DTYPES:
         raise ModelLoadError(f"Unknown dtype '{dtype}': choose one of {', '.join(_DTYPES)}.")
     dev = pick_device(str(device) if device else None)
