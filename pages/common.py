@@ -254,7 +254,7 @@ def get_patch_components(model_name: str):
 
 @st.cache_resource(show_spinner=False)
 def results_cache() -> BoundedCache:
-    """Relevance maps and label embeddings, server-wide; small, computed in the queue, never on a view change."""
+    """Relevance maps, method maps and curves, server-wide; small, computed in the queue, never on a view change."""
     return BoundedCache(max_entries=256, max_bytes=256 * 2**20, size_of=_nbytes)
 
 
@@ -287,14 +287,29 @@ def get_relevance(
     return results_cache().get_or_compute(key, compute)
 
 
+@st.cache_resource
+def label_cache() -> BoundedCache:
+    """Text-tower embeddings per (model, prompt): editing one label encodes that prompt alone."""
+    return BoundedCache(max_entries=4096, max_bytes=64 * 2**20, size_of=_nbytes)
+
+
 def get_label_embeddings(model_name: str, prompts: tuple[str, ...]) -> np.ndarray:
-    """The text tower's embeddings of the prompts ``(K, D)``: only the text tower runs when labels change."""
+    """The text tower's embeddings of the prompts ``(K, D)``; only prompts not seen before run the text tower.
 
-    def compute() -> np.ndarray:
+    A prompt's embedding does not depend on the others in its batch (CLIP masks the padding,
+    SigLIP always pads to its full length), so they are cached one by one.
+    """
+    cache = label_cache()
+
+    def encode(batch: tuple[str, ...]) -> np.ndarray:
         loaded = get_model(model_name)
-        return in_queue(lambda: encode_labels(loaded.model, loaded.text, Labels(prompts, prompts, "{}")))
+        return in_queue(lambda: encode_labels(loaded.model, loaded.text, Labels(batch, batch, "{}")))
 
-    return results_cache().get_or_compute(("labels", model_name, prompts), compute)
+    missing = tuple(p for p in dict.fromkeys(prompts) if ("label", model_name, p) not in cache)
+    if missing:
+        for p, e in zip(missing, encode(missing), strict=True):
+            cache.get_or_compute(("label", model_name, p), lambda e=e: e)
+    return np.stack([cache.get_or_compute(("label", model_name, p), lambda p=p: encode((p,))[0]) for p in prompts])
 
 
 SUGGESTED_LABELS = "cat, dog, car, bird, airplane"

@@ -1,0 +1,135 @@
+"""Benchmarks of the zero-shot models (CLIP ViT-B/16, SigLIP-base at 224, random weights).
+
+    python -m benchmarks.zeroshot [--runs 5]
+
+* :func:`overhead`: vitviz's full analysis of a new image (capture, rollout, maps,
+  summaries) against the plain SDPA image tower (``get_image_features``), interleaved,
+  medians; the ratio is the goal (<= 1.3).
+* :func:`label_change`: what a change of the typed labels costs: 10 prompts through the
+  text tower only (``encode_labels``, as the app does); goal <= 300 ms on CPU. Also one
+  label edited among the ten: the app caches each prompt's embedding, so one prompt runs.
+
+The folders carry a word-level tokenizer of their own (no downloads); CLIP's BPE gives
+prompts of the same few tokens, SigLIP pads to its 64 positions either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.run import full_analysis, median_time  # noqa: E402
+from vitviz.capture.run import preprocess  # noqa: E402
+from vitviz.models.load import load_model  # noqa: E402
+from vitviz.models.zeroshot import encode_labels, parse_labels  # noqa: E402
+
+__all__ = ["make_zero_shot", "overhead", "label_change", "LABELS"]
+
+LABELS = "cat, dog, car, bird, airplane, ship, truck, horse, frog, deer"  # 10 labels
+MODELS = {
+    "clip-b16-224": ("CLIPModel", "CLIPConfig", {"vision_config": {"patch_size": 16, "image_size": 224}}),
+    "siglip-base-224": ("SiglipModel", "SiglipConfig", {}),  # the defaults are SigLIP-base/16 at 224
+}
+
+
+def make_zero_shot(kind: str, folder: Path) -> Path:
+    """A random-weight two-tower model saved with an image processor and a word tokenizer."""
+    import transformers
+    from transformers import ViTImageProcessor
+
+    from vitviz.demo.tokenizer import word_tokenizer
+
+    arch, config, kwargs = MODELS[kind]
+    torch.manual_seed(0)
+    model = getattr(transformers, arch)(getattr(transformers, config)(**kwargs))
+    model.config.text_config.eos_token_id = 3  # the word tokenizer's <eos>, where CLIP reads its text embedding
+    model.save_pretrained(folder)
+    ViTImageProcessor(size={"height": 224, "width": 224}).save_pretrained(folder)
+    words = ["a", "photo", "of", "the"] + [w.strip() for w in LABELS.split(",")]
+    word_tokenizer(words, max_length=int(model.config.text_config.max_position_embeddings)).save_pretrained(folder)
+    return folder
+
+
+def _image() -> Image.Image:
+    return Image.fromarray(np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8))
+
+
+def overhead(kind: str, folder: Path, runs: int) -> dict:
+    import transformers
+
+    loaded = load_model(str(folder))
+    plain = getattr(transformers, MODELS[kind][0]).from_pretrained(folder, attn_implementation="sdpa").eval()
+    plain.to(loaded.device)
+    image, size = _image(), loaded.default_size
+
+    def plain_inference():
+        pixels, _ = preprocess(loaded, [image], size)
+        with torch.inference_mode():
+            plain.get_image_features(pixel_values=pixels)
+
+    plain_inference(), full_analysis(loaded, image)  # warm-up
+    pairs = [
+        (median_time(plain_inference, 1, warmup=0), median_time(lambda: full_analysis(loaded, image), 1, warmup=0))
+        for _ in range(runs)
+    ]
+    t_plain, t_full = (statistics.median(p[i] for p in pairs) for i in (0, 1))
+    cap = full_analysis(loaded, image)
+    return {
+        "model": kind,
+        "tokens": sum(s.num_tokens for s in cap.stages),
+        "blocks": cap.num_blocks,
+        "plain_s": round(t_plain, 4),
+        "vitviz_s": round(t_full, 4),
+        "overhead_ratio": round(t_full / t_plain, 3),
+        "record_MiB": round(cap.nbytes / 2**20, 2),
+        "attention_precision": cap.attention_precision,
+    }
+
+
+def label_change(kind: str, folder: Path, runs: int) -> dict:
+    """Milliseconds from new label text to new label embeddings (text tower only, 10 prompts)."""
+    loaded = load_model(str(folder))
+    assert loaded.text is not None, "the benchmark folder needs a tokenizer"
+    texts = [LABELS, LABELS.replace("cat", "kitten"), LABELS.replace("dog", "puppy")]  # each run: new prompts
+    k = iter(range(10**6))
+
+    def change():
+        labels = parse_labels(texts[next(k) % len(texts)], loaded.text.template)
+        encode_labels(loaded.model, loaded.text, labels)
+
+    def edit_one():  # the app caches each prompt's embedding: editing one label encodes one prompt
+        word = ("kitten", "puppy", "lorry")[next(k) % 3]
+        encode_labels(loaded.model, loaded.text, parse_labels(word, loaded.text.template))
+
+    t, t1 = median_time(change, runs, warmup=1), median_time(edit_one, runs, warmup=1)
+    return {"model": kind, "labels": 10, "label_change_ms": round(1000 * t, 1), "one_label_edited_ms": round(1000 * t1, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.zeroshot")
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args(argv)
+    out: dict = {"overhead": [], "label_change": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in MODELS:
+            folder = make_zero_shot(kind, Path(tmp) / kind)
+            out["overhead"].append(overhead(kind, folder, args.runs))
+            out["label_change"].append(label_change(kind, folder, args.runs))
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
