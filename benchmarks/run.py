@@ -1,6 +1,15 @@
 """Benchmark vitviz against the model's own forward pass; prints a table and writes JSON.
 
-    python -m benchmarks [--quick] [--skip-browser] [--out benchmarks/results.json]
+    python -m benchmarks [--quick] [--skip-browser] [--sections overhead,zeroshot,...] [--out benchmarks/results.json]
+
+Sections (all by default): ``overhead`` (ViT-B/16, DINOv2-base at 518, Swin-T: full analysis
+against the plain SDPA forward, records, DINOv2's peak memory), ``interaction`` (Heads page
+reruns), ``export``, ``browser``, ``zeroshot`` (CLIP ViT-B/16, SigLIP-base: overhead and label
+change; ``benchmarks/zeroshot.py``), ``causal`` (head importance in forward-equivalents, fast
+vs exact rank correlation on 50 demo images; ``benchmarks/causal.py``), ``faithfulness``
+(deletion + insertion of one ViT-B/16 image over one forward; ``benchmarks/faithfulness.py``),
+``evaluate`` (``python -m vitviz evaluate`` throughput, local vs Ray; ``benchmarks/evaluate.py``).
+With ``--sections``, the sections not run keep their figures from an existing ``--out`` file.
 
 Random weights throughout (speed does not depend on them). Every ratio compares
 two timings taken in the same run on the same machine; medians of several runs.
@@ -284,67 +293,112 @@ def browser(folder: Path) -> dict:
         proc.wait(timeout=20)
 
 
+SECTIONS = ("overhead", "interaction", "export", "browser", "zeroshot", "causal", "faithfulness", "evaluate")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     parser.add_argument("--quick", action="store_true", help="fewer runs")
     parser.add_argument("--skip-browser", action="store_true")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {', '.join(SECTIONS)}")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results.json"))
     args = parser.parse_args(argv)
+    sections = {x.strip() for x in args.sections.split(",") if x.strip()}
+    if unknown := sections - set(SECTIONS):
+        parser.error(f"unknown sections: {', '.join(sorted(unknown))}")
+    if args.skip_browser or not Path("/usr/bin/chromium").exists():
+        sections.discard("browser")
     runs = 3 if args.quick else 9
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    results: dict = {
+    out = Path(args.out)
+    results: dict = json.loads(out.read_text()) if out.is_file() and sections != set(SECTIONS) else {}
+    results.update({
         "device": device,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
         "torch_threads": torch.get_num_threads(),
-    }
+    })  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         vit = make_model("vit-b16-224", Path(tmp) / "vit")
-        dino = make_model("dinov2-base-518", Path(tmp) / "dino")
-        swin = make_model("swin-t-224", Path(tmp) / "swin")
-        results["overhead"] = [
-            overhead("vit-b16-224", vit, runs),
-            overhead("dinov2-base-518", dino, max(2, runs // 2)),
-            overhead("swin-t-224", swin, runs),
-        ]
-        results["dinov2_518_peak_memory"] = peak_memory(dino)
-        results["interaction"] = interaction(vit, runs)
-        results["export"] = export_throughput(vit, 32)
-        if not args.skip_browser and Path("/usr/bin/chromium").exists():
+        if "overhead" in sections:
+            dino = make_model("dinov2-base-518", Path(tmp) / "dino")
+            swin = make_model("swin-t-224", Path(tmp) / "swin")
+            results["overhead"] = [
+                overhead("vit-b16-224", vit, runs),
+                overhead("dinov2-base-518", dino, max(2, runs // 2)),
+                overhead("swin-t-224", swin, runs),
+            ]
+            results["dinov2_518_peak_memory"] = peak_memory(dino)
+        if "interaction" in sections:
+            results["interaction"] = interaction(vit, runs)
+        if "export" in sections:
+            results["export"] = export_throughput(vit, 32)
+        if "browser" in sections:
             results["browser"] = browser(vit)
+        if "zeroshot" in sections:
+            from benchmarks import zeroshot
+
+            results["zeroshot"] = {"overhead": [], "label_change": []}
+            for kind in zeroshot.MODELS:
+                folder = zeroshot.make_zero_shot(kind, Path(tmp) / kind)
+                results["zeroshot"]["overhead"].append(zeroshot.overhead(kind, folder, runs))
+                results["zeroshot"]["label_change"].append(zeroshot.label_change(kind, folder, runs))
+        if "causal" in sections:
+            from benchmarks import causal
+
+            results["causal"] = {
+                "head_importance_cost": causal.head_importance_cost(vit, runs=max(2, runs // 3)),
+                "fast_vs_exact": causal.fast_vs_exact_rank_correlation(50, mode="mean"),
+            }
+        if "faithfulness" in sections:
+            from benchmarks import faithfulness
+
+            results["faithfulness"] = faithfulness.curves_cost(vit, runs=max(2, runs // 3))
+        if "evaluate" in sections:
+            from benchmarks import evaluate
+
+            results["evaluate"] = evaluate.evaluate_throughput(40)
     results["peak_rss_MiB"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-    Path(args.out).write_text(json.dumps(results, indent=2))
+    out.write_text(json.dumps(results, indent=2))
     print_table(results)
     return 0
 
 
 def print_table(r: dict) -> None:
     print(f"\nvitviz benchmark on {r['device']} ({r['machine']})\n")
-    print(
-        "| model | tokens (all stages) | blocks | plain inference (s) | vitviz full analysis (s) | overhead ratio | record (MiB) |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    for o in r["overhead"]:
-        print(
-            f"| {o['model']} | {o['tokens']} | {o['blocks']} | {o['plain_s']} | {o['vitviz_s']} | {o['overhead_ratio']} | {o['record_MiB']} ({o['attention_precision']}) |"
-        )
-    m = r["dinov2_518_peak_memory"]
-    print(
-        f"\nDINOv2-base at 518 px, peak memory a capture adds: {m['hooks_peak_MiB']} MiB with the hooks, "
-        f"{m['output_attentions_peak_MiB']} MiB keeping output_attentions' float32 stack"
-    )
-    i = r["interaction"]
-    print(
-        f"\nHeads page rerun, 12 heads, no forward pass: layer {i['layer_ms']} ms, head {i['head_ms']} ms, patch {i['patch_ms']} ms"
-    )
-    if "browser" in r:
-        b = r["browser"]
-        print(
-            f"Browser: upload -> all head maps {b['upload_to_maps_s']} s; layer change -> all head maps {b['layer_change_to_all_heads_s']} s"
-        )
-    e = r["export"]
-    print(
-        f"Export of 32 images: {e['batch1_img_per_s']} img/s one at a time, {e['batch8_img_per_s']} img/s in batches of 8 ({e['batched_vs_single']}x)"
-    )
+    rows = [*r.get("overhead", []), *r.get("zeroshot", {}).get("overhead", [])]
+    if rows:
+        print("| model | tokens (all stages) | blocks | plain inference (s) | vitviz full analysis (s) | overhead ratio "
+              "| record (MiB) |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|")
+        for o in rows:
+            print(f"| {o['model']} | {o['tokens']} | {o['blocks']} | {o['plain_s']} | {o['vitviz_s']} "
+                  f"| {o['overhead_ratio']} | {o['record_MiB']} ({o['attention_precision']}) |")  # fmt: skip
+    if m := r.get("dinov2_518_peak_memory"):
+        print(f"\nDINOv2-base at 518 px, peak memory a capture adds: {m['hooks_peak_MiB']} MiB with the hooks, "
+              f"{m['output_attentions_peak_MiB']} MiB keeping output_attentions' float32 stack")  # fmt: skip
+    for lc in r.get("zeroshot", {}).get("label_change", []):
+        print(f"{lc['model']}: 10 new labels {lc['label_change_ms']} ms, one label edited {lc['one_label_edited_ms']} ms")
+    if i := r.get("interaction"):
+        print(f"\nHeads page rerun, 12 heads, no forward pass: layer {i['layer_ms']} ms, head {i['head_ms']} ms, "
+              f"patch {i['patch_ms']} ms")  # fmt: skip
+    if b := r.get("browser"):
+        print(f"Browser: upload -> all head maps {b['upload_to_maps_s']} s; layer change -> all head maps "
+              f"{b['layer_change_to_all_heads_s']} s")  # fmt: skip
+    if e := r.get("export"):
+        print(f"Export of 32 images: {e['batch1_img_per_s']} img/s one at a time, {e['batch8_img_per_s']} img/s in "
+              f"batches of 8 ({e['batched_vs_single']}x)")  # fmt: skip
+    if c := r.get("causal"):
+        h, f = c["head_importance_cost"], c["fast_vs_exact"]
+        print(f"Head importance, ViT-B/16 (144 heads): exact {h['exact_forward_equivalents']} forward-equivalents, "
+              f"fast estimate {h['fast_forward_equivalents']}; fast vs exact Spearman over {f['images']} demo images: "
+              f"mean {f['spearman_mean']}, median {f['spearman_median']}")  # fmt: skip
+    if f := r.get("faithfulness"):
+        print(f"Deletion + insertion of one ViT-B/16 image: {f['curves_over_forward']}x one forward "
+              f"({f['forwards']} images forwarded in batches of {f['batch_size']})")  # fmt: skip
+    if ev := r.get("evaluate"):
+        print(f"evaluate, demo model, {ev['images']} images, {', '.join(ev['methods'])}: local "
+              f"{ev['local']['steady_images_per_s']} img/s, Ray ({ev['ray_cpus']} CPUs) "
+              f"{ev['ray']['steady_images_per_s']} img/s = {ev['ray_over_local']}x")  # fmt: skip
     print(f"Peak resident memory of the benchmark process: {r['peak_rss_MiB']} MiB")
 
 
