@@ -1,0 +1,72 @@
+"""Every page of the app opens on a tiny T2T-ViT folder (performer and token-transformer layers) without errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from streamlit.testing.v1 import AppTest
+
+from vitviz.zoo.t2t import T2TViTConfig, T2TViTForImageClassification
+
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
+PAGES = [
+    "pages/overview.py",
+    "pages/heads.py",
+    "pages/layers.py",
+    "pages/importance.py",
+    "pages/compare.py",
+    "pages/positions.py",
+    "pages/embedding.py",
+    "pages/dataset.py",
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    from transformers import ViTImageProcessor
+
+    root = tmp_path_factory.mktemp("t2t-app")
+    out = {}
+    for tt in ("performer", "transformer"):
+        torch.manual_seed(0)
+        labels = {0: "zero", 1: "one", 2: "two"}
+        cfg = T2TViTConfig(tokens_type=tt, image_size=48, embed_dim=16, depth=2, num_heads=2, mlp_ratio=2.0,
+                           token_dim=8, id2label=labels, label2id={v: k for k, v in labels.items()})  # fmt: skip
+        T2TViTForImageClassification(cfg).save_pretrained(root / tt)
+        ViTImageProcessor(size={"height": 48, "width": 48}).save_pretrained(root / tt)
+        out[tt] = root / tt
+    return out
+
+
+def _open(folder: Path) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.run()
+    at.selectbox(key="model_pick").set_value("other (hub id or local folder)…").run()
+    at.text_input(key="model_text").input(str(folder)).run()
+    return at
+
+
+def _no_trouble(at: AppTest, where: str) -> None:
+    assert not at.exception, (where, [e.value for e in at.exception])
+    assert not at.error, (where, [e.value for e in at.error])
+
+
+@pytest.mark.parametrize("tt", ["performer", "transformer"])
+def test_every_page_opens_on_t2t(folders, tt):
+    at = _open(folders[tt])
+    _no_trouble(at, "home")
+    assert at.session_state.model_name == str(folders[tt])  # the tiny T2T-ViT, not the demo model
+    for page in PAGES:
+        at.switch_page(page).run()
+        _no_trouble(at, page)
+        assert at.session_state.model_name == str(folders[tt])
