@@ -613,6 +613,13 @@ def get_causal_notes(model_name: str) -> dict[str, str]:
     return causal_notes(get_model(model_name))
 
 
+@st.cache_resource(max_entries=16, show_spinner=False)
+def get_knockable_blocks(model_name: str) -> tuple[int, ...]:
+    from vitviz.capture.causal import knockable_blocks
+
+    return knockable_blocks(get_model(model_name))
+
+
 def get_method_maps(cur: Current, class_index: int) -> dict:
     """Every explanation method's map of the session's image for one class (``vitviz.methods``): cached, queued."""
     from vitviz.methods import explain_many

@@ -135,7 +135,10 @@ if notes["knockout"]:
 elif ranked is None:
     st.info("Knock-outs change class scores: they need a classifier, or labels for a zero-shot model.")
 else:
-    pairs = [(b, h) for b in range(cap.num_blocks) for h in range(cap.blocks[b].num_heads)]
+    if notes["knockout_partial"]:
+        st.caption(notes["knockout_partial"])
+    knockable = common.get_knockable_blocks(cap.model_name)
+    pairs = [(b, h) for b in knockable for h in range(cap.blocks[b].num_heads)]
     ss.knockout = [tuple(p) for p in ss.knockout if tuple(p) in pairs]
     k1, k2, k3 = st.columns([4, 1, 2])
     k1.multiselect(

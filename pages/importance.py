@@ -31,6 +31,8 @@ if ranked is None:
 if notes["knockout"]:
     st.info(notes["knockout"])
     st.stop()
+if notes["knockout_partial"]:
+    st.caption(notes["knockout_partial"])
 cls = ss.class_index if ss.class_index in {p.index for p in ranked.ranked} else ranked.ranked[0].index
 name = next(p.label for p in ranked.ranked if p.index == cls)
 labels = [cap.block_label(b) for b in range(cap.num_blocks)]

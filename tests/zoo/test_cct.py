@@ -476,13 +476,16 @@ def test_relevance_pairs_each_gradient_with_its_block(tiny):
 
 def test_head_knock_outs_edit_the_blocks_projection_inputs(tiny):
     """Head importance (zero mode) against knock-outs made here with a pre-hook on the block's ``proj``."""
-    from vitviz.capture.causal import causal_notes, head_importance
+    from vitviz.capture.causal import causal_notes, head_importance, knockable_blocks
     from vitviz.capture.run import preprocess
 
     img = random_image(8)
     got = head_importance(tiny, img, class_index=2, mode="zero")
     assert got.effects.shape == (3, 4) and np.isnan(got.effects[2]).all()  # the pooling has no heads to knock out
-    assert "lens" in causal_notes(tiny) and causal_notes(tiny)["lens"]  # no affine readout head: no lens
+    notes = causal_notes(tiny)
+    assert notes["lens"]  # no affine readout head: no lens
+    assert not notes["knockout"] and "2 of 3" in notes["knockout_partial"]  # the pages offer the two blocks
+    assert knockable_blocks(tiny) == (0, 1)
     pixels, _ = preprocess(tiny, [img], (32, 32))
     with torch.no_grad():
         clean = tiny.model(pixel_values=pixels).logits[0, 2]

@@ -143,6 +143,7 @@ from vitviz.models.load import LoadedModel
 __all__ = [
     "KnockoutMode",
     "NotDefined",
+    "knockable_blocks",
     "Cancelled",
     "Knockout",
     "HeadImportance",
@@ -364,6 +365,11 @@ def install_causal_hooks(loaded: LoadedModel) -> tuple[torch.nn.Linear | None, .
         return projs
 
 
+def knockable_blocks(loaded: LoadedModel) -> tuple[int, ...]:
+    """The blocks whose heads can be knocked out one by one (those with a per-head output projection)."""
+    return tuple(i for i, p in enumerate(install_causal_hooks(loaded)) if p is not None)
+
+
 @contextmanager
 def _planned(plan: _Plan) -> Iterator[_Plan]:
     token = _PLAN.set(plan)
@@ -378,11 +384,12 @@ def _planned(plan: _Plan) -> Iterator[_Plan]:
 
 def causal_notes(loaded: LoadedModel) -> dict[str, str]:
     """Why each analysis is not (or only partly) defined for ``loaded``: keys ``knockout`` (knock-outs, head
-    importance, the fast estimate), ``lens``, ``attribution``; "" where fully defined. No forward runs (the
+    importance, the fast estimate: not at all), ``knockout_partial`` (defined for some blocks only, e.g. not for
+    CCT's sequence pooling), ``lens``, ``attribution``; "" where fully defined. No forward runs (the
     projection hooks are installed if they are not yet)."""
     fam, model = loaded.family, loaded.model
     projs = install_causal_hooks(loaded)
-    notes = {"knockout": "", "lens": "", "attribution": ""}
+    notes = {"knockout": "", "knockout_partial": "", "lens": "", "attribution": ""}
     two_tower = loaded.zero_shot or isinstance(getattr(model, "logit_scale", None), torch.Tensor)
     if not loaded.has_classifier and not two_tower:
         why = (
@@ -396,7 +403,7 @@ def causal_notes(loaded: LoadedModel) -> dict[str, str]:
             "heads cannot be knocked out one by one."
         )
     elif not all(p is not None for p in projs):
-        notes["knockout"] = (
+        notes["knockout_partial"] = (
             f"Only {sum(p is not None for p in projs)} of {len(projs)} {fam.name} blocks have a per-head output "
             "projection; the others have no rows in the head tables."
         )
