@@ -605,6 +605,18 @@ def get_lens(cur: Current):
     return results_cache().get_or_compute(("lens", *cur.key), compute)
 
 
+def get_deformable(cur: Current) -> dict:
+    """DAT: each deformable block's sampled points and attention over them, by block index (one forward)."""
+    from vitviz.capture.deformable import deformable_samples
+
+    def compute():
+        image = read_image(cur.image_bytes, max_bytes=upload_limit()).image
+        samples = in_queue(lambda: deformable_samples(cur.model, image, cur.cap.input_size))
+        return {s.block: s for s in samples}
+
+    return results_cache().get_or_compute(("deformable", *cur.key), compute)
+
+
 @st.cache_resource(max_entries=16, show_spinner=False)
 def get_causal_notes(model_name: str) -> dict[str, str]:
     """Which causal analyses a model supports ("" where defined, else why not); no forward pass."""

@@ -79,6 +79,26 @@ st.radio(
     format_func=lambda h: f"head {h}",
 )  # fmt: skip
 
+def _deformable_view(head: int, query: int) -> None:
+    """A DAT deformable block in its native form: the query's attention over the points it sampled."""
+    from vitviz.capture.deformable import query_points
+    from vitviz.figures.deformable import deformable_figure
+
+    samples = common.get_deformable(cur).get(ss.layer)
+    if samples is None:
+        return
+    arrows = st.checkbox("Show the offsets (reference point -> sampled point)", key="deformable_arrows")
+    qp = query_points(samples, head, query)
+    title = f"{cap.block_label(ss.layer).capitalize()}, head {head}: {what}, over its {len(qp.weights)} sampled keys"
+    st.plotly_chart(deformable_figure(cap.image, qp, arrows=arrows, title=title), key="deformable")
+    st.caption(
+        "Deformable attention samples the block input at a reference grid moved by learned offsets; the map "
+        "above spreads each sampled key's weight onto the 4 cells around it (bilinear, as sampled), dropping "
+        "what fell outside the image. Relevance gets nothing from deformable blocks (their spread map is not on "
+        "the gradient path)."
+    )
+
+
 big, side = st.columns([3, 2])
 head = ss.head
 marked = None
@@ -95,6 +115,8 @@ with big:
         windows=window_edges(g) if (g.kind == "window" and ss.show_windows) else None,
     )  # fmt: skip
     st.plotly_chart(fig, key="head_map", on_select="rerun", selection_mode="points")
+    if cur.model.family.name == "DAT" and looking:
+        _deformable_view(head, query)
     if g.kind == "window":
         st.caption(
             f"Window {g.window} x {g.window}, shift {g.shift}, grid {g.grid[0]} x {g.grid[1]} padded to "

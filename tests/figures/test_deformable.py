@@ -16,9 +16,10 @@ import torch
 from conftest import random_image
 from transformers import ViTImageProcessor
 
+from vitviz.capture.deformable import deformable_samples, query_points
 from vitviz.capture.record import POOLED
 from vitviz.capture.run import capture, input_size_for, preprocess
-from vitviz.figures.deformable import deformable_figure, deformable_samples, query_points
+from vitviz.figures.deformable import deformable_figure
 from vitviz.models.load import load_model
 from vitviz.zoo.dat import DatConfig, DatForImageClassification
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from streamlit.testing.v1 import AppTest
@@ -50,3 +51,41 @@ def test_every_page_opens_on_dat(dat_dir):
         str(json.loads(f.proto.spec)["layout"].get("title", {}).get("text", "")) for f in at.get("plotly_chart")
     )
     assert "Rollout of" in titles and "Relevance for" in titles  # deformable blocks enter through their spread maps
+
+
+def test_heads_page_draws_a_deformable_blocks_sampled_keys(dat_dir):
+    from vitviz.capture.deformable import deformable_samples, query_points
+    from vitviz.capture.record import POOLED
+    from vitviz.data.images import read_image
+    from vitviz.models.load import load_model
+
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    at.selectbox(key="model_pick").set_value("other (hub id or local folder)…").run()
+    at.text_input(key="model_text").input(str(dat_dir)).run()
+    loaded = load_model(str(dat_dir), device="cpu")
+    image = read_image(at.session_state.image_bytes).image
+    samples = {s.block: s for s in deformable_samples(loaded, image, loaded.default_size)}
+    block = min(samples)
+    at.session_state.layer = block
+    at.switch_page("pages/heads.py").run()
+    _no_trouble(at)
+
+    def deformable() -> dict:
+        figs = [json.loads(f.proto.spec) for f in at.get("plotly_chart")]
+        return next(f for f in figs if "sampled keys" in str(f["layout"].get("title", {}).get("text", "")))
+
+    fig = deformable()
+    want = query_points(samples[block], at.session_state.head, POOLED).weights  # the pooled query: the default
+    marker = next(t for t in fig["data"] if t.get("type") == "scatter" and "marker" in t)
+    got = marker["marker"]["color"]
+    if isinstance(got, dict):  # plotly's binary form
+        import base64
+
+        got = np.frombuffer(base64.b64decode(got["bdata"]), dtype=got["dtype"])
+    np.testing.assert_allclose(np.asarray(got, dtype=float), want, rtol=1e-5)
+    n_plain = len(fig["data"]) + len(fig["layout"].get("annotations", []))
+    at.checkbox(key="deformable_arrows").check().run()
+    _no_trouble(at)
+    fig = deformable()
+    assert len(fig["data"]) + len(fig["layout"].get("annotations", [])) > n_plain  # the offsets as arrows
