@@ -56,6 +56,15 @@ what = (
     if looking
     else f"who looks at {cap.token_label(query, block.stage)}"
 )
+if (
+    cur.model.family.name == "T2T-ViT"
+    and getattr(cur.model.config, "tokens_type", "") == "performer"
+    and block.stage < len(cap.stages) - 1
+):
+    st.caption(
+        "A Performer tokens-to-token layer forms no attention matrix: shown is the attention its random-feature "
+        "kernel implies, phi(q) . phi(k) / (phi(q) . sum phi(k)), which is what its output uses."
+    )
 if g.kind == "separable":
     st.caption(
         "MobileViT V2 attends with one context score per patch and offset (no query): every query sees this map."

@@ -70,3 +70,13 @@ def test_every_page_opens_on_t2t(folders, tt):
         at.switch_page(page).run()
         _no_trouble(at, page)
         assert at.session_state.model_name == str(folders[tt])
+
+
+@pytest.mark.parametrize("tt", ["performer", "transformer"])
+def test_the_heads_page_says_when_a_map_is_the_performers_implied_attention(folders, tt):
+    at = _open(folders[tt])
+    at.session_state.layer = 0  # the first tokens-to-token layer
+    at.switch_page("pages/heads.py").run()
+    _no_trouble(at, "heads")
+    said = any("random-feature kernel implies" in c.value for c in at.caption)
+    assert said == (tt == "performer")
