@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 from browser_tools import (
+    BARS_JS,
     CHROMIUM,
     FLAGS,
     PLOTS,
@@ -195,5 +196,37 @@ def test_a_hierarchical_model_on_every_page(server, browser, hier_dirs):
         settle(page)
         OUTPUT.mkdir(exist_ok=True)
         page.screenshot(path=str(OUTPUT / "heads-page-swin.png"), full_page=True)
+    finally:
+        page.close()
+
+
+def test_typed_labels_on_the_zero_shot_demo(server, browser):
+    """demo-clip with no network: pick it, type labels, and the bars are those labels, the shape's first."""
+    from vitviz.demo import bundled
+
+    if "demo-clip" not in bundled():
+        pytest.fail("the bundled demo-clip is missing (python -m vitviz train-demo --arch clip)")
+    page = browser.new_page(viewport={"width": 1500, "height": 1100})
+    try:
+        page.goto(server)
+        wait_for_title(page, "Top predictions", timeout=90)
+        settle(page)
+        page.get_by_test_id("stSelectbox").first.click()
+        page.get_by_role("option", name="demo-clip").click()
+        labels = page.get_by_label("One per line, or separated by commas")
+        labels.wait_for(timeout=90_000)
+        settle(page)
+        labels.fill("star, circle, square")
+        labels.press("Control+Enter")  # Streamlit's text area submits on Ctrl+Enter (or on blur)
+        deadline = time.time() + 60
+        while True:
+            bars_now = page.evaluate(BARS_JS)
+            names = [str(y).split(" (")[0] for y in bars_now["y"]]
+            if sorted(names) == ["circle", "square", "star"]:
+                break
+            assert time.time() < deadline, names
+            page.wait_for_timeout(250)
+        assert names[-1] == "star", names  # the example image is demo-star.png; bars are drawn top = last
+        assert not page.locator("[data-testid='stException']").count()
     finally:
         page.close()
