@@ -221,10 +221,10 @@ def browser(folder: Path) -> dict:
     import subprocess
     import urllib.request
 
+    from browser_tools import CHROMIUM, FLAGS, PLOTS, choose_model, free_port, settle, wait_for_title
     from playwright.sync_api import sync_playwright
-    from test_browser import CHROMIUM, FLAGS, PLOTS, _free_port
 
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.address", "127.0.0.1", "--server.port", str(port)],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "HF_HUB_OFFLINE": "1"},
@@ -244,10 +244,9 @@ def browser(folder: Path) -> dict:
             b = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
             page = b.new_page(viewport={"width": 1500, "height": 1100})
             page.goto(url)
-            page.wait_for_selector("text=Top predictions", timeout=120_000)
-            page.wait_for_timeout(1000)
-            page.get_by_test_id("stSelectbox").first.click()
-            page.get_by_role("option", name="other (hub id or local folder)…").click()
+            wait_for_title(page, "Top predictions", timeout=120)
+            settle(page)  # a widget swapped in by a still-running script would swallow the click
+            choose_model(page, "other (hub id or local folder)…")
             box = page.get_by_label("Hub id or local folder")
             box.fill(str(folder))
             box.press("Enter")
@@ -371,7 +370,7 @@ def print_table(r: dict) -> None:
               "| record (MiB) |")  # fmt: skip
         print("|---|---|---|---|---|---|---|")
         for o in rows:
-            print(f"| {o['model']} | {o['tokens']} | {o['blocks']} | {o['plain_s']} | {o['vitviz_s']} "
+            print(f"| {o['model']} | {o['tokens']} | {o.get('blocks', '')} | {o['plain_s']} | {o['vitviz_s']} "
                   f"| {o['overhead_ratio']} | {o['record_MiB']} ({o['attention_precision']}) |")  # fmt: skip
     if m := r.get("dinov2_518_peak_memory"):
         print(f"\nDINOv2-base at 518 px, peak memory a capture adds: {m['hooks_peak_MiB']} MiB with the hooks, "

