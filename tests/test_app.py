@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
+import app_tools
 import numpy as np
 import pytest
+from app_tools import APP
 from streamlit.testing.v1 import AppTest
 
 import vitviz.capture.run
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
-PAGES = [
-    "pages/overview.py",
-    "pages/heads.py",
-    "pages/layers.py",
-    "pages/importance.py",
-    "pages/compare.py",
-    "pages/positions.py",
-    "pages/embedding.py",
-]
+PAGES = [p for p in app_tools.PAGES if p != "pages/dataset.py"]  # the Data set page: tests/test_app_dataset.py
 
 
 def _app(page: str | None = None) -> AppTest:

@@ -7,13 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from app_tools import APP, no_trouble
 from streamlit.testing.v1 import AppTest
 
 from vitviz.__main__ import main
 from vitviz.data.shapes import write_dataset
 from vitviz.evaluate.results import last_run, read_results
-
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
 
 
 @pytest.fixture(scope="module")
@@ -38,23 +37,18 @@ def _page() -> AppTest:
     return at.run()
 
 
-def _no_trouble(at: AppTest) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
-
-
 def test_without_results_the_page_asks_for_a_file(tmp_path, monkeypatch):
     monkeypatch.setenv("VITVIZ_HOME", str(tmp_path))
     at = _page()
-    _no_trouble(at)
+    no_trouble(at)
     assert any("Upload a results file" in i.value for i in at.info) and not at.get("plotly_chart")
 
 
 def test_the_last_local_run_shows_its_areas_distances_and_disagreements(last_results):
     at = _page()
-    _no_trouble(at)
+    no_trouble(at)
     at.button[0].click().run()  # "Open the last local run"
-    _no_trouble(at)
+    no_trouble(at)
     results = read_results(last_results)
     table = at.dataframe[0].value
     assert list(table["method"]) == [s.method for s in results.summary()]
@@ -78,7 +72,7 @@ def test_open_shows_that_image_on_compare_explanations(last_results):
     path = read_results(last_results).images().column("path").to_pylist()
     opens = [b for b in at.button if b.label == "Open"]
     opens[0].click().run()
-    _no_trouble(at)
+    no_trouble(at)
     assert at.session_state.image_name in {Path(p).name for p in path}
     assert at.session_state.model_name == "demo"
     assert any("Which map can you trust?" in h.value for h in at.header)

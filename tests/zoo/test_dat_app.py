@@ -8,44 +8,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from streamlit.testing.v1 import AppTest
+from app_tools import PAGES, no_trouble, open_folder
 from test_dat import save_tiny_dat
 
 torch.set_num_threads(1)
-
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
-PAGES = [
-    "pages/heads.py",
-    "pages/layers.py",
-    "pages/importance.py",
-    "pages/compare.py",
-    "pages/positions.py",
-    "pages/embedding.py",
-    "pages/dataset.py",
-]
-
 
 @pytest.fixture(scope="module")
 def dat_dir(tmp_path_factory) -> Path:
     return save_tiny_dat(tmp_path_factory.mktemp("dat-app") / "tiny")
 
 
-def _no_trouble(at: AppTest) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
-
-
 def test_every_page_opens_on_dat(dat_dir):
-    at = AppTest.from_file(APP, default_timeout=120)
-    at.run()
-    at.selectbox(key="model_pick").set_value("other (hub id or local folder)…").run()
-    at.text_input(key="model_text").input(str(dat_dir)).run()
-    _no_trouble(at)
+    at = open_folder(dat_dir)
+    no_trouble(at)
     assert at.session_state.model_name == str(dat_dir)
     assert any("stage 4" in c.value for c in at.caption)  # the overview lists the stages
-    for page in PAGES:
+    for page in PAGES[1:]:  # the overview is open
         at.switch_page(page).run()
-        _no_trouble(at)
+        no_trouble(at)
     at.switch_page("pages/layers.py").run()
     titles = " ".join(
         str(json.loads(f.proto.spec)["layout"].get("title", {}).get("text", "")) for f in at.get("plotly_chart")
@@ -59,17 +39,14 @@ def test_heads_page_draws_a_deformable_blocks_sampled_keys(dat_dir):
     from vitviz.data.images import read_image
     from vitviz.models.load import load_model
 
-    at = AppTest.from_file(APP, default_timeout=120)
-    at.run()
-    at.selectbox(key="model_pick").set_value("other (hub id or local folder)…").run()
-    at.text_input(key="model_text").input(str(dat_dir)).run()
+    at = open_folder(dat_dir)
     loaded = load_model(str(dat_dir), device="cpu")
     image = read_image(at.session_state.image_bytes).image
     samples = {s.block: s for s in deformable_samples(loaded, image, loaded.default_size)}
     block = min(samples)
     at.session_state.layer = block
     at.switch_page("pages/heads.py").run()
-    _no_trouble(at)
+    no_trouble(at)
 
     def deformable() -> dict:
         figs = [json.loads(f.proto.spec) for f in at.get("plotly_chart")]
@@ -86,6 +63,6 @@ def test_heads_page_draws_a_deformable_blocks_sampled_keys(dat_dir):
     np.testing.assert_allclose(np.asarray(got, dtype=float), want, rtol=1e-5)
     n_plain = len(fig["data"]) + len(fig["layout"].get("annotations", []))
     at.checkbox(key="deformable_arrows").check().run()
-    _no_trouble(at)
+    no_trouble(at)
     fig = deformable()
     assert len(fig["data"]) + len(fig["layout"].get("annotations", [])) > n_plain  # the offsets as arrows

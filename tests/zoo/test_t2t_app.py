@@ -6,21 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from streamlit.testing.v1 import AppTest
+from app_tools import PAGES, no_trouble, open_folder
 
 from vitviz.zoo.t2t import T2TViTConfig, T2TViTForImageClassification
-
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
-PAGES = [
-    "pages/overview.py",
-    "pages/heads.py",
-    "pages/layers.py",
-    "pages/importance.py",
-    "pages/compare.py",
-    "pages/positions.py",
-    "pages/embedding.py",
-    "pages/dataset.py",
-]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -48,35 +36,22 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-def _open(folder: Path) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=180)
-    at.run()
-    at.selectbox(key="model_pick").set_value("other (hub id or local folder)…").run()
-    at.text_input(key="model_text").input(str(folder)).run()
-    return at
-
-
-def _no_trouble(at: AppTest, where: str) -> None:
-    assert not at.exception, (where, [e.value for e in at.exception])
-    assert not at.error, (where, [e.value for e in at.error])
-
-
 @pytest.mark.parametrize("tt", ["performer", "transformer"])
 def test_every_page_opens_on_t2t(folders, tt):
-    at = _open(folders[tt])
-    _no_trouble(at, "home")
+    at = open_folder(folders[tt])
+    no_trouble(at, "home")
     assert at.session_state.model_name == str(folders[tt])  # the tiny T2T-ViT, not the demo model
     for page in PAGES:
         at.switch_page(page).run()
-        _no_trouble(at, page)
+        no_trouble(at, page)
         assert at.session_state.model_name == str(folders[tt])
 
 
 @pytest.mark.parametrize("tt", ["performer", "transformer"])
 def test_the_heads_page_says_when_a_map_is_the_performers_implied_attention(folders, tt):
-    at = _open(folders[tt])
+    at = open_folder(folders[tt])
     at.session_state.layer = 0  # the first tokens-to-token layer
     at.switch_page("pages/heads.py").run()
-    _no_trouble(at, "heads")
+    no_trouble(at, "heads")
     said = any("random-feature kernel implies" in c.value for c in at.caption)
     assert said == (tt == "performer")
