@@ -89,20 +89,23 @@ def full_analysis(loaded, image: Image.Image):
     return cap
 
 
-def overhead(kind: str, folder: Path, runs: int) -> dict:
+def overhead(kind: str, folder: Path, runs: int, *, arch: str | None = None, image_tower: bool = False) -> dict:
+    """vitviz's full analysis of a new image against the plain SDPA forward (``image_tower``: a two-tower
+    model's ``get_image_features``), interleaved, medians; ``arch``: the transformers class (default from MODELS)."""
     import transformers
 
     loaded = load_model(str(folder))
-    plain = getattr(transformers, MODELS[kind][0]).from_pretrained(folder, attn_implementation="sdpa").eval()
+    plain = getattr(transformers, arch or MODELS[kind][0]).from_pretrained(folder, attn_implementation="sdpa").eval()
     plain.to(loaded.device)
     rng = np.random.default_rng(0)
     image = Image.fromarray(rng.integers(0, 256, (480, 640, 3), dtype=np.uint8))
     size = loaded.default_size
+    forward = plain.get_image_features if image_tower else plain
 
     def plain_inference():
         pixels, _ = preprocess(loaded, [image], size)
         with torch.inference_mode():
-            plain(pixel_values=pixels)
+            forward(pixel_values=pixels)
 
     plain_inference(), full_analysis(loaded, image)  # warm-up
     # Interleaved, so that drift of the machine's speed hits both sides alike.

@@ -17,21 +17,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
-from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.run import full_analysis, median_time  # noqa: E402
-from vitviz.capture.run import preprocess  # noqa: E402
+from benchmarks.run import median_time  # noqa: E402
+from benchmarks.run import overhead as run_overhead  # noqa: E402
 from vitviz.models.load import load_model  # noqa: E402
 from vitviz.models.zeroshot import encode_labels, parse_labels  # noqa: E402
 
@@ -62,40 +59,9 @@ def make_zero_shot(kind: str, folder: Path) -> Path:
     return folder
 
 
-def _image() -> Image.Image:
-    return Image.fromarray(np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8))
-
-
 def overhead(kind: str, folder: Path, runs: int) -> dict:
-    import transformers
-
-    loaded = load_model(str(folder))
-    plain = getattr(transformers, MODELS[kind][0]).from_pretrained(folder, attn_implementation="sdpa").eval()
-    plain.to(loaded.device)
-    image, size = _image(), loaded.default_size
-
-    def plain_inference():
-        pixels, _ = preprocess(loaded, [image], size)
-        with torch.inference_mode():
-            plain.get_image_features(pixel_values=pixels)
-
-    plain_inference(), full_analysis(loaded, image)  # warm-up
-    pairs = [
-        (median_time(plain_inference, 1, warmup=0), median_time(lambda: full_analysis(loaded, image), 1, warmup=0))
-        for _ in range(runs)
-    ]
-    t_plain, t_full = (statistics.median(p[i] for p in pairs) for i in (0, 1))
-    cap = full_analysis(loaded, image)
-    return {
-        "model": kind,
-        "tokens": sum(s.num_tokens for s in cap.stages),
-        "blocks": cap.num_blocks,
-        "plain_s": round(t_plain, 4),
-        "vitviz_s": round(t_full, 4),
-        "overhead_ratio": round(t_full / t_plain, 3),
-        "record_MiB": round(cap.nbytes / 2**20, 2),
-        "attention_precision": cap.attention_precision,
-    }
+    """The image tower's full analysis against its plain SDPA ``get_image_features`` (``benchmarks.run.overhead``)."""
+    return run_overhead(kind, folder, runs, arch=MODELS[kind][0], image_tower=True)
 
 
 def label_change(kind: str, folder: Path, runs: int) -> dict:
