@@ -224,3 +224,16 @@ def save_modern(key: str, folder: Path, *, seed: int = 0) -> Path:
 def modern_dirs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny-modern")
     return {k: save_modern(k, root / k) for k in MODERN_KEYS}
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread while a module runs: on a busy 2-core machine OpenMP teams of tiny ops spend their time
+    waiting (several times slower), and no result changes. Modules ask for it with
+    ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

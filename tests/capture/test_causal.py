@@ -23,12 +23,7 @@ LABELS = {"id2label": {0: "zero", 1: "one", 2: "two"}, "label2id": {"zero": 0, "
 _PROJ_NAME = re.compile(r"attention\.(o_proj|output\.dense|proj)$")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _randomise(model: torch.nn.Module) -> None:

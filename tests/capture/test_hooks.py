@@ -17,15 +17,7 @@ def _hook_count(model) -> int:
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_intra_op_thread():
-    """16 Python threads each starting OpenMP teams on 2 cores spend their time waiting; results do not change."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -16,13 +16,7 @@ from vitviz.evaluate.faithfulness import curve_steps, gaussian_blur, patch_order
 from vitviz.methods import explain, explain_many
 from vitviz.models.load import load_model
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from vitviz.figures.deformable import deformable_figure
 from vitviz.models.load import load_model
 from vitviz.zoo.dat import DatConfig, DatForImageClassification
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 TINY = dict(
     image_size=32, patch_size=2, dim_stem=8, dims=[8, 16, 32, 64], depths=[2, 2, 2, 2], heads=[1, 2, 4, 4],

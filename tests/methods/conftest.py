@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from conftest import HIER_KEYS
 
 from vitviz.models.load import load_model
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """The machine is shared: a single intra-op thread keeps these tiny forwards fast and steady."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_thread):
+    """Every module of this directory runs with one intra-op thread (``one_thread`` in tests/conftest.py)."""
 
 
 @pytest.fixture(scope="session")

@@ -32,7 +32,7 @@ from vitviz.models.load import load_model
 from vitviz.zoo.cct import CONVERTERS, CctConfig, CctForImageClassification, token_grid
 from vitviz.zoo.convert import ConvertError, convert, official_names
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 # --- the authors' code, transcribed ---------------------------------------------------------------------
 

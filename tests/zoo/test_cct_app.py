@@ -6,12 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from app_tools import PAGES, no_trouble, open_folder
 from streamlit.testing.v1 import AppTest
 from test_cct import save_tiny_cct
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def cct_dir(tmp_path_factory) -> Path:

@@ -39,7 +39,7 @@ from vitviz.zoo import dat as zoo_dat
 from vitviz.zoo.convert import Converter, ConvertError, convert, official_names
 from vitviz.zoo.dat import CONVERTERS, DatConfig, DatForImageClassification, size_problem
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 TINY = dict(
     image_size=32,

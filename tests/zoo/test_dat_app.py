@@ -7,11 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from app_tools import PAGES, no_trouble, open_folder
 from test_dat import save_tiny_dat
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(scope="module")
 def dat_dir(tmp_path_factory) -> Path:

@@ -219,12 +219,7 @@ class AuthorsT2TViT(nn.Module):
 # --- fixtures ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _authors(tokens_type: str, seed: int, **kw) -> AuthorsT2TViT:

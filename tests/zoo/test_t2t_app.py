@@ -10,13 +10,7 @@ from app_tools import PAGES, no_trouble, open_folder
 
 from vitviz.zoo.t2t import T2TViTConfig, T2TViTForImageClassification
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -86,15 +86,7 @@ def save_tiny_mobilevit(key: str, folder: Path, *, classifier: bool = True, seed
     return folder
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny convolutions gain nothing from threads, and on a busy 2-core machine OpenMP's waiting makes them 5x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -109,14 +109,7 @@ def _load(folder: Path):
     return load_model(str(folder), device="cpu")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """One intra-op thread while this module runs: on a busy 2-core machine a second thread
-    only adds contention for these tiny models (several times slower), and changes no result."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

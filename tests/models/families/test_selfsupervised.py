@@ -51,13 +51,7 @@ EXPECTED = {  # model_type, class loaded, prefix kinds, readout, blocks (layers 
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """One intra-op thread: on a busy 2-core machine a second one only adds contention for these tiny models."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _model(key: str):
