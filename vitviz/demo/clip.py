@@ -34,7 +34,7 @@ from PIL import Image
 from vitviz.data import shapes as demo_data
 from vitviz.demo import BUNDLED
 from vitviz.demo.tokenizer import SPECIALS, word_tokenizer
-from vitviz.demo.vit import MEAN, STD, DemoScore, _augment, _to_pixels, peak_in_box
+from vitviz.demo.vit import DemoScore, _augment, _to_pixels, peak_in_box, save_processor, training_data, warmup_cosine
 
 __all__ = [
     "CLIP_DEMO_DIR",
@@ -176,20 +176,13 @@ def _multi_positive_loss(logits: torch.Tensor, positive: torch.Tensor) -> torch.
 
 
 def _save(model, tokenizer, out: Path) -> None:
-    from transformers import ViTImageProcessor
-
     out.mkdir(parents=True, exist_ok=True)
     impl = model.config._attn_implementation
     model.config.attn_implementation = None  # let the loader choose; vitviz asks for eager
     model.save_pretrained(out, safe_serialization=True)
     model.set_attn_implementation(impl)
     tokenizer.save_pretrained(out)
-    ViTImageProcessor(
-        size={"height": demo_data.IMAGE_SIZE, "width": demo_data.IMAGE_SIZE},
-        image_mean=list(MEAN),
-        image_std=list(STD),
-        resample=2,  # bilinear
-    ).save_pretrained(out)
+    save_processor(out)
     settings = {"prompt_template": TEMPLATE, "labels": LABELS}
     (out / "vitviz.json").write_text(json.dumps(settings, indent=2) + "\n")
 
@@ -258,10 +251,8 @@ def train_clip_demo(
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     t0 = time.time()
-    images, labels, boxes = demo_data.make_batch(range(seed * 1_000_003, seed * 1_000_003 + train_images))
+    (images, labels, boxes), held = training_data(seed, train_images, held_out, log)
     colours = np.array([COLOURS.index(colour_word(a, b)) for a, b in zip(images, boxes, strict=True)])
-    held = demo_data.make_batch(range((seed + 1) * 1_000_003, (seed + 1) * 1_000_003 + held_out))
-    log(f"generated {train_images} training images in {time.time() - t0:.0f} s")
 
     tokenizer = clip_tokenizer()
     captions = _Captions(tokenizer)
@@ -270,10 +261,7 @@ def train_clip_demo(
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     rest = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": rest, "weight_decay": 0.0}], lr=lr)
-    warmup = max(1, steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))
-    )
+    sched = warmup_cosine(opt, steps)
     y_all, c_all = torch.from_numpy(labels), torch.from_numpy(colours)
     for step in range(steps):
         model.train()

@@ -13,7 +13,6 @@ Training is reproducible from its seed.
 from __future__ import annotations
 
 import json
-import math
 import tempfile
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ import torch
 
 from vitviz.data import shapes as demo_data
 from vitviz.demo.score import score_capture_rollout
-from vitviz.demo.vit import MEAN, STD, DemoScore, _augment, _to_pixels
+from vitviz.demo.vit import DemoScore, _augment, _to_pixels, save_processor, training_data, warmup_cosine
 
 __all__ = ["SWIN_DEMO_DIR", "swin_demo_config", "train_swin_demo", "score_swin_folder"]
 
@@ -54,19 +53,12 @@ def swin_demo_config():
 
 
 def _save(model, out: Path) -> None:
-    from transformers import ViTImageProcessor
-
     out.mkdir(parents=True, exist_ok=True)
     impl = model.config._attn_implementation
     model.config.attn_implementation = None  # let the loader choose; vitviz asks for eager
     model.save_pretrained(out, safe_serialization=True)
     model.set_attn_implementation(impl)
-    ViTImageProcessor(
-        size={"height": demo_data.IMAGE_SIZE, "width": demo_data.IMAGE_SIZE},
-        image_mean=list(MEAN),
-        image_std=list(STD),
-        resample=2,  # bilinear
-    ).save_pretrained(out)
+    save_processor(out)
 
 
 def score_swin_folder(folder: str | Path, images, labels, boxes) -> DemoScore:
@@ -107,17 +99,12 @@ def train_swin_demo(
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     t0 = time.time()
-    images, labels, _ = demo_data.make_batch(range(seed * 1_000_003, seed * 1_000_003 + train_images))
-    held = demo_data.make_batch(range((seed + 1) * 1_000_003, (seed + 1) * 1_000_003 + held_out))
-    log(f"generated {train_images} training images in {time.time() - t0:.0f} s")
+    (images, labels, _), held = training_data(seed, train_images, held_out, log)
 
     model = SwinForImageClassification(config or swin_demo_config())
     model.set_attn_implementation("sdpa")  # fast for training; vitviz captures with eager
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    warmup = max(1, steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))
-    )
+    sched = warmup_cosine(opt, steps)
     y_all = torch.from_numpy(labels)
     for step in range(steps):
         model.train()

@@ -60,6 +60,36 @@ def _augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return x
 
 
+def training_data(seed: int, train_images: int, held_out: int, log=print):
+    """The training set ``(images, labels, boxes)`` (sample ids ``seed * 1_000_003 ...``) and the held-out set
+    (ids from ``(seed + 1) * 1_000_003``: never trained on), as ``demo_data.make_batch`` gives them."""
+    t0 = time.time()
+    train = demo_data.make_batch(range(seed * 1_000_003, seed * 1_000_003 + train_images))
+    held = demo_data.make_batch(range((seed + 1) * 1_000_003, (seed + 1) * 1_000_003 + held_out))
+    log(f"generated {train_images} training images in {time.time() - t0:.0f} s")
+    return train, held
+
+
+def warmup_cosine(opt: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warm-up over the first 5 % of ``steps``, then a cosine decay to zero: every demo trainer's schedule."""
+    warmup = max(1, steps // 20)
+    return torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))
+    )
+
+
+def save_processor(out: Path) -> None:
+    """The demos' image processor: resize to the shapes' size (bilinear), normalise with ``MEAN`` / ``STD``."""
+    from transformers import ViTImageProcessor
+
+    ViTImageProcessor(
+        size={"height": demo_data.IMAGE_SIZE, "width": demo_data.IMAGE_SIZE},
+        image_mean=list(MEAN),
+        image_std=list(STD),
+        resample=2,  # bilinear
+    ).save_pretrained(out)
+
+
 @dataclass(frozen=True)
 class DemoScore:
     accuracy: float  # top-1 on the held-out set
@@ -110,22 +140,17 @@ def train_demo(
 
     Returns its score on ``held_out`` held-out images (data seed ``seed + 1``, never trained on).
     """
-    from transformers import ViTForImageClassification, ViTImageProcessor
+    from transformers import ViTForImageClassification
 
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     t0 = time.time()
-    images, labels, _ = demo_data.make_batch(range(seed * 1_000_003, seed * 1_000_003 + train_images))
-    held = demo_data.make_batch(range((seed + 1) * 1_000_003, (seed + 1) * 1_000_003 + held_out))
-    log(f"generated {train_images} training images in {time.time() - t0:.0f} s")
+    (images, labels, _), held = training_data(seed, train_images, held_out, log)
 
     model = ViTForImageClassification(demo_config())
     model.set_attn_implementation("sdpa")  # fast for training; evaluation switches to eager
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05)
-    warmup = max(1, steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))
-    )
+    sched = warmup_cosine(opt, steps)
     y_all = torch.from_numpy(labels)
     for step in range(steps):
         model.train()
@@ -152,12 +177,7 @@ def train_demo(
     out.mkdir(parents=True, exist_ok=True)
     model.config.attn_implementation = None  # let the loader choose; vitviz asks for eager
     model.save_pretrained(out, safe_serialization=True)
-    ViTImageProcessor(
-        size={"height": demo_data.IMAGE_SIZE, "width": demo_data.IMAGE_SIZE},
-        image_mean=list(MEAN),
-        image_std=list(STD),
-        resample=2,  # bilinear
-    ).save_pretrained(out)
+    save_processor(out)
     (out / "training.json").write_text(
         json.dumps(
             {
