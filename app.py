@@ -41,8 +41,9 @@ def model_ui() -> None:
     if choice == other:
         typed = st.text_input(
             "Hugging Face model id" if public else "Hub id or local folder",
-            value="" if ss.model_name in presets else ss.model_name, key="model_text",
-        )  # fmt: skip
+            value="" if ss.model_name in presets else ss.model_name,
+            key="model_text",
+        )
         if not typed.strip():
             st.caption(
                 "Type an id like `google/vit-base-patch16-384`"
@@ -85,14 +86,17 @@ def labels_ui() -> None:
     text = ss.labels_text if ss.labels_text is not None else model.text.labels or common.SUGGESTED_LABELS
     typed = st.text_area("One per line, or separated by commas", value=text, key=f"labels_{ss.model_name}", height=90)
     template = st.text_input(
-        "Prompt template ({} is the label)", value=ss.template if ss.template is not None else model.text.template,
+        "Prompt template ({} is the label)",
+        value=ss.template if ss.template is not None else model.text.template,
         key=f"template_{ss.model_name}",
-    )  # fmt: skip
+    )
     if (typed, template) != (text, ss.template if ss.template is not None else model.text.template):
         ss.labels_text, ss.template, ss.class_index = typed, template, None
     try:
-        labels = parse_labels(ss.labels_text if ss.labels_text is not None else text,
-                              ss.template if ss.template is not None else model.text.template)  # fmt: skip
+        labels = parse_labels(
+            ss.labels_text if ss.labels_text is not None else text,
+            ss.template if ss.template is not None else model.text.template,
+        )
     except VitvizError as exc:
         st.error(f"{exc} The views wait for labels that parse.")
         return
@@ -107,7 +111,9 @@ def image_ui() -> None:
     # An image that is not an example (an upload, an image opened from the Data set page) keeps the
     # last example picked as the widget's default: a changed default would reset the widget to it.
     shown = ss.image_name if ss.image_name in examples else ss.get("example_seen")
-    pick = st.selectbox("Example", examples, index=examples.index(shown) if shown in examples else 0, key="example_pick")
+    pick = st.selectbox(
+        "Example", examples, index=examples.index(shown) if shown in examples else 0, key="example_pick"
+    )
     upload = st.file_uploader(
         "…or upload your own",
         type=["png", "jpg", "jpeg", "webp", "bmp", "gif", "tif", "tiff"],

@@ -49,8 +49,9 @@ def engine_throughput(
             last[0] = done
 
     t0 = time.perf_counter()
-    report = evaluate_dataset("demo", csv_path, out, methods=methods, engine=engine, progress=progress,
-                              ray_actors=actors)  # fmt: skip
+    report = evaluate_dataset(
+        "demo", csv_path, out, methods=methods, engine=engine, progress=progress, ray_actors=actors
+    )
     total = time.perf_counter() - t0
     n = report.evaluated
     steady = (n - 1) / (stamps[-1] - stamps[0]) if n > 1 and stamps[-1] > stamps[0] else float("nan")

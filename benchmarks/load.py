@@ -665,10 +665,13 @@ class Session:
         self.run.uploading.add(self.index)
         try:
             step = await self._measure(
-                page, "upload", {"prefix": title, "exact": True, "sidebar": f"Showing {path.name}"},
+                page,
+                "upload",
+                {"prefix": title, "exact": True, "sidebar": f"Showing {path.name}"},
                 lambda: page.get_by_test_id("stFileUploaderDropzoneInput").set_input_files(str(path)),
-                TIMEOUTS["upload"], image=k,
-            )  # fmt: skip
+                TIMEOUTS["upload"],
+                image=k,
+            )
         finally:
             self.run.uploading.discard(self.index)
             self.uploads += 1
@@ -681,9 +684,12 @@ class Session:
         slider = page.get_by_test_id("stSlider").filter(has_text="Layer").get_by_role("slider")
         key = "ArrowRight" if target > layer else "ArrowLeft"
         await self._measure(
-            page, "layer", {"prefix": f"Layer {target}, head {head}: {what}", "exact": True},
-            lambda: slider.press(key), TIMEOUTS["change"],
-        )  # fmt: skip
+            page,
+            "layer",
+            {"prefix": f"Layer {target}, head {head}: {what}", "exact": True},
+            lambda: slider.press(key),
+            TIMEOUTS["change"],
+        )
 
     async def _click_point(self, page, which: str, index: int) -> dict:
         point = await page.evaluate(POINT_JS, [which, index])
@@ -699,9 +705,12 @@ class Session:
         target = self.rng.choice([h for h in range(self.run.shape.heads) if h != head])
         point = await self._click_point(page, "grid", target)
         await self._measure(
-            page, "head", {"prefix": f"Layer {layer}, head {target}: {what}", "exact": True},
-            lambda: page.mouse.click(point["x"], point["y"]), TIMEOUTS["change"],
-        )  # fmt: skip
+            page,
+            "head",
+            {"prefix": f"Layer {layer}, head {target}: {what}", "exact": True},
+            lambda: page.mouse.click(point["x"], point["y"]),
+            TIMEOUTS["change"],
+        )
 
     async def _patch(self, page) -> None:
         layer, head, what = await self._map_title(page)
@@ -712,9 +721,12 @@ class Session:
             if where != what:
                 break
         await self._measure(
-            page, "patch", {"prefix": f"Layer {layer}, head {head}: {where}", "exact": True},
-            lambda: page.mouse.click(point["x"], point["y"]), TIMEOUTS["change"],
-        )  # fmt: skip
+            page,
+            "patch",
+            {"prefix": f"Layer {layer}, head {head}: {where}", "exact": True},
+            lambda: page.mouse.click(point["x"], point["y"]),
+            TIMEOUTS["change"],
+        )
 
     async def _check(self, page) -> None:
         """Open "Image & predictions" and compare its bars with those of this session's own image."""
@@ -734,11 +746,15 @@ class Session:
         others = [
             i for i, imgs in enumerate(self.run.images) if i != self.index and any(_matches(seen, e.bars) for e in imgs)
         ]
-        self.checks.append({
-            "ok": self.shown >= 0 and _matches(seen, own),
-            "image": self.files[self.shown].name if self.shown >= 0 else DEFAULT_IMAGE,
-            "seen": seen, "expected": own, "matches_other_sessions": others,
-        })  # fmt: skip
+        self.checks.append(
+            {
+                "ok": self.shown >= 0 and _matches(seen, own),
+                "image": self.files[self.shown].name if self.shown >= 0 else DEFAULT_IMAGE,
+                "seen": seen,
+                "expected": own,
+                "matches_other_sessions": others,
+            }
+        )
 
     async def _collect_page_errors(self) -> None:
         page = self.page
@@ -849,9 +865,14 @@ async def drive(args: argparse.Namespace, url: str, folder: Path, sampler: Sampl
     for s in sessions:
         s.attribute_frames()
     return {
-        "warm_up": warm, "sessions": sessions, "wall_s": wall, "cpu": {k: cpu1[k] - cpu0[k] for k in cpu0},
-        "rss_start": rss0, "rss_end": rss1, "chromium": version,
-    }  # fmt: skip
+        "warm_up": warm,
+        "sessions": sessions,
+        "wall_s": wall,
+        "cpu": {k: cpu1[k] - cpu0[k] for k in cpu0},
+        "rss_start": rss0,
+        "rss_end": rss1,
+        "chromium": version,
+    }
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -881,17 +902,34 @@ def machine_info() -> dict:
     import streamlit
 
     return {
-        "cpus": os.cpu_count(), "cpu_model": model, "memory_GiB": round(mem / 2**30, 1), "platform": platform.platform(),
-        "python": platform.python_version(), "streamlit": streamlit.__version__, "loadavg_before": os.getloadavg(),
-    }  # fmt: skip
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "memory_GiB": round(mem / 2**30, 1),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "streamlit": streamlit.__version__,
+        "loadavg_before": os.getloadavg(),
+    }
 
 
 def run_load(
-    sessions: int = 16, seconds: float = 120, *, ramp: float | None = None, think: tuple[float, float] = (1.5, 4.0),
-    uploads: int = 1, min_changes: int = 0, max_loading: int = 2, seed: int = 0, grace: float = 150,
-    options: Sequence[str] = (), server_cpus: set[int] | None = None, client_cpus: set[int] | None = None,
-    viewport: tuple[int, int] = (1500, 1100), log: Path | None = None, quiet: bool = False,
-) -> dict:  # fmt: skip
+    sessions: int = 16,
+    seconds: float = 120,
+    *,
+    ramp: float | None = None,
+    think: tuple[float, float] = (1.5, 4.0),
+    uploads: int = 1,
+    min_changes: int = 0,
+    max_loading: int = 2,
+    seed: int = 0,
+    grace: float = 150,
+    options: Sequence[str] = (),
+    server_cpus: set[int] | None = None,
+    client_cpus: set[int] | None = None,
+    viewport: tuple[int, int] = (1500, 1100),
+    log: Path | None = None,
+    quiet: bool = False,
+) -> dict:
     """Run the load test; returns the JSON-ready result (see the module docstring).
 
     ``options``: ``KEY=VALUE`` Streamlit options for the server, e.g. ``runner.postScriptGC=false``.
@@ -905,11 +943,21 @@ def run_load(
     env = dict(SERVER_ENV)
     settings = load_settings({**os.environ, **env}, cwd=ROOT)
     args = argparse.Namespace(
-        sessions=sessions, seconds=seconds, ramp=ramp if ramp is not None else min(0.3 * seconds, 60), think=think,
-        uploads=uploads, min_changes=min_changes, max_loading=max_loading, seed=seed, grace=grace, options=options,
-        server_cpus=server_cpus, client_cpus=client_cpus, viewport={"width": viewport[0], "height": viewport[1]},
+        sessions=sessions,
+        seconds=seconds,
+        ramp=ramp if ramp is not None else min(0.3 * seconds, 60),
+        think=think,
+        uploads=uploads,
+        min_changes=min_changes,
+        max_loading=max_loading,
+        seed=seed,
+        grace=grace,
+        options=options,
+        server_cpus=server_cpus,
+        client_cpus=client_cpus,
+        viewport={"width": viewport[0], "height": viewport[1]},
         uploads_per_minute=settings.uploads_per_minute,
-    )  # fmt: skip
+    )
     if settings.uploads_per_minute and uploads > settings.uploads_per_minute:
         raise ValueError(
             f"{uploads} uploads per session would pass the server's {settings.uploads_per_minute} per minute"
@@ -973,29 +1021,50 @@ def report(args, out, settings: str, info: dict, peak: int, hwm: int | None, ser
     for s in sessions:
         ch = [st for st in s.steps if st.kind in ("layer", "head", "patch") and st.ok]
         load = next((st for st in s.steps if st.kind == "load"), None)
-        per_session.append({
-            "session": s.index, "arrived_s": round(s.arrive_s, 1), "loaded": s.loaded, "finished": s.finished,
-            "gate_wait_s": None if s.gate_wait_s is None else round(s.gate_wait_s, 2),
-            "load_s": None if load is None or load.total_s is None else round(load.total_s, 3),
-            "upload_to_map_s": [round(st.total_s, 3) for st in s.steps if st.kind == "upload" and st.ok],
-            "changes": len(ch), "change_p50_s": _pct(times(ch), 50), "change_p95_s": _pct(times(ch), 95),
-            "navigate_p50_s": _pct(times([st for st in s.steps if st.kind == "navigate" and st.ok]), 50),
-            "correct": s.correct, "checks": s.checks,
-            "maps_checked": sum(st.own_map is not None for st in s.steps),
-            "maps_not_own": sum(st.own_map is False for st in s.steps),
-            "errors": len(s.errors), "queue": s.queue, "console_errors": s.warnings[:20],
-        })  # fmt: skip
+        per_session.append(
+            {
+                "session": s.index,
+                "arrived_s": round(s.arrive_s, 1),
+                "loaded": s.loaded,
+                "finished": s.finished,
+                "gate_wait_s": None if s.gate_wait_s is None else round(s.gate_wait_s, 2),
+                "load_s": None if load is None or load.total_s is None else round(load.total_s, 3),
+                "upload_to_map_s": [round(st.total_s, 3) for st in s.steps if st.kind == "upload" and st.ok],
+                "changes": len(ch),
+                "change_p50_s": _pct(times(ch), 50),
+                "change_p95_s": _pct(times(ch), 95),
+                "navigate_p50_s": _pct(times([st for st in s.steps if st.kind == "navigate" and st.ok]), 50),
+                "correct": s.correct,
+                "checks": s.checks,
+                "maps_checked": sum(st.own_map is not None for st in s.steps),
+                "maps_not_own": sum(st.own_map is False for st in s.steps),
+                "errors": len(s.errors),
+                "queue": s.queue,
+                "console_errors": s.warnings[:20],
+            }
+        )
     cpu, wall, ncpu = out["cpu"], out["wall_s"], os.cpu_count() or 1
     reruns = sum(kind == "rerun_script" for s in sessions for _, kind in s.sent)
     capacity = wall * ncpu
     others = max(0.0, cpu["machine_busy"] - cpu["server"] - cpu["load"])
     result = {
-        "sessions": args.sessions, "seconds": args.seconds, "ramp_s": round(args.ramp, 1), "think_s": list(args.think),
-        "uploads_per_session": args.uploads, "min_changes": args.min_changes, "max_loading": args.max_loading,
-        "seed": args.seed, "viewport": args.viewport, "streamlit_options": list(args.options),
+        "sessions": args.sessions,
+        "seconds": args.seconds,
+        "ramp_s": round(args.ramp, 1),
+        "think_s": list(args.think),
+        "uploads_per_session": args.uploads,
+        "min_changes": args.min_changes,
+        "max_loading": args.max_loading,
+        "seed": args.seed,
+        "viewport": args.viewport,
+        "streamlit_options": list(args.options),
         "server_cpus": sorted(args.server_cpus) if args.server_cpus else None,
-        "client_cpus": sorted(args.client_cpus) if args.client_cpus else None, "server_settings": settings, "machine": info,
-        "chromium": out["chromium"], "warm_up": out["warm_up"], "wall_s": round(wall, 1),
+        "client_cpus": sorted(args.client_cpus) if args.client_cpus else None,
+        "server_settings": settings,
+        "machine": info,
+        "chromium": out["chromium"],
+        "warm_up": out["warm_up"],
+        "wall_s": round(wall, 1),
         "ok": not errors and all(p["loaded"] for p in per_session) and all(p["correct"] for p in per_session),
         "all_loaded": all(p["loaded"] for p in per_session),
         "all_correct": all(p["correct"] for p in per_session),
@@ -1004,13 +1073,18 @@ def report(args, out, settings: str, info: dict, peak: int, hwm: int | None, ser
             "load": _summary(times([st for st in steps if st.kind == "load"])),
             "upload_to_first_map": _summary(times([st for st in steps if st.kind == "upload"])),
             "change_to_redraw": _summary(times(changes)),
-            **{f"{k}_to_redraw": _summary(times([st for st in changes if st.kind == k])) for k in ("layer", "head", "patch")},
+            **{
+                f"{k}_to_redraw": _summary(times([st for st in changes if st.kind == k]))
+                for k in ("layer", "head", "patch")
+            },
             "change_while_uploads_elsewhere": _summary(times([st for st in changes if st.uploads_elsewhere])),
             "change_without_uploads_elsewhere": _summary(times([st for st in changes if not st.uploads_elsewhere])),
             "change_while_pages_load_elsewhere": _summary(times([st for st in changes if st.loading_elsewhere])),
             "change_once_all_pages_loaded": _summary(times([st for st in changes if not st.loading_elsewhere])),
             "navigate": _summary(times([st for st in steps if st.kind == "navigate"])),
-            "wait_at_the_load_gate (load generator)": _summary([s.gate_wait_s for s in sessions if s.gate_wait_s is not None]),
+            "wait_at_the_load_gate (load generator)": _summary(
+                [s.gate_wait_s for s in sessions if s.gate_wait_s is not None]
+            ),
         },
         "change_split_s": {  # where a change's time goes
             "input_to_request_sent (browser, incl. slider debounce)": _summary(times(changes, "to_send_s")),
@@ -1019,23 +1093,33 @@ def report(args, out, settings: str, info: dict, peak: int, hwm: int | None, ser
             "figure_received_to_drawn (browser)": _summary(times(changes, "browser_s")),
         },
         "upload_split_s": {
-            "input_to_request_sent (browser + file upload)": _summary(times([st for st in steps if st.kind == "upload"], "to_send_s")),
-            "request_sent_to_figure_received (server, incl. queue)": _summary(times([st for st in steps if st.kind == "upload"], "server_s")),
+            "input_to_request_sent (browser + file upload)": _summary(
+                times([st for st in steps if st.kind == "upload"], "to_send_s")
+            ),
+            "request_sent_to_figure_received (server, incl. queue)": _summary(
+                times([st for st in steps if st.kind == "upload"], "server_s")
+            ),
         },
         "queue": {
             "sessions_that_saw_the_queue_note": sum(1 for s in sessions if s.queue.get("notes")),
             "max_visitors_ahead": max((s.queue.get("max_ahead") or 0 for s in sessions), default=0),
         },
         "server_memory_MiB": {
-            "at_run_start": round(out["rss_start"] / 2**20, 1), "at_run_end": round(out["rss_end"] / 2**20, 1),
-            "peak_sampled": round(peak / 2**20, 1), "peak_kernel_hwm": None if hwm is None else round(hwm / 2**20, 1),
+            "at_run_start": round(out["rss_start"] / 2**20, 1),
+            "at_run_end": round(out["rss_end"] / 2**20, 1),
+            "peak_sampled": round(peak / 2**20, 1),
+            "peak_kernel_hwm": None if hwm is None else round(hwm / 2**20, 1),
             "series": series,
         },
         "cpu": {
-            "wall_s": round(wall, 1), "cores": ncpu,
-            "server_s": round(cpu["server"], 1), "load_generator_s": round(cpu["load"], 1), "others_s": round(others, 1),
+            "wall_s": round(wall, 1),
+            "cores": ncpu,
+            "server_s": round(cpu["server"], 1),
+            "load_generator_s": round(cpu["load"], 1),
+            "others_s": round(others, 1),
             "load_generator_split_s": {k.split(":")[1]: round(v, 1) for k, v in cpu.items() if k.startswith("load:")},
-            "server_share": round(cpu["server"] / capacity, 3), "load_generator_share": round(cpu["load"] / capacity, 3),
+            "server_share": round(cpu["server"] / capacity, 3),
+            "load_generator_share": round(cpu["load"] / capacity, 3),
             "others_share": round(others / capacity, 3),
             "idle_share": round(max(0.0, 1 - cpu["machine_busy"] / max(cpu["machine_total"], 1e-9)), 3),
             "server_share_of_its_cpus": (
@@ -1047,7 +1131,7 @@ def report(args, out, settings: str, info: dict, peak: int, hwm: int | None, ser
         "per_session": per_session,
         "steps": [{"session": s.index, **asdict(st), "browser_s": st.browser_s} for s in sessions for st in s.steps],
         "server_log": str(log),
-    }  # fmt: skip
+    }
     return result
 
 
@@ -1159,10 +1243,19 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     try:
         result = run_load(
-            args.sessions, args.seconds, ramp=args.ramp, think=tuple(args.think), uploads=args.uploads,
-            min_changes=args.min_changes, max_loading=args.max_loading, seed=args.seed, options=args.streamlit_option,
-            server_cpus=args.server_cpus, client_cpus=args.client_cpus, viewport=args.viewport,
-        )  # fmt: skip
+            args.sessions,
+            args.seconds,
+            ramp=args.ramp,
+            think=tuple(args.think),
+            uploads=args.uploads,
+            min_changes=args.min_changes,
+            max_loading=args.max_loading,
+            seed=args.seed,
+            options=args.streamlit_option,
+            server_cpus=args.server_cpus,
+            client_cpus=args.client_cpus,
+            viewport=args.viewport,
+        )
     except KeyboardInterrupt:
         print("interrupted: the server and the browser are stopped", file=sys.stderr)
         return 130

@@ -229,9 +229,22 @@ def browser(folder: Path) -> dict:
 
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.address", "127.0.0.1", "--server.port", str(port)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            "app.py",
+            "--server.address",
+            "127.0.0.1",
+            "--server.port",
+            str(port),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     url = f"http://127.0.0.1:{port}"
     photo = ROOT / "assets" / "examples" / "cat-chelsea.jpg"
     heads_drawn = f"""() => Array.from(document.querySelectorAll("{PLOTS}")).some(el =>
@@ -314,11 +327,13 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     out = Path(args.out)
     results: dict = json.loads(out.read_text()) if out.is_file() and sections != set(SECTIONS) else {}
-    results.update({
-        "device": device,
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
-        "torch_threads": torch.get_num_threads(),
-    })  # fmt: skip
+    results.update(
+        {
+            "device": device,
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
+            "torch_threads": torch.get_num_threads(),
+        }
+    )
     with tempfile.TemporaryDirectory() as tmp:
         vit = make_model("vit-b16-224", Path(tmp) / "vit")
         if "overhead" in sections:
@@ -369,38 +384,58 @@ def print_table(r: dict) -> None:
     print(f"\nvitviz benchmark on {r['device']} ({r['machine']})\n")
     rows = [*r.get("overhead", []), *r.get("zeroshot", {}).get("overhead", [])]
     if rows:
-        print("| model | tokens (all stages) | blocks | plain inference (s) | vitviz full analysis (s) | overhead ratio "
-              "| record (MiB) |")  # fmt: skip
+        print(
+            "| model | tokens (all stages) | blocks | plain inference (s) | vitviz full analysis (s) | overhead ratio "
+            "| record (MiB) |"
+        )
         print("|---|---|---|---|---|---|---|")
         for o in rows:
-            print(f"| {o['model']} | {o['tokens']} | {o.get('blocks', '')} | {o['plain_s']} | {o['vitviz_s']} "
-                  f"| {o['overhead_ratio']} | {o['record_MiB']} ({o['attention_precision']}) |")  # fmt: skip
+            print(
+                f"| {o['model']} | {o['tokens']} | {o.get('blocks', '')} | {o['plain_s']} | {o['vitviz_s']} "
+                f"| {o['overhead_ratio']} | {o['record_MiB']} ({o['attention_precision']}) |"
+            )
     if m := r.get("dinov2_518_peak_memory"):
-        print(f"\nDINOv2-base at 518 px, peak memory a capture adds: {m['hooks_peak_MiB']} MiB with the hooks, "
-              f"{m['output_attentions_peak_MiB']} MiB keeping output_attentions' float32 stack")  # fmt: skip
+        print(
+            f"\nDINOv2-base at 518 px, peak memory a capture adds: {m['hooks_peak_MiB']} MiB with the hooks, "
+            f"{m['output_attentions_peak_MiB']} MiB keeping output_attentions' float32 stack"
+        )
     for lc in r.get("zeroshot", {}).get("label_change", []):
-        print(f"{lc['model']}: 10 new labels {lc['label_change_ms']} ms, one label edited {lc['one_label_edited_ms']} ms")
+        print(
+            f"{lc['model']}: 10 new labels {lc['label_change_ms']} ms, one label edited {lc['one_label_edited_ms']} ms"
+        )
     if i := r.get("interaction"):
-        print(f"\nHeads page rerun, 12 heads, no forward pass: layer {i['layer_ms']} ms, head {i['head_ms']} ms, "
-              f"patch {i['patch_ms']} ms")  # fmt: skip
+        print(
+            f"\nHeads page rerun, 12 heads, no forward pass: layer {i['layer_ms']} ms, head {i['head_ms']} ms, "
+            f"patch {i['patch_ms']} ms"
+        )
     if b := r.get("browser"):
-        print(f"Browser: upload -> all head maps {b['upload_to_maps_s']} s; layer change -> all head maps "
-              f"{b['layer_change_to_all_heads_s']} s")  # fmt: skip
+        print(
+            f"Browser: upload -> all head maps {b['upload_to_maps_s']} s; layer change -> all head maps "
+            f"{b['layer_change_to_all_heads_s']} s"
+        )
     if e := r.get("export"):
-        print(f"Export of 32 images: {e['batch1_img_per_s']} img/s one at a time, {e['batch8_img_per_s']} img/s in "
-              f"batches of 8 ({e['batched_vs_single']}x)")  # fmt: skip
+        print(
+            f"Export of 32 images: {e['batch1_img_per_s']} img/s one at a time, {e['batch8_img_per_s']} img/s in "
+            f"batches of 8 ({e['batched_vs_single']}x)"
+        )
     if c := r.get("causal"):
         h, f = c["head_importance_cost"], c["fast_vs_exact"]
-        print(f"Head importance, ViT-B/16 (144 heads): exact {h['exact_forward_equivalents']} forward-equivalents, "
-              f"fast estimate {h['fast_forward_equivalents']}; fast vs exact Spearman over {f['images']} demo images: "
-              f"mean {f['spearman_mean']}, median {f['spearman_median']}")  # fmt: skip
+        print(
+            f"Head importance, ViT-B/16 (144 heads): exact {h['exact_forward_equivalents']} forward-equivalents, "
+            f"fast estimate {h['fast_forward_equivalents']}; fast vs exact Spearman over {f['images']} demo images: "
+            f"mean {f['spearman_mean']}, median {f['spearman_median']}"
+        )
     if f := r.get("faithfulness"):
-        print(f"Deletion + insertion of one ViT-B/16 image: {f['curves_over_forward']}x one forward "
-              f"({f['forwards']} images forwarded in batches of {f['batch_size']})")  # fmt: skip
+        print(
+            f"Deletion + insertion of one ViT-B/16 image: {f['curves_over_forward']}x one forward "
+            f"({f['forwards']} images forwarded in batches of {f['batch_size']})"
+        )
     if ev := r.get("evaluate"):
-        print(f"evaluate, demo model, {ev['images']} images, {', '.join(ev['methods'])}: local "
-              f"{ev['local']['steady_images_per_s']} img/s, Ray ({ev['ray_cpus']} CPUs) "
-              f"{ev['ray']['steady_images_per_s']} img/s = {ev['ray_over_local']}x")  # fmt: skip
+        print(
+            f"evaluate, demo model, {ev['images']} images, {', '.join(ev['methods'])}: local "
+            f"{ev['local']['steady_images_per_s']} img/s, Ray ({ev['ray_cpus']} CPUs) "
+            f"{ev['ray']['steady_images_per_s']} img/s = {ev['ray_over_local']}x"
+        )
     print(f"Peak resident memory of the benchmark process: {r['peak_rss_MiB']} MiB")
 
 

@@ -80,7 +80,12 @@ def label_change(kind: str, folder: Path, runs: int) -> dict:
         encode_labels(loaded.model, loaded.text, parse_labels(word, loaded.text.template))
 
     t, t1 = median_time(change, runs, warmup=1), median_time(edit_one, runs, warmup=1)
-    return {"model": kind, "labels": 10, "label_change_ms": round(1000 * t, 1), "one_label_edited_ms": round(1000 * t1, 1)}
+    return {
+        "model": kind,
+        "labels": 10,
+        "label_change_ms": round(1000 * t, 1),
+        "one_label_edited_ms": round(1000 * t1, 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

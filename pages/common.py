@@ -233,9 +233,17 @@ def upload_limit() -> int:
 
 @st.cache_resource(max_entries=128, show_spinner=False)
 def get_rollout(
-    model_name: str, image_digest: str, size: tuple[int, int] | None, _cap: vcapture.Capture, *,
-    query: int | None, start: int, stop: int, fusion: str, discard: float,
-) -> tuple[np.ndarray, int]:  # fmt: skip
+    model_name: str,
+    image_digest: str,
+    size: tuple[int, int] | None,
+    _cap: vcapture.Capture,
+    *,
+    query: int | None,
+    start: int,
+    stop: int,
+    fusion: str,
+    discard: float,
+) -> tuple[np.ndarray, int]:
     """Rollout row and the stage it lives on: fusing every block's heads is the costly part, so reruns reuse it."""
     return capture_rollout(_cap, query=query, start=start, stop=stop, fusion=fusion, discard_ratio=discard)
 
@@ -270,9 +278,14 @@ def _nbytes(value) -> int:
 
 
 def get_relevance(
-    model_name: str, image_digest: str, size: tuple[int, int] | None, class_index: int, image_bytes: bytes,
-    prompt: str | None = None, label: str = "",
-):  # fmt: skip
+    model_name: str,
+    image_digest: str,
+    size: tuple[int, int] | None,
+    class_index: int,
+    image_bytes: bytes,
+    prompt: str | None = None,
+    label: str = "",
+):
     """Relevance for a class logit, or for a zero-shot label's score (``prompt``: the label's prompt)."""
 
     def compute():
@@ -350,8 +363,12 @@ def classes(cur: Current) -> Classes | None:
         labels = current_labels(cur.model)
         if labels is None or cur.cap.image_embedding is None:
             return None
-        scores = score(cur.model.model, cur.model.text, cur.cap.image_embedding,
-                       get_label_embeddings(cur.model.name, labels.prompts))  # fmt: skip
+        scores = score(
+            cur.model.model,
+            cur.model.text,
+            cur.cap.image_embedding,
+            get_label_embeddings(cur.model.name, labels.prompts),
+        )
         return Classes(rank(scores, labels.names), legend(scores.rule), labels, scores.rule)
     if cur.cap.logits is None:
         return None

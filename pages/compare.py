@@ -37,10 +37,17 @@ tiles = np.stack([np.asarray(maps[m].values, np.float64) for m in names])
 scale = np.abs(tiles).reshape(len(names), -1).max(axis=1)
 tiles = tiles / np.where(scale > 0, scale, 1.0)[:, None, None]
 st.plotly_chart(
-    figures.small_multiples_figure(tiles.astype(np.float32), names, colorbar_title="normalised per map (value / max |value|)",
-                                   cols=6, image=cap.image, zmin=-1 if (tiles < 0).any() else 0, zmax=1),
+    figures.small_multiples_figure(
+        tiles.astype(np.float32),
+        names,
+        colorbar_title="normalised per map (value / max |value|)",
+        cols=6,
+        image=cap.image,
+        zmin=-1 if (tiles < 0).any() else 0,
+        zmax=1,
+    ),
     key="method_maps",
-)  # fmt: skip
+)
 with st.expander("How each map is defined"):
     for m in names:
         st.markdown(f"**{m}**: {maps[m].definition}")
@@ -48,10 +55,16 @@ with st.expander("How each map is defined"):
 st.subheader("Deletion and insertion")
 key = ("curves", *cur.key, cls)
 if ss.get("curves_wanted") != key:
-    st.button("Compute the curves", type="primary", on_click=lambda: ss.update(curves_wanted=key),
-              help="21 perturbed images per curve and method, forwarded in batches; kept for this image and class.")  # fmt: skip
-    st.caption("Deletion removes the most important patches first (replaced by the image's mean colour); insertion "
-               "puts them back into a blurred image. The random map is the floor.")  # fmt: skip
+    st.button(
+        "Compute the curves",
+        type="primary",
+        on_click=lambda: ss.update(curves_wanted=key),
+        help="21 perturbed images per curve and method, forwarded in batches; kept for this image and class.",
+    )
+    st.caption(
+        "Deletion removes the most important patches first (replaced by the image's mean colour); insertion "
+        "puts them back into a blurred image. The random map is the floor."
+    )
 else:
     st.button("Stop", on_click=lambda: ss.update(curves_wanted=None))
     bar = st.progress(0.0, text="Forwarding the perturbed images…")
@@ -67,10 +80,13 @@ else:
         curves = {r.method: (r.deletion, r.insertion) for r in results}
         st.plotly_chart(figures.curves_figure(results[0].fractions, curves, target=name), key="curves")
         rows = [
-            {"method": r.method, "deletion area (lower is better)": round(r.deletion_area, 4),
-             "insertion area (higher is better)": round(r.insertion_area, 4)}
+            {
+                "method": r.method,
+                "deletion area (lower is better)": round(r.deletion_area, 4),
+                "insertion area (higher is better)": round(r.insertion_area, 4),
+            }
             for r in sorted(results, key=lambda r: r.deletion_area)
-        ]  # fmt: skip
+        ]
         st.dataframe(rows, hide_index=True)
         floor = next((r for r in results if r.method == "random"), None)
         if floor is not None:
@@ -78,8 +94,14 @@ else:
             st.caption(f"Below the random floor on deletion ({floor.deletion_area:.3f}): {', '.join(beat) or 'none'}.")
         flat = np.ptp([r.insertion_area for r in results]) < 1e-3
         if flat:
-            st.caption("Every insertion area is the same here: the blurred image alone already gives the class "
-                       "its full probability, so insertion tells the methods apart on this image no better than chance.")  # fmt: skip
-        common.downloads("faithfulness", "curves", fractions=results[0].fractions,
-                         **{f"{r.method}_deletion": r.deletion for r in results},
-                         **{f"{r.method}_insertion": r.insertion for r in results})  # fmt: skip
+            st.caption(
+                "Every insertion area is the same here: the blurred image alone already gives the class "
+                "its full probability, so insertion tells the methods apart on this image no better than chance."
+            )
+        common.downloads(
+            "faithfulness",
+            "curves",
+            fractions=results[0].fractions,
+            **{f"{r.method}_deletion": r.deletion for r in results},
+            **{f"{r.method}_insertion": r.insertion for r in results},
+        )

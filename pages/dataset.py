@@ -72,13 +72,17 @@ st.caption(
 summary = results.summary()
 st.dataframe(
     [
-        {"method": s.method, "images": s.n, "deletion area": f"{s.deletion_mean:.3f} ± {s.deletion_se:.3f}",
-         "insertion area": f"{s.insertion_mean:.3f} ± {s.insertion_se:.3f}",
-         "peak in box": "" if s.peak_in_box_rate is None else f"{s.peak_in_box_rate:.1%} of {s.n_boxes}"}
+        {
+            "method": s.method,
+            "images": s.n,
+            "deletion area": f"{s.deletion_mean:.3f} ± {s.deletion_se:.3f}",
+            "insertion area": f"{s.insertion_mean:.3f} ± {s.insertion_se:.3f}",
+            "peak in box": "" if s.peak_in_box_rate is None else f"{s.peak_in_box_rate:.1%} of {s.n_boxes}",
+        }
         for s in summary
     ],
     hide_index=True,
-)  # fmt: skip
+)
 st.caption("Mean ± standard error over the images; the random map is the floor.")
 
 deletion = {m: results.method_rows(m).column("deletion_area").to_numpy() for m in results.methods}
@@ -98,8 +102,10 @@ if dist.size:
     with np.errstate(all="ignore"):
         mean, spread = np.nanmean(dist, axis=0), np.nanstd(dist, axis=0)
     st.plotly_chart(figures.distance_depth_figure(mean, image_px=image_px, spread=spread), key="distance_depth")
-    st.caption(f"Each point: one head's mean over {dist.shape[0]} images; bars: the standard deviation over them "
-               "(the ViT paper's Figure 7 right averaged 128 images).")  # fmt: skip
+    st.caption(
+        f"Each point: one head's mean over {dist.shape[0]} images; bars: the standard deviation over them "
+        "(the ViT paper's Figure 7 right averaged 128 images)."
+    )
 
 st.subheader("Where the methods disagree most")
 methods = [m for m in results.methods if m != "random"]
@@ -121,7 +127,12 @@ for k in order:
     cols[0].markdown(f"`{image_id}`")
     cols[1].caption(", ".join(f"{m} {areas[k, j]:.2f}" for j, m in enumerate(methods)) + f" (range {spread[k]:.2f})")
     if not public:
-        cols[2].button("Open", key=f"open_{image_id}", on_click=_open, args=(paths[image_id], meta.get("model")),
-                       help="Show this image on the per-image pages (Compare explanations first)")  # fmt: skip
+        cols[2].button(
+            "Open",
+            key=f"open_{image_id}",
+            on_click=_open,
+            args=(paths[image_id], meta.get("model")),
+            help="Show this image on the per-image pages (Compare explanations first)",
+        )
 if public:
     st.caption("On a public server, images named in a results file are not opened.")

@@ -25,8 +25,13 @@ else:
 
 s = 0
 if len(cap.stages) > 1:
-    s = st.radio("Stage", range(len(cap.stages)), horizontal=True, key="norm_stage",
-                 format_func=lambda i: f"{i + 1} ({cap.stages[i].grid[0]} x {cap.stages[i].grid[1]})")  # fmt: skip
+    s = st.radio(
+        "Stage",
+        range(len(cap.stages)),
+        horizontal=True,
+        key="norm_stage",
+        format_func=lambda i: f"{i + 1} ({cap.stages[i].grid[0]} x {cap.stages[i].grid[1]})",
+    )
 stage = cap.stages[s]
 if stage.token_norms is None:
     st.info(f"{cap.family} gives no token states vitviz can measure at this stage.")

@@ -28,9 +28,14 @@ c1, c2, c3 = st.columns([3, 2, 3])
 with c1:
     if len(cap.stages) > 1:
         st.radio(
-            "Stage", range(len(cap.stages)), index=stage_now, horizontal=True, key="_stage_pick", on_change=_go_to_stage,
+            "Stage",
+            range(len(cap.stages)),
+            index=stage_now,
+            horizontal=True,
+            key="_stage_pick",
+            on_change=_go_to_stage,
             format_func=lambda s: f"{s + 1} ({cap.stages[s].grid[0]} x {cap.stages[s].grid[1]})",
-        )  # fmt: skip
+        )
         blocks = list(cap.stages[stage_now].blocks)
         st.select_slider("Block", blocks, format_func=cap.block_label, **common.keep("layer"))
     else:
@@ -44,10 +49,13 @@ query = common.query_at(cap, block.stage)
 with c3:
     tokens = [*range(stage.num_prefix), POOLED] + ([query] if query >= stage.num_prefix else [])
     st.selectbox(
-        "Query token (or click a cell)", tokens, index=tokens.index(query),
-        format_func=lambda t: cap.token_label(t, block.stage), key=f"query_pick_{block.stage}_{query}",
+        "Query token (or click a cell)",
+        tokens,
+        index=tokens.index(query),
+        format_func=lambda t: cap.token_label(t, block.stage),
+        key=f"query_pick_{block.stage}_{query}",
         on_change=lambda: common.set_query(block.stage, ss[f"query_pick_{block.stage}_{query}"]),
-    )  # fmt: skip
+    )
 
 looking = ss.direction == common.DIRECTIONS[0] or query == POOLED or g.kind in ("separable", "pool")
 maps = head_maps(block, query, direction="query" if looking else "key")
@@ -74,19 +82,28 @@ elif looking and ss.direction == common.DIRECTIONS[1]:
 
 st.plotly_chart(
     figures.small_multiples_figure(
-        maps.values, [f"head {h}" for h in range(block.num_heads)],
-        colorbar_title=f"attention (raw, {cap.attention_precision})", cols=6, image=cap.image,
+        maps.values,
+        [f"head {h}" for h in range(block.num_heads)],
+        colorbar_title=f"attention (raw, {cap.attention_precision})",
+        cols=6,
+        image=cap.image,
     ),
-    key="head_grid", on_select="rerun", selection_mode="points",
-)  # fmt: skip
+    key="head_grid",
+    on_select="rerun",
+    selection_mode="points",
+)
 st.caption(
     f"{cap.block_label(ss.layer)}: maps on the {maps.grid[0]} x {maps.grid[1]} "
     f"{'key grid' if maps.grid != g.grid else 'token grid'}; all heads share one colour scale; click a head to show it large."
 )
 st.radio(
-    "Head shown large", list(range(block.num_heads)), **common.keep("head"), horizontal=True,
+    "Head shown large",
+    list(range(block.num_heads)),
+    **common.keep("head"),
+    horizontal=True,
     format_func=lambda h: f"head {h}",
-)  # fmt: skip
+)
+
 
 def _deformable_view(head: int, query: int) -> None:
     """A DAT deformable block in its native form: the query's attention over the points it sampled."""
@@ -119,10 +136,13 @@ with big:
     if g.kind == "window":
         st.checkbox("Show the windows (shifted blocks show shifted windows)", **common.keep("show_windows"))
     fig = figures.map_figure(
-        cap.image, maps.values[head], title=f"{cap.block_label(ss.layer).capitalize()}, head {head}: {what}",
-        colorbar_title=f"attention (raw, {cap.attention_precision})", marked=marked,
+        cap.image,
+        maps.values[head],
+        title=f"{cap.block_label(ss.layer).capitalize()}, head {head}: {what}",
+        colorbar_title=f"attention (raw, {cap.attention_precision})",
+        marked=marked,
         windows=window_edges(g) if (g.kind == "window" and ss.show_windows) else None,
-    )  # fmt: skip
+    )
     st.plotly_chart(fig, key="head_map", on_select="rerun", selection_mode="points")
     if cur.model.family.name == "DAT" and looking:
         _deformable_view(head, query)
@@ -145,10 +165,13 @@ with side:
         )
     else:
         st.plotly_chart(
-            figures.prefix_attention_figure(maps.prefix[head], g.prefix_kinds,
-                                            title=f"Attention the prefix tokens pay to {cap.token_label(query, block.stage)} (raw)"),
+            figures.prefix_attention_figure(
+                maps.prefix[head],
+                g.prefix_kinds,
+                title=f"Attention the prefix tokens pay to {cap.token_label(query, block.stage)} (raw)",
+            ),
             key="prefix",
-        )  # fmt: skip
+        )
     common.downloads(
         f"block{ss.layer}_head{head}_token{query}",
         "heads",
@@ -173,11 +196,17 @@ else:
     ss.knockout = [tuple(p) for p in ss.knockout if tuple(p) in pairs]
     k1, k2, k3 = st.columns([4, 1, 2])
     k1.multiselect(
-        "Heads knocked out together", pairs, format_func=lambda bh: f"{cap.block_label(bh[0])}, head {bh[1]}",
+        "Heads knocked out together",
+        pairs,
+        format_func=lambda bh: f"{cap.block_label(bh[0])}, head {bh[1]}",
         **common.keep("knockout"),
-    )  # fmt: skip
-    k2.radio("Replaced by", ["mean", "zero"], **common.keep("knockout_mode"),
-             help="mean: the head's output averaged over the image's tokens (the default); zero: nothing")  # fmt: skip
+    )
+    k2.radio(
+        "Replaced by",
+        ["mean", "zero"],
+        **common.keep("knockout_mode"),
+        help="mean: the head's output averaged over the image's tokens (the default); zero: nothing",
+    )
     k3.button(
         f"Knock out {cap.block_label(ss.layer)}, head {ss.head}",
         on_click=lambda: ss.update(knockout=sorted({*map(tuple, ss.knockout), (ss.layer, ss.head)})),
@@ -196,10 +225,11 @@ else:
             left, right = st.columns(2)
             with left:
                 st.plotly_chart(
-                    figures.comparison_figure(ranked.ranked[:5], after,
-                                              title=f"Top classes before and after ({ranked.legend})"),
+                    figures.comparison_figure(
+                        ranked.ranked[:5], after, title=f"Top classes before and after ({ranked.legend})"
+                    ),
                     key="knockout_predictions",
-                )  # fmt: skip
+                )
                 top_changed = after[0].index != ranked.ranked[0].index
                 st.caption(
                     f"Logit of '{name}': {ko.clean_logits[cls]:.3f} -> {ko.logits[cls]:.3f} "
@@ -212,11 +242,14 @@ else:
                     after_maps = head_maps(knocked_cap.blocks[ss.layer], query, direction="query" if looking else "key")
                     st.plotly_chart(
                         figures.small_multiples_figure(
-                            after_maps.values, [f"head {h}" for h in range(block.num_heads)],
-                            colorbar_title="attention (raw)", cols=6, image=cap.image,
+                            after_maps.values,
+                            [f"head {h}" for h in range(block.num_heads)],
+                            colorbar_title="attention (raw)",
+                            cols=6,
+                            image=cap.image,
                         ),
                         key="knockout_heads",
-                    )  # fmt: skip
+                    )
                     st.caption(f"{cap.block_label(ss.layer).capitalize()} after the knock-out: {what}.")
                 else:
                     st.caption(

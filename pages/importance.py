@@ -40,10 +40,13 @@ stages = [b.stage for b in cap.blocks] if len(cap.stages) > 1 else None
 
 c1, c2 = st.columns(2)
 method = c1.radio(
-    "Method", ["exact (one knock-out per head)", "fast estimate (first order)"], horizontal=True, key="importance_method",
+    "Method",
+    ["exact (one knock-out per head)", "fast estimate (first order)"],
+    horizontal=True,
+    key="importance_method",
     help="Exact: every head knocked out alone, in batches. Fast: the logit's gradient times the change a knock-out "
     "makes, for all heads at once from one forward and one backward pass.",
-)  # fmt: skip
+)
 c2.radio("Replaced by", ["mean", "zero"], **common.keep("knockout_mode"), horizontal=True)
 fast = method.startswith("fast")
 key = ("importance", *cur.key, cls, ss.knockout_mode, fast)
@@ -55,14 +58,20 @@ with left:
         run, _ = st.columns([1, 2])
         run.button("Compute head importance", type="primary", on_click=lambda: ss.update(importance_wanted=key))
     if ss.get("importance_wanted") == key:
-        st.button("Stop", on_click=lambda: ss.update(importance_wanted=None),
-                  help="Stops the computation; nothing partial is kept.")  # fmt: skip
+        st.button(
+            "Stop",
+            on_click=lambda: ss.update(importance_wanted=None),
+            help="Stops the computation; nothing partial is kept.",
+        )
         bar = st.progress(0.0, text="Knocking out heads…")
         try:
             result = common.get_importance(
-                cur, cls, ss.knockout_mode, fast, progress=lambda done, total: bar.progress(done / max(total, 1),
-                                                                                          text=f"{done} of {total} heads")
-            )  # fmt: skip
+                cur,
+                cls,
+                ss.knockout_mode,
+                fast,
+                progress=lambda done, total: bar.progress(done / max(total, 1), text=f"{done} of {total} heads"),
+            )
         except (VitvizError, ValueError) as exc:
             bar.empty()
             st.error(str(exc))
@@ -70,11 +79,19 @@ with left:
             bar.empty()
             title = "Fast estimate" if fast else "Effect of knocking out each head"
             st.plotly_chart(
-                figures.layer_head_figure(result.effects, title=f"{title} on '{name}': click a cell to open that head",
-                                          colorbar_title="change of the logit", marked=(ss.layer, ss.head),
-                                          row_labels=labels, stage_of_block=stages, diverging=True),
-                key="importance_map", on_select="rerun", selection_mode="points",
-            )  # fmt: skip
+                figures.layer_head_figure(
+                    result.effects,
+                    title=f"{title} on '{name}': click a cell to open that head",
+                    colorbar_title="change of the logit",
+                    marked=(ss.layer, ss.head),
+                    row_labels=labels,
+                    stage_of_block=stages,
+                    diverging=True,
+                ),
+                key="importance_map",
+                on_select="rerun",
+                selection_mode="points",
+            )
             if not fast:
                 flips = np.argwhere(result.top1_changed)
                 if len(flips):
@@ -101,11 +118,19 @@ with right:
             st.error(str(exc))
         else:
             st.plotly_chart(
-                figures.layer_head_figure(attr.heads, title=f"Direct contribution of each head to '{name}'",
-                                          colorbar_title="share of the logit", marked=(ss.layer, ss.head),
-                                          row_labels=labels, stage_of_block=stages, diverging=True),
-                key="attribution_map", on_select="rerun", selection_mode="points",
-            )  # fmt: skip
+                figures.layer_head_figure(
+                    attr.heads,
+                    title=f"Direct contribution of each head to '{name}'",
+                    colorbar_title="share of the logit",
+                    marked=(ss.layer, ss.head),
+                    row_labels=labels,
+                    stage_of_block=stages,
+                    diverging=True,
+                ),
+                key="attribution_map",
+                on_select="rerun",
+                selection_mode="points",
+            )
             st.caption(
                 f"The logit {attr.logit:.3f} = heads {np.nansum(attr.heads):.3f} + MLPs {attr.mlps.sum():.3f} + "
                 f"embeddings and biases {attr.rest:.3f}, with the final norm's scale frozen at the image's value."

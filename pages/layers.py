@@ -37,8 +37,9 @@ c2.caption(f"Query token: **{cap.token_label(ss.query, ss.query_stage)}** (pick 
 precision = "float32 mean" if ss.fusion == "mean" else cap.attention_precision
 for stage in cap.stages:
     q = common.query_at(cap, stage.index)
-    tiles = np.stack([row_map(cap.blocks[b].geometry, select(cap.blocks[b], fusion=ss.fusion), q).values
-                      for b in stage.blocks])  # fmt: skip
+    tiles = np.stack(
+        [row_map(cap.blocks[b].geometry, select(cap.blocks[b], fusion=ss.fusion), q).values for b in stage.blocks]
+    )
     where = f"stage {stage.index + 1} ({stage.grid[0]} x {stage.grid[1]}): " if len(cap.stages) > 1 else ""
     st.subheader(f"{where}where {cap.token_label(q, stage.index)} looks, block by block ({ss.fusion} of heads)")
     st.plotly_chart(
@@ -75,10 +76,15 @@ else:
     left, right = st.columns(2)
     with left:
         st.plotly_chart(
-            figures.map_figure(cap.image, roll_map, title=f"Rollout of {cap.token_label(q_end, cap.blocks[end].stage)}, "
-                               f"{'blocks' if cap.is_hierarchical else 'layers'} {start}-{end}", colorbar_title=f"rollout (raw, {precision})"),
+            figures.map_figure(
+                cap.image,
+                roll_map,
+                title=f"Rollout of {cap.token_label(q_end, cap.blocks[end].stage)}, "
+                f"{'blocks' if cap.is_hierarchical else 'layers'} {start}-{end}",
+                colorbar_title=f"rollout (raw, {precision})",
+            ),
             key="rollout_map",
-        )  # fmt: skip
+        )
         if cap.is_hierarchical:
             st.caption(
                 f"On stage {st_idx + 1}'s grid: windows undone, reduced keys spread over the tokens they came from, "
@@ -89,9 +95,10 @@ else:
         ranked = common.classes(cur)
         if ranked is None:
             st.info(
-                "Label-specific relevance needs labels: type them in the sidebar." if cur.model.zero_shot
+                "Label-specific relevance needs labels: type them in the sidebar."
+                if cur.model.zero_shot
                 else "Class-specific relevance needs a classifier; this checkpoint is a backbone."
-            )  # fmt: skip
+            )
         else:
             known = {p.index: p.label for p in ranked.ranked}
             cls = ss.class_index if ss.class_index in known else ranked.ranked[0].index
@@ -104,10 +111,14 @@ else:
                 st.error(str(exc))
             else:
                 st.plotly_chart(
-                    figures.map_figure(cap.image, exp.patch_map(), title=f"Relevance for '{exp.label}' (Chefer et al. 2021)",
-                                       colorbar_title="relevance (raw)"),
+                    figures.map_figure(
+                        cap.image,
+                        exp.patch_map(),
+                        title=f"Relevance for '{exp.label}' (Chefer et al. 2021)",
+                        colorbar_title="relevance (raw)",
+                    ),
                     key="relevance_map",
-                )  # fmt: skip
+                )
                 target = "the label's image-text score" if ranked.labels else "the class logit (before softmax)"
                 st.caption(f"Row of the {exp.readout}, for {target}. Choose it on the *Image & predictions* page.")
                 common.downloads(f"relevance_{exp.class_index}", "relevance", relevance=exp.patch_map())
@@ -120,11 +131,15 @@ st.slider("Kept attention mass (tau)", 0.1, 1.0, step=0.05, **common.keep("tau")
 masks = mass_masks(head_maps(last, gq).values, tau=ss.tau).astype(np.float32)
 st.plotly_chart(
     figures.small_multiples_figure(
-        masks, [f"head {h}" for h in range(last.num_heads)], colorbar_title="kept (1) / dropped (0)", cols=6,
-        zmin=0, zmax=1,
+        masks,
+        [f"head {h}" for h in range(last.num_heads)],
+        colorbar_title="kept (1) / dropped (0)",
+        cols=6,
+        zmin=0,
+        zmax=1,
     ),
     key="masks",
-)  # fmt: skip
+)
 
 # Per-head summaries
 st.subheader("Per-head summaries")
@@ -134,23 +149,35 @@ labels = [cap.block_label(b) for b in range(cap.num_blocks)]
 s1, s2 = st.columns(2)
 with s1:
     st.plotly_chart(
-        figures.layer_head_figure(values, title=f"{SUMMARIES[ss.metric]}: click a cell to open that head",
-                                  colorbar_title=SUMMARIES[ss.metric], marked=(ss.layer, ss.head), row_labels=labels,
-                                  stage_of_block=stage_of_block if len(cap.stages) > 1 else None),
-        key="summary_map", on_select="rerun", selection_mode="points",
-    )  # fmt: skip
+        figures.layer_head_figure(
+            values,
+            title=f"{SUMMARIES[ss.metric]}: click a cell to open that head",
+            colorbar_title=SUMMARIES[ss.metric],
+            marked=(ss.layer, ss.head),
+            row_labels=labels,
+            stage_of_block=stage_of_block if len(cap.stages) > 1 else None,
+        ),
+        key="summary_map",
+        on_select="rerun",
+        selection_mode="points",
+    )
     st.caption("Computed from the float32 weights as each block ran; blank cells are heads a block does not have.")
     common.downloads(
-        "summaries", "summaries", mean_attention_distance=summary_table(cap.blocks, "distance"),
+        "summaries",
+        "summaries",
+        mean_attention_distance=summary_table(cap.blocks, "distance"),
         attention_entropy=summary_table(cap.blocks, "entropy"),
         attention_entropy_normalised=summary_table(cap.blocks, "entropy_norm"),
-    )  # fmt: skip
+    )
 with s2:
     st.plotly_chart(
-        figures.distance_depth_figure(summary_table(cap.blocks, "distance"), image_px=max(cap.input_size),
-                                      stage_of_block=stage_of_block if len(cap.stages) > 1 else None),
+        figures.distance_depth_figure(
+            summary_table(cap.blocks, "distance"),
+            image_px=max(cap.input_size),
+            stage_of_block=stage_of_block if len(cap.stages) > 1 else None,
+        ),
         key="distance_depth",
-    )  # fmt: skip
+    )
 
 # Logit lens
 st.subheader("Logit lens")

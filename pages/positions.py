@@ -19,8 +19,13 @@ if info.tables:
     st.subheader("Learned absolute position embeddings")
     t = 0
     if len(info.tables) > 1:
-        t = st.radio("Table", range(len(info.tables)), format_func=lambda i: info.tables[i].name, horizontal=True,
-                     key="position_table")  # fmt: skip
+        t = st.radio(
+            "Table",
+            range(len(info.tables)),
+            format_func=lambda i: info.tables[i].name,
+            horizontal=True,
+            key="position_table",
+        )
     table = info.tables[t]
     sim = common.get_position_similarity(cap.model_name, t)
     g = table.grid
@@ -41,11 +46,20 @@ if info.tables:
         r, c = divmod(ss.position, g[1])
         tile = sim[ss.position].reshape(g)
         st.plotly_chart(
-            figures.map_figure(None, tile, patch_size=1, title=f"Similarity to position ({r}, {c})",
-                               colorbar_title="cosine similarity (raw)", zmin=-1, zmax=1, colorscale=figures.SIMILARITY_SCALE,
-                               marked=(r, c), height=420),
+            figures.map_figure(
+                None,
+                tile,
+                patch_size=1,
+                title=f"Similarity to position ({r}, {c})",
+                colorbar_title="cosine similarity (raw)",
+                zmin=-1,
+                zmax=1,
+                colorscale=figures.SIMILARITY_SCALE,
+                marked=(r, c),
+                height=420,
+            ),
             key="position_tile",
-        )  # fmt: skip
+        )
         common.downloads("position_similarity", "positions", similarity=sim)
 
 if info.biases:
@@ -56,11 +70,16 @@ if info.biases:
     lim = float(np.abs(bias).max()) or 1.0
     st.plotly_chart(
         figures.small_multiples_figure(
-            bias, [f"head {h}" for h in range(bias.shape[0])], colorbar_title="bias added to the logit (raw)", cols=6,
-            zmin=-lim, zmax=lim, colorscale=figures.SIMILARITY_SCALE,
+            bias,
+            [f"head {h}" for h in range(bias.shape[0])],
+            colorbar_title="bias added to the logit (raw)",
+            cols=6,
+            zmin=-lim,
+            zmax=lim,
+            colorscale=figures.SIMILARITY_SCALE,
         ),
         key="bias_grid",
-    )  # fmt: skip
+    )
     st.caption(
         f"Each tile is {2 * w - 1} x {2 * w - 1}: the centre is the query itself, and the cell (dy, dx) from the "
         f"centre is what the head adds to the attention logit of a key dy rows below and dx columns right of the "

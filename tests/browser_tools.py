@@ -83,11 +83,29 @@ def streamlit_server(
     """
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.address", "127.0.0.1",
-         "--server.port", str(port), "--server.headless", "true", "--server.fileWatcherType", "none", *options],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            "app.py",
+            "--server.address",
+            "127.0.0.1",
+            "--server.port",
+            str(port),
+            "--server.headless",
+            "true",
+            "--server.fileWatcherType",
+            "none",
+            *options,
+        ],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
         preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
-    )  # fmt: skip
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + timeout

@@ -191,12 +191,24 @@ def save_modern(key: str, folder: Path, *, seed: int = 0) -> Path:
 
     torch.manual_seed(seed)
     tok = word_tokenizer(ZS_WORDS)
-    text = dict(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                intermediate_size=32, max_position_embeddings=16, eos_token_id=3, pad_token_id=0, bos_token_id=2)  # fmt: skip
+    text = dict(
+        vocab_size=len(tok),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=16,
+        eos_token_id=3,
+        pad_token_id=0,
+        bos_token_id=2,
+    )
     vision = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
     if key == "clip":
-        model = tf.CLIPModel(tf.CLIPConfig(text_config=text, vision_config={**vision, "image_size": 32, "patch_size": 8},
-                                           projection_dim=24))  # fmt: skip
+        model = tf.CLIPModel(
+            tf.CLIPConfig(
+                text_config=text, vision_config={**vision, "image_size": 32, "patch_size": 8}, projection_dim=24
+            )
+        )
         proc = tf.ViTImageProcessor(size={"height": 32, "width": 32}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
     elif key == "siglip":
         model = tf.SiglipModel(
@@ -209,9 +221,17 @@ def save_modern(key: str, folder: Path, *, seed: int = 0) -> Path:
         )
         proc = tf.Siglip2ImageProcessorPil(patch_size=4, max_num_patches=64)
     else:
-        model = tf.DINOv3ViTModel(tf.DINOv3ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                                     intermediate_size=64, image_size=32, patch_size=8,
-                                                     num_register_tokens=2))  # fmt: skip
+        model = tf.DINOv3ViTModel(
+            tf.DINOv3ViTConfig(
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                intermediate_size=64,
+                image_size=32,
+                patch_size=8,
+                num_register_tokens=2,
+            )
+        )
         proc = tf.ViTImageProcessor(size={"height": 32, "width": 32}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
     model.save_pretrained(folder, safe_serialization=True)
     proc.save_pretrained(folder)

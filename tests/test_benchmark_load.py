@@ -32,9 +32,15 @@ def test_six_sessions_for_thirty_seconds_in_public_mode(capsys):
     started = time.monotonic()
     # min_changes: on a busy machine the six page loads alone (~7 CPU s of Chromium each) can fill the 30 s
     r = run_load(
-        6, 30, ramp=6, think=(1.0, 2.5), min_changes=1, viewport=(1100, 800), quiet=True,
+        6,
+        30,
+        ramp=6,
+        think=(1.0, 2.5),
+        min_changes=1,
+        viewport=(1100, 800),
+        quiet=True,
         log=OUTPUT / "load-test-streamlit.log",
-    )  # fmt: skip
+    )
     took = time.monotonic() - started
     OUTPUT.mkdir(exist_ok=True)
     (OUTPUT / "load-test.json").write_text(json.dumps(r, indent=1, default=str))

@@ -94,8 +94,19 @@ def test_cli_keeps_good_outputs_and_fails_on_bad_input(tiny_dirs, image_files, t
     bad = tmp_path / "broken.jpg"
     bad.write_bytes(b"this is not a jpeg")
     out = tmp_path / "cli"
-    res = _run_cli("export", "--model", str(tiny_dirs["dinov2"]), "--out", str(out), "--batch-size", "2",
-                   str(image_files[0]), str(bad), str(tmp_path / "missing.png"), str(image_files[1]))  # fmt: skip
+    res = _run_cli(
+        "export",
+        "--model",
+        str(tiny_dirs["dinov2"]),
+        "--out",
+        str(out),
+        "--batch-size",
+        "2",
+        str(image_files[0]),
+        str(bad),
+        str(tmp_path / "missing.png"),
+        str(image_files[1]),
+    )
     assert res.returncode == 1
     assert "broken.jpg" in res.stderr and "not an image" in res.stderr
     assert "missing.png" in res.stderr
@@ -175,23 +186,50 @@ def test_labels_give_the_models_own_logits_per_image(modern_dirs, image_files, t
     from vitviz.models.load import load_model
 
     out = tmp_path / "zs"
-    res = _run_cli("export", "--model", str(modern_dirs["clip"]), "--out", str(out), "--labels", "cat, dog,car",
-                   str(image_files[0]))  # fmt: skip
+    res = _run_cli(
+        "export",
+        "--model",
+        str(modern_dirs["clip"]),
+        "--out",
+        str(out),
+        "--labels",
+        "cat, dog,car",
+        str(image_files[0]),
+    )
     assert res.returncode == 0, res.stderr
     loaded = load_model(str(modern_dirs["clip"]))
     img = Image.open(image_files[0]).convert("RGB")
     pixels, _ = preprocess(loaded, [img], input_size_for(loaded, None, img.size))
-    tok = loaded.text.tokenizer(["a photo of a cat.", "a photo of a dog.", "a photo of a car."], padding=True,
-                                return_tensors="pt")  # fmt: skip
+    tok = loaded.text.tokenizer(
+        ["a photo of a cat.", "a photo of a dog.", "a photo of a car."], padding=True, return_tensors="pt"
+    )
     with torch.no_grad():
-        own = loaded.model(input_ids=tok["input_ids"], attention_mask=tok["attention_mask"], pixel_values=pixels,
-                           interpolate_pos_encoding=True).logits_per_image[0].numpy()  # fmt: skip
+        own = (
+            loaded.model(
+                input_ids=tok["input_ids"],
+                attention_mask=tok["attention_mask"],
+                pixel_values=pixels,
+                interpolate_pos_encoding=True,
+            )
+            .logits_per_image[0]
+            .numpy()
+        )
     with np.load(out / "img0.npz", allow_pickle=False) as z:
         assert z["label_names"].tolist() == ["cat", "dog", "car"]
         np.testing.assert_allclose(z["logits"], own, rtol=1e-4, atol=1e-4)
         assert z["label_probabilities"].sum() == pytest.approx(1.0, abs=1e-5)  # CLIP: softmax over the labels
-    as_is = _run_cli("export", "--model", str(modern_dirs["clip"]), "--out", str(tmp_path / "raw"), "--labels", "cat",
-                     "--template", "{}", str(image_files[0]))  # fmt: skip
+    as_is = _run_cli(
+        "export",
+        "--model",
+        str(modern_dirs["clip"]),
+        "--out",
+        str(tmp_path / "raw"),
+        "--labels",
+        "cat",
+        "--template",
+        "{}",
+        str(image_files[0]),
+    )
     assert as_is.returncode == 0, as_is.stderr
     plain = _run_cli("export", "--model", str(modern_dirs["clip"]), "--out", str(tmp_path / "bb"), str(image_files[0]))
     assert plain.returncode == 0, plain.stderr
@@ -200,12 +238,14 @@ def test_labels_give_the_models_own_logits_per_image(modern_dirs, image_files, t
 
 
 def test_labels_on_a_model_without_a_text_tower_are_refused(tiny_dirs, image_files, tmp_path):
-    res = _run_cli("export", "--model", str(tiny_dirs["vit"]), "--out", str(tmp_path), "--labels", "cat",
-                   str(image_files[0]))  # fmt: skip
+    res = _run_cli(
+        "export", "--model", str(tiny_dirs["vit"]), "--out", str(tmp_path), "--labels", "cat", str(image_files[0])
+    )
     assert res.returncode == 1 and "has no text tower" in res.stderr and "Traceback" not in res.stderr
     assert not list(tmp_path.glob("*.npz"))  # refused before any image was read
-    empty = _run_cli("export", "--model", str(tiny_dirs["vit"]), "--out", str(tmp_path), "--labels", " , ",
-                     str(image_files[0]))  # fmt: skip
+    empty = _run_cli(
+        "export", "--model", str(tiny_dirs["vit"]), "--out", str(tmp_path), "--labels", " , ", str(image_files[0])
+    )
     assert empty.returncode == 1 and "at least one label" in empty.stderr
 
 

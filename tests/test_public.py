@@ -18,8 +18,13 @@ OTHER = "other (Hugging Face model id)…"
 def _reset_server_caches() -> None:
     from pages import common
 
-    for fn in (common.serve_settings, common.model_cache, common.forward_queue, common.vetted_requests,
-               common.hub_downloads):  # fmt: skip
+    for fn in (
+        common.serve_settings,
+        common.model_cache,
+        common.forward_queue,
+        common.vetted_requests,
+        common.hub_downloads,
+    ):
         fn.clear()
 
 

@@ -31,9 +31,17 @@ def _export(args: argparse.Namespace) -> int:
     present = [p for p in args.images if p not in missing]
     with tqdm(total=len(present), unit="img", desc="export", file=sys.stderr) as bar:
         report = export_images(
-            loaded, present, args.out, size=size, batch_size=args.batch_size, query_xy=args.query_xy,
-            labels=labels, causal=args.causal, class_index=args.class_index, progress=bar.update,
-        )  # fmt: skip
+            loaded,
+            present,
+            args.out,
+            size=size,
+            batch_size=args.batch_size,
+            query_xy=args.query_xy,
+            labels=labels,
+            causal=args.causal,
+            class_index=args.class_index,
+            progress=bar.update,
+        )
     report.failed[:0] = [(p, "no such file") for p in missing]
     print(f"wrote {len(report.written)} of {len(args.images)} images to {args.out}")
     print_failures(report)
@@ -64,10 +72,20 @@ def _evaluate(args: argparse.Namespace) -> int:
         before = None
     try:
         report = evaluate_dataset(
-            args.model, args.data, args.out, methods=methods, limit=args.limit, size=size, seed=args.seed,
-            engine=args.engine, address=args.address, batch_size=args.batch_size, device=args.device,
-            progress=progress, ray_actors=args.actors,
-        )  # fmt: skip
+            args.model,
+            args.data,
+            args.out,
+            methods=methods,
+            limit=args.limit,
+            size=size,
+            seed=args.seed,
+            engine=args.engine,
+            address=args.address,
+            batch_size=args.batch_size,
+            device=args.device,
+            progress=progress,
+            ray_actors=args.actors,
+        )
     finally:
         if before is not None:
             signal.signal(signal.SIGTERM, before)
@@ -117,8 +135,10 @@ def _convert(args: argparse.Namespace) -> int:
         print("\n".join(official_names()))
         return 0
     if not (args.arch and args.checkpoint and args.out):
-        print(f"{PROG} convert: error: --arch, --checkpoint and --out are required (--list shows the names)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"{PROG} convert: error: --arch, --checkpoint and --out are required (--list shows the names)",
+            file=sys.stderr,
+        )
         return 2
     labels = None
     if args.labels:
@@ -146,21 +166,32 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--size", type=int, nargs="+", metavar="PX", help="input size: one number (square) or H W")
     ex.add_argument("--batch-size", type=int, default=8)
     ex.add_argument(
-        "--query-xy", type=_xy, default=None, metavar="X,Y",
+        "--query-xy",
+        type=_xy,
+        default=None,
+        metavar="X,Y",
         help="query token: the one whose cell holds pixel (X, Y) of the model input (default: CLS, else the centre)",
-    )  # fmt: skip
+    )
     ex.add_argument("--labels", default=None, help='zero-shot models: labels, comma-separated ("cat,dog,car")')
     ex.add_argument(
-        "--template", default=None,
+        "--template",
+        default=None,
         help='prompt made from each label, {} is the label (default: the model\'s own, else "a photo of a {}."; '
         '"{}" uses the labels as they are)',
-    )  # fmt: skip
+    )
     ex.add_argument(
-        "--causal", action="store_true",
+        "--causal",
+        action="store_true",
         help="add logit_lens, head_ablation (zero knock-out), head/mlp attribution and explained_class",
-    )  # fmt: skip
-    ex.add_argument("--class", dest="class_index", type=int, default=None, metavar="C",
-                    help="with --causal: the class explained (default: the top-1)")  # fmt: skip
+    )
+    ex.add_argument(
+        "--class",
+        dest="class_index",
+        type=int,
+        default=None,
+        metavar="C",
+        help="with --causal: the class explained (default: the top-1)",
+    )
     ex.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
     ex.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     ex.add_argument("--allow-pickle", action="store_true", help="accept pickle-only checkpoints (runs their code!)")
@@ -171,21 +202,42 @@ def build_parser() -> argparse.ArgumentParser:
         "evaluate", help="faithfulness (deletion / insertion) of explanation methods over a data set, as Parquet"
     )
     ev.add_argument("--model", default="demo", help="'demo', a hub id (owner/name) or a local folder")
-    ev.add_argument("--data", required=True, metavar="FOLDER_OR_CSV",
-                    help="a folder of images, or a CSV file,label,x0,y0,x1,y1 (as demo-data writes)")  # fmt: skip
+    ev.add_argument(
+        "--data",
+        required=True,
+        metavar="FOLDER_OR_CSV",
+        help="a folder of images, or a CSV file,label,x0,y0,x1,y1 (as demo-data writes)",
+    )
     ev.add_argument("--out", required=True, metavar="RESULTS.parquet", help="the results file (one Parquet file)")
-    ev.add_argument("--methods", default=None, metavar="M1,M2",
-                    help="comma-separated methods (default: all that apply): attention, rollout, relevance, "
-                    "gradcam, integrated_gradients, random")  # fmt: skip
+    ev.add_argument(
+        "--methods",
+        default=None,
+        metavar="M1,M2",
+        help="comma-separated methods (default: all that apply): attention, rollout, relevance, "
+        "gradcam, integrated_gradients, random",
+    )
     ev.add_argument("--limit", type=int, default=None, metavar="N", help="evaluate the first N images only")
     ev.add_argument("--size", type=int, nargs="+", metavar="PX", help="input size: one number (square) or H W")
     ev.add_argument("--seed", type=int, default=0, help="seed of the random baseline (per image: seed and image id)")
-    ev.add_argument("--engine", default="local", choices=("local", "ray"),
-                    help="local: this process; ray: a Ray Data pipeline with a pool of model actors")  # fmt: skip
-    ev.add_argument("--address", default=None, metavar="ADDR",
-                    help="with --engine ray: the cluster to join (e.g. auto, ray://host:10001); default: a local Ray")  # fmt: skip
-    ev.add_argument("--actors", type=int, default=None, metavar="N",
-                    help="with --engine ray: model actors (default: one per GPU, else one per CPU)")  # fmt: skip
+    ev.add_argument(
+        "--engine",
+        default="local",
+        choices=("local", "ray"),
+        help="local: this process; ray: a Ray Data pipeline with a pool of model actors",
+    )
+    ev.add_argument(
+        "--address",
+        default=None,
+        metavar="ADDR",
+        help="with --engine ray: the cluster to join (e.g. auto, ray://host:10001); default: a local Ray",
+    )
+    ev.add_argument(
+        "--actors",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --engine ray: model actors (default: one per GPU, else one per CPU)",
+    )
     ev.add_argument("--batch-size", type=int, default=20, help="perturbed images per forward pass")
     ev.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
     ev.set_defaults(func=_evaluate)
@@ -209,8 +261,12 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser(
         "train-demo", help="train a bundled demo model on the shapes (CPU: vit ~15, swin ~30, clip ~10 minutes)"
     )
-    tr.add_argument("--arch", default="vit", choices=tuple(_DEMO_GOALS),
-                    help="vit: 'demo'; swin: 'demo-swin'; clip: 'demo-clip' (zero-shot, own tokenizer)")  # fmt: skip
+    tr.add_argument(
+        "--arch",
+        default="vit",
+        choices=tuple(_DEMO_GOALS),
+        help="vit: 'demo'; swin: 'demo-swin'; clip: 'demo-clip' (zero-shot, own tokenizer)",
+    )
     tr.add_argument("--out", default=None, help="output folder (default: the bundled model's folder)")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--steps", type=int, default=None, help="default: 2000 (vit, swin), 1000 (clip)")

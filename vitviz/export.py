@@ -196,9 +196,12 @@ def export_images(
             arrays = capture_arrays(cap, pos_similarity=sim, query_xy=query_xy, labels=scorer)
             if causal:
                 extra, why = causal_arrays(
-                    loaded, images[names.index(path)], class_index=class_index, size=size,
+                    loaded,
+                    images[names.index(path)],
+                    class_index=class_index,
+                    size=size,
                     label_embeddings=None if scorer is None else scorer.text,
-                )  # fmt: skip
+                )
                 arrays.update(extra)
                 for key, reason in why.items():
                     report.notes.setdefault(key, reason)

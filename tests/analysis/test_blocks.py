@@ -82,8 +82,16 @@ def test_window_shift_mask_regions_count_allowed_keys():
 
 def test_reduced_keys_spread_evenly_and_keep_row_sums():
     rng = np.random.default_rng(1)
-    g = Geometry(stage=0, kind="global", num_heads=1, grid=(7, 4), prefix_kinds=("CLS",), key_grid=(4, 2),
-                 key_rule="strided", key_stride=(2, 2))  # fmt: skip
+    g = Geometry(
+        stage=0,
+        kind="global",
+        num_heads=1,
+        grid=(7, 4),
+        prefix_kinds=("CLS",),
+        key_grid=(4, 2),
+        key_rule="strided",
+        key_stride=(2, 2),
+    )
     mat = _random_rows(rng, (1 + 28, 1 + 8))
     d = blocks.dense(g, mat)
     assert d.shape == (29, 29)

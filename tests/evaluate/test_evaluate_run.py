@@ -156,8 +156,22 @@ def test_cli_end_to_end(demo_csv: Path, tmp_path: Path, capsys) -> None:
     assert read_results(out).num_images == 2
 
     (demo_csv.parent / "extra.txt").write_text("not an image")  # a folder with a non-image file
-    assert main(["evaluate", "--data", str(demo_csv.parent), "--out", str(tmp_path / "f.parquet"),
-                 "--methods", "random", "--size", "48"]) == 1  # fmt: skip
+    assert (
+        main(
+            [
+                "evaluate",
+                "--data",
+                str(demo_csv.parent),
+                "--out",
+                str(tmp_path / "f.parquet"),
+                "--methods",
+                "random",
+                "--size",
+                "48",
+            ]
+        )
+        == 1
+    )
     cap = capsys.readouterr()
     assert "skipped 2 of 7 images" in cap.err and "extra.txt: not an image file" in cap.err
     assert "labels.csv: not an image file" in cap.err and "pass the CSV itself as --data" in cap.err
@@ -169,8 +183,11 @@ def test_cli_bad_input_is_a_message_not_a_traceback(tmp_path: Path) -> None:
     bad.write_text("path,label\nx.png,cat\n")
     proc = subprocess.run(
         [sys.executable, "-m", "vitviz", "evaluate", "--data", str(bad), "--out", str(tmp_path / "r.parquet")],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
     assert "python -m vitviz: error:" in proc.stderr and "lacks the column file" in proc.stderr
     assert "Traceback" not in proc.stderr

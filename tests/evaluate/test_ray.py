@@ -53,8 +53,9 @@ def shapes40(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def local_run(shapes40: Path, tmp_path_factory):
     out = tmp_path_factory.mktemp("local") / "local.parquet"
-    report = evaluate_dataset("demo", shapes40, out, methods=METHODS, size=SIZE, seed=9,
-                              loaded=load_model("demo", device="cpu"))  # fmt: skip
+    report = evaluate_dataset(
+        "demo", shapes40, out, methods=METHODS, size=SIZE, seed=9, loaded=load_model("demo", device="cpu")
+    )
     return report, pd.read_parquet(out)
 
 
@@ -63,16 +64,16 @@ def assert_same_rows(a: pd.DataFrame, b: pd.DataFrame) -> None:
     pd.testing.assert_frame_equal(a.drop(columns=list(LISTS)), b.drop(columns=list(LISTS)), rtol=1e-6)
     for c in LISTS:
         for x, y in zip(a[c], b[c], strict=True):
-            np.testing.assert_allclose(np.array(x.tolist(), dtype=float), np.array(y.tolist(), dtype=float),
-                                       rtol=1e-6, equal_nan=True)  # fmt: skip
+            np.testing.assert_allclose(
+                np.array(x.tolist(), dtype=float), np.array(y.tolist(), dtype=float), rtol=1e-6, equal_nan=True
+            )
 
 
 def test_ray_gives_the_local_rows(local_ray, local_run, shapes40: Path, tmp_path: Path) -> None:
     local, want = local_run
     assert local.evaluated == 40 and len(local.skipped) == 2
     out = tmp_path / "ray.parquet"
-    report = evaluate_dataset("demo", shapes40, out, methods=METHODS, size=SIZE, seed=9, engine="ray",
-                              ray_actors=2)  # fmt: skip
+    report = evaluate_dataset("demo", shapes40, out, methods=METHODS, size=SIZE, seed=9, engine="ray", ray_actors=2)
     assert report.evaluated == 40 and report.new == 40
     assert sorted(map(str, report.skipped)) == sorted(map(str, local.skipped))
     assert_same_rows(pd.read_parquet(out), want)
@@ -87,8 +88,17 @@ def test_a_run_started_locally_finishes_on_ray(local_ray, local_run, shapes40: P
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        evaluate_dataset("demo", shapes40, out, methods=METHODS, size=SIZE, seed=9, chunk_images=5, progress=stop,
-                         loaded=load_model("demo", device="cpu"))  # fmt: skip
+        evaluate_dataset(
+            "demo",
+            shapes40,
+            out,
+            methods=METHODS,
+            size=SIZE,
+            seed=9,
+            chunk_images=5,
+            progress=stop,
+            loaded=load_model("demo", device="cpu"),
+        )
     assert len(WorkDir(out).done_ids()) == 12
     report = evaluate_dataset("demo", shapes40, out, methods=METHODS, size=SIZE, seed=9, engine="ray")
     assert report.new == 40 - 12 and report.evaluated == 40

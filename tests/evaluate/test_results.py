@@ -33,28 +33,53 @@ FRACTIONS = np.linspace(0, 1, 21)
 def _scored(method: str, d: float, i: float, peak: bool | None) -> SimpleNamespace:
     """Stands in for a ``Faithfulness``: the attributes ``make_rows`` reads."""
     return SimpleNamespace(
-        class_index=2, label="two", probability=0.9, deletion_area=d, insertion_area=i, peak_in_box=peak,
-        fractions=FRACTIONS, deletion=np.full(21, d), insertion=np.full(21, i),
-    )  # fmt: skip
+        class_index=2,
+        label="two",
+        probability=0.9,
+        deletion_area=d,
+        insertion_area=i,
+        peak_in_box=peak,
+        fractions=FRACTIONS,
+        deletion=np.full(21, d),
+        insertion=np.full(21, i),
+    )
 
 
 def _rows(image_id: str, k: int, box: bool = True) -> list[dict]:
     distance = np.array([[10.0 + k, 20.0], [30.0, np.nan]])  # the second block has one head: NaN -> null
     return make_rows(
-        image_id=image_id, path=f"/data/{image_id}", label="two" if k % 2 == 0 else "one", image_wh=(200, 100),
+        image_id=image_id,
+        path=f"/data/{image_id}",
+        label="two" if k % 2 == 0 else "one",
+        image_wh=(200, 100),
         box=(1.0, 2.0, 30.0, 40.0) if box else None,
-        scored={"attention": _scored("attention", 0.2 + k / 10, 0.8, True if box else None),
-                "random": _scored("random", 0.5, 0.5 + k / 10, False if box else None)},
-        model="demo", input_hw=(96, 96), seed=7, seed_of_image=image_seed(7, image_id),
-        head_distance=distance, head_entropy=distance / 10,
-    )  # fmt: skip
+        scored={
+            "attention": _scored("attention", 0.2 + k / 10, 0.8, True if box else None),
+            "random": _scored("random", 0.5, 0.5 + k / 10, False if box else None),
+        },
+        model="demo",
+        input_hw=(96, 96),
+        seed=7,
+        seed_of_image=image_seed(7, image_id),
+        head_distance=distance,
+        head_entropy=distance / 10,
+    )
 
 
 @pytest.fixture()
 def results_file(tmp_path: Path) -> Path:
     rows = _rows("a.png", 0) + _rows("b.png", 1) + _rows("c.png", 2, box=False)
-    meta = run_metadata(model="demo", methods=["attention", "random"], seed=7, size=None, data="x.csv",
-                        engine="local", points=21, images=3, skipped=[{"where": "x.csv:9", "reason": "bad"}])  # fmt: skip
+    meta = run_metadata(
+        model="demo",
+        methods=["attention", "random"],
+        seed=7,
+        size=None,
+        data="x.csv",
+        engine="local",
+        points=21,
+        images=3,
+        skipped=[{"where": "x.csv:9", "reason": "bad"}],
+    )
     return write_results(rows_to_table(rows), tmp_path / "r.parquet", meta)
 
 

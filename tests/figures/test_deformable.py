@@ -26,10 +26,18 @@ from vitviz.zoo.dat import DatConfig, DatForImageClassification
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 TINY = dict(
-    image_size=32, patch_size=2, dim_stem=8, dims=[8, 16, 32, 64], depths=[2, 2, 2, 2], heads=[1, 2, 4, 4],
-    window_sizes=[4, 4, 2, 2], groups=[-1, -1, 2, 2], stage_spec=[["L", "S"], ["L", "S"], ["D", "L"], ["L", "D"]],
-    offset_kernel_sizes=[3, 3, 3, 3], num_labels=3,
-)  # fmt: skip
+    image_size=32,
+    patch_size=2,
+    dim_stem=8,
+    dims=[8, 16, 32, 64],
+    depths=[2, 2, 2, 2],
+    heads=[1, 2, 4, 4],
+    window_sizes=[4, 4, 2, 2],
+    groups=[-1, -1, 2, 2],
+    stage_spec=[["L", "S"], ["L", "S"], ["D", "L"], ["L", "D"]],
+    offset_kernel_sizes=[3, 3, 3, 3],
+    num_labels=3,
+)
 
 
 @pytest.fixture(scope="module")

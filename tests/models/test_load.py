@@ -168,8 +168,14 @@ def test_truncated_weights_are_a_load_error(tmp_path):
 def test_every_logit_has_a_name_when_the_label_table_is_shorter(tmp_path):
     from transformers import PvtConfig, PvtForImageClassification
 
-    cfg = PvtConfig(image_size=32, depths=[1, 1, 1, 1], hidden_sizes=[8, 8, 16, 16], num_attention_heads=[1, 1, 2, 2],
-                    id2label={0: "zero", 1: "one"}, label2id={"zero": 0, "one": 1})  # fmt: skip
+    cfg = PvtConfig(
+        image_size=32,
+        depths=[1, 1, 1, 1],
+        hidden_sizes=[8, 8, 16, 16],
+        num_attention_heads=[1, 1, 2, 2],
+        id2label={0: "zero", 1: "one"},
+        label2id={"zero": 0, "one": 1},
+    )
     assert cfg.num_labels == 1000  # PvT's config keeps its own count apart from id2label
     PvtForImageClassification(cfg).save_pretrained(tmp_path, safe_serialization=True)
     loaded = load_model(str(tmp_path))

@@ -60,10 +60,20 @@ def _two_tower(folder, kind: str):
 
     torch.manual_seed(0)
     tok = word_tokenizer(WORDS)
-    text = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                max_position_embeddings=16, eos_token_id=3, pad_token_id=0, bos_token_id=2)  # fmt: skip
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32,
-                  patch_size=8)  # fmt: skip
+    text = dict(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=16,
+        eos_token_id=3,
+        pad_token_id=0,
+        bos_token_id=2,
+    )
+    vision = dict(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8
+    )
     if kind == "clip":
         model = CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=16))
     else:
@@ -89,8 +99,11 @@ def test_scores_equal_the_models_own_logits(tmp_path, kind):
         image = model.get_image_features(pixel_values=pixels)
         image = getattr(image, "pooler_output", image)[0].numpy()
         ids = tok(list(labels.prompts), padding=tower.padding, max_length=tower.max_length, return_tensors="pt")
-        own = model(input_ids=ids["input_ids"], pixel_values=pixels,
-                    **({"attention_mask": ids["attention_mask"]} if kind == "clip" else {})).logits_per_image[0]  # fmt: skip
+        own = model(
+            input_ids=ids["input_ids"],
+            pixel_values=pixels,
+            **({"attention_mask": ids["attention_mask"]} if kind == "clip" else {}),
+        ).logits_per_image[0]
     got = score(model, tower, image, text)
     np.testing.assert_allclose(got.logits, own.numpy(), rtol=1e-5, atol=1e-5)
     if kind == "clip":
@@ -109,8 +122,16 @@ def test_a_checkpoint_missing_a_projection_is_named(tmp_path):
 def test_a_model_without_a_text_tower_has_none(tmp_path):
     from transformers import CLIPVisionConfig, CLIPVisionModel
 
-    model = CLIPVisionModel(CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                             num_attention_heads=2, image_size=16, patch_size=8))  # fmt: skip
+    model = CLIPVisionModel(
+        CLIPVisionConfig(
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=16,
+            patch_size=8,
+        )
+    )
     assert text_tower(model, str(tmp_path), {}) is None
 
 
@@ -123,10 +144,17 @@ def test_a_declared_template_is_the_default(tmp_path):
 def test_towers_of_different_widths_are_refused(tmp_path):
     from transformers import SiglipConfig, SiglipModel
 
-    text = dict(vocab_size=16, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
-                max_position_embeddings=8)  # fmt: skip
-    vision = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, image_size=16,
-                  patch_size=8)  # fmt: skip
+    text = dict(
+        vocab_size=16,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=8,
+    )
+    vision = dict(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, image_size=16, patch_size=8
+    )
     model = SiglipModel(SiglipConfig(text_config=text, vision_config=vision))
     with pytest.raises(ModelLoadError, match="16-d embeddings and the image tower 32-d"):
         text_tower(model, str(tmp_path), {})

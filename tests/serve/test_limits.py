@@ -118,9 +118,17 @@ def test_reset():
 
 @pytest.mark.parametrize(
     ("seconds", "text"),
-    [(0.0, "1 second"), (0.2, "1 second"), (1.0, "1 second"), (1.01, "2 seconds"), (59.0, "59 seconds"),
-     (89.0, "89 seconds"), (90.0, "2 minutes"), (3599.0, "60 minutes")],
-)  # fmt: skip
+    [
+        (0.0, "1 second"),
+        (0.2, "1 second"),
+        (1.0, "1 second"),
+        (1.01, "2 seconds"),
+        (59.0, "59 seconds"),
+        (89.0, "89 seconds"),
+        (90.0, "2 minutes"),
+        (3599.0, "60 minutes"),
+    ],
+)
 def test_format_wait(seconds, text):
     assert format_wait(seconds) == text
 

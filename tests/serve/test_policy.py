@@ -123,8 +123,10 @@ def test_local_mode_checks_nothing(tmp_path):
 # -- allowlist ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["demo", "google/vit-base-patch16-224", " facebook/dinov2-small ",
-                                  "acme/special-vit", "/srv/models/house-vit"])  # fmt: skip
+@pytest.mark.parametrize(
+    "name",
+    ["demo", "google/vit-base-patch16-224", " facebook/dinov2-small ", "acme/special-vit", "/srv/models/house-vit"],
+)
 def test_allowlisted_names_pass_without_the_hub(name):
     req = vet_model_request(name, PUBLIC, PRESETS, hub=never_called_hub())
     assert req == ModelRequest(name.strip())
@@ -233,8 +235,10 @@ def test_allowed_hub_id_is_checked_then_pinned(tmp_path):
         {"files_metadata": True, "timeout": 10.0, "token": False},
     )
     assert fake.calls[1] == (
-        "download", ("someone/my-vit", "config.json"), {"revision": SHA, "token": False, "etag_timeout": 10.0}
-    )  # fmt: skip
+        "download",
+        ("someone/my-vit", "config.json"),
+        {"revision": SHA, "token": False, "etag_timeout": 10.0},
+    )
     assert check_model_request("someone/my-vit", OPEN, PRESETS, hub=fake.hub()) == "someone/my-vit"
 
 
@@ -255,8 +259,12 @@ def test_oversize_checkpoint_is_refused_from_metadata_before_any_download(tmp_pa
 
 
 def test_sharded_weights_are_summed(tmp_path):
-    files = {"config.json": 1, "model.safetensors.index.json": 50_000,
-             "model-00001-of-00002.safetensors": 600_000_000, "model-00002-of-00002.safetensors": 600_000_000}  # fmt: skip
+    files = {
+        "config.json": 1,
+        "model.safetensors.index.json": 50_000,
+        "model-00001-of-00002.safetensors": 600_000_000,
+        "model-00002-of-00002.safetensors": 600_000_000,
+    }
     fake = FakeHub(tmp_path, info(files), {"model_type": "vit"})
     err = refused("someone/sharded", ServeSettings(public=True, allow_hub_ids=True, max_download_gb=1.1), fake.hub())
     assert err.reason == "too_large" and "needs a 1.20 GB download, more than the 1.1 GB" in str(err)
@@ -294,8 +302,12 @@ def test_unsupported_family_from_config_json(tmp_path):
 
 @pytest.mark.parametrize(
     ("config", "detail"),
-    [("{not json", "it is not valid JSON"), ({"architectures": ["X"]}, "it names no model_type"), ([1, 2], "it names no model_type")],
-)  # fmt: skip
+    [
+        ("{not json", "it is not valid JSON"),
+        ({"architectures": ["X"]}, "it names no model_type"),
+        ([1, 2], "it names no model_type"),
+    ],
+)
 def test_unreadable_config(tmp_path, config, detail):
     fake = FakeHub(tmp_path, info({"config.json": 1, "model.safetensors": 1000}), config)
     err = refused("a/b", OPEN, fake.hub())
@@ -318,8 +330,11 @@ def test_no_config(tmp_path):
         "'a/b' has no config.json on the Hugging Face hub, so it is not a transformers model vitviz can load. "
         "Choose a model from the list."
     )
-    fake = FakeHub(tmp_path, info({"config.json": 1, "model.safetensors": 1}),
-                   download_error=hub_error(RemoteEntryNotFoundError, 404))  # fmt: skip
+    fake = FakeHub(
+        tmp_path,
+        info({"config.json": 1, "model.safetensors": 1}),
+        download_error=hub_error(RemoteEntryNotFoundError, 404),
+    )
     assert refused("a/b", OPEN, fake.hub()).reason == "no_config"
 
 
@@ -424,10 +439,18 @@ def test_load_request_downloads_only_the_vetted_files(tmp_path):
     got = load_request(
         req, load=lambda p: seen.append(p) or FakeLoaded(p, p), hub=fake.hub(), on_progress=progress.append
     )
-    assert fake.calls == [(
-        "snapshot", ("a/b",),
-        {"revision": SHA, "allow_patterns": ["config.json", "model.safetensors"], "token": False, "etag_timeout": 10.0},
-    )]  # fmt: skip
+    assert fake.calls == [
+        (
+            "snapshot",
+            ("a/b",),
+            {
+                "revision": SHA,
+                "allow_patterns": ["config.json", "model.safetensors"],
+                "token": False,
+                "etag_timeout": 10.0,
+            },
+        )
+    ]
     assert seen == [str(folder)]
     assert got == FakeLoaded("a/b", "a/b")  # the server's cache path is not shown
     assert progress == ["Downloading a/b (0.10 GB) from the Hugging Face hub…", "Reading a/b…"]

@@ -132,13 +132,20 @@ class _OfficialClassifier(nn.Module):
 class _OfficialCCT(nn.Module):
     """``_cct``: stride ``max(1, k // 2 - 1)``, padding ``max(1, k // 2)``; ``CCT`` with a learnable table."""
 
-    def __init__(self, img_size, embedding_dim, n_conv_layers, kernel_size, num_layers, num_heads, mlp_ratio,
-                 num_classes):  # fmt: skip
+    def __init__(
+        self, img_size, embedding_dim, n_conv_layers, kernel_size, num_layers, num_heads, mlp_ratio, num_classes
+    ):
         super().__init__()
         stride, padding = max(1, (kernel_size // 2) - 1), max(1, (kernel_size // 2))
         self.tokenizer = _OfficialTokenizer(kernel_size, stride, padding, n_conv_layers, embedding_dim)
-        self.classifier = _OfficialClassifier(embedding_dim, num_layers, num_heads, mlp_ratio, num_classes,
-                                              self.tokenizer.sequence_length(img_size, img_size))  # fmt: skip
+        self.classifier = _OfficialClassifier(
+            embedding_dim,
+            num_layers,
+            num_heads,
+            mlp_ratio,
+            num_classes,
+            self.tokenizer.sequence_length(img_size, img_size),
+        )
 
     def forward(self, x):
         return self.classifier(self.tokenizer(x))
@@ -297,8 +304,9 @@ def test_another_input_size_resizes_the_table_as_the_authors_loader_does():
     torch.manual_seed(0)
     official48 = _OfficialCCT(**{**_OFFICIAL["cct_7_3x1_32"], "img_size": 48}).eval()
     sd = official32.state_dict()
-    sd["classifier.positional_emb"] = _resize_pos_embed(sd["classifier.positional_emb"],
-                                                        official48.classifier.positional_emb)  # fmt: skip
+    sd["classifier.positional_emb"] = _resize_pos_embed(
+        sd["classifier.positional_emb"], official48.classifier.positional_emb
+    )
     official48.load_state_dict(sd)
     x = torch.randn(1, 3, 48, 48)
     with torch.no_grad():

@@ -12,6 +12,7 @@ from test_cct import save_tiny_cct
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+
 @pytest.fixture(scope="module")
 def cct_dir(tmp_path_factory) -> Path:
     return save_tiny_cct(tmp_path_factory.mktemp("cct-app") / "tiny")

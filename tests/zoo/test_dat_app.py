@@ -12,6 +12,7 @@ from test_dat import save_tiny_dat
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+
 @pytest.fixture(scope="module")
 def dat_dir(tmp_path_factory) -> Path:
     return save_tiny_dat(tmp_path_factory.mktemp("dat-app") / "tiny")

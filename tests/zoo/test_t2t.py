@@ -193,8 +193,20 @@ class AuthorsT2TModule(nn.Module):
 
 
 class AuthorsT2TViT(nn.Module):
-    def __init__(self, img_size=224, tokens_type="performer", in_chans=3, num_classes=1000, embed_dim=768,
-                 depth=12, num_heads=12, mlp_ratio=4.0, qkv_bias=False, qk_scale=None, token_dim=64):  # fmt: skip
+    def __init__(
+        self,
+        img_size=224,
+        tokens_type="performer",
+        in_chans=3,
+        num_classes=1000,
+        embed_dim=768,
+        depth=12,
+        num_heads=12,
+        mlp_ratio=4.0,
+        qkv_bias=False,
+        qk_scale=None,
+        token_dim=64,
+    ):
         super().__init__()
         self.tokens_to_token = AuthorsT2TModule(img_size, tokens_type, in_chans, embed_dim, token_dim)
         num_patches = self.tokens_to_token.num_patches
@@ -315,9 +327,17 @@ def test_the_smallest_released_size_converts_with_its_official_name(tmp_path):
 
 # README: #params 4.3M, 5.9M, 6.9M, 21.5M, 39.2M, 64.1M; T2T-ViT_t-14/19/24 21.5M, 39.2M, 64.1M; 14 at 384: 21.7M.
 RELEASED = {
-    "t2t_vit_7": 4.3, "t2t_vit_10": 5.9, "t2t_vit_12": 6.9, "t2t_vit_14": 21.5, "t2t_vit_19": 39.2,
-    "t2t_vit_24": 64.1, "t2t_vit_t_14": 21.5, "t2t_vit_t_19": 39.2, "t2t_vit_t_24": 64.1, "t2t_vit_14_384": 21.7,
-}  # fmt: skip
+    "t2t_vit_7": 4.3,
+    "t2t_vit_10": 5.9,
+    "t2t_vit_12": 6.9,
+    "t2t_vit_14": 21.5,
+    "t2t_vit_19": 39.2,
+    "t2t_vit_24": 64.1,
+    "t2t_vit_t_14": 21.5,
+    "t2t_vit_t_19": 39.2,
+    "t2t_vit_t_24": 64.1,
+    "t2t_vit_14_384": 21.7,
+}
 
 
 def test_official_names_have_the_released_sizes():

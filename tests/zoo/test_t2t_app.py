@@ -22,8 +22,17 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     for tt in ("performer", "transformer"):
         torch.manual_seed(0)
         labels = {0: "zero", 1: "one", 2: "two"}
-        cfg = T2TViTConfig(tokens_type=tt, image_size=48, embed_dim=16, depth=2, num_heads=2, mlp_ratio=2.0,
-                           token_dim=8, id2label=labels, label2id={v: k for k, v in labels.items()})  # fmt: skip
+        cfg = T2TViTConfig(
+            tokens_type=tt,
+            image_size=48,
+            embed_dim=16,
+            depth=2,
+            num_heads=2,
+            mlp_ratio=2.0,
+            token_dim=8,
+            id2label=labels,
+            label2id={v: k for k, v in labels.items()},
+        )
         T2TViTForImageClassification(cfg).save_pretrained(root / tt)
         ViTImageProcessor(size={"height": 48, "width": 48}).save_pretrained(root / tt)
         out[tt] = root / tt

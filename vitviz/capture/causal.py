@@ -765,9 +765,16 @@ def _importance(
         eff = np.where(done_mask, logits[..., c] - clean_np[c], np.nan).astype(np.float32)
         lg = np.where(done_mask[..., None], logits, np.nan).astype(np.float32)
         return HeadImportance(
-            _frozen(eff), _frozen(lg), _frozen(clean_np.copy()), c, mode, clean.num_heads, complete,
-            round(work, 3), replay,
-        )  # fmt: skip
+            _frozen(eff),
+            _frozen(lg),
+            _frozen(clean_np.copy()),
+            c,
+            mode,
+            clean.num_heads,
+            complete,
+            round(work, 3),
+            replay,
+        )
 
     done = 0
     for part in chunks:

@@ -262,16 +262,21 @@ def capture_batch(
     out: list[Capture | None] = [None] * len(images)
     for hw in dict.fromkeys(sizes):  # images that share an input size share a forward pass
         idx = [i for i, s in enumerate(sizes) if s == hw]
-        for i, cap in zip(idx, _capture_at(loaded, [images[i] for i in idx], hw, top_k, attention_dtype, budget_bytes),
-                          strict=True):  # fmt: skip
+        for i, cap in zip(
+            idx, _capture_at(loaded, [images[i] for i in idx], hw, top_k, attention_dtype, budget_bytes), strict=True
+        ):
             out[i] = cap
     return out
 
 
 def _capture_at(
-    loaded: LoadedModel, images: Sequence[Image.Image], hw: tuple[int, int], top_k: int, attention_dtype: str,
+    loaded: LoadedModel,
+    images: Sequence[Image.Image],
+    hw: tuple[int, int],
+    top_k: int,
+    attention_dtype: str,
     budget_bytes: int,
-) -> list[Capture]:  # fmt: skip
+) -> list[Capture]:
     check_budget(loaded, hw, batch=len(images), gradients=False, budget=budget_bytes)
     pixels, resized = preprocess(loaded, images, hw)
     call = Call(loaded.config, hw, len(images))

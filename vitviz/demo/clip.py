@@ -63,8 +63,18 @@ COLOUR_TEMPLATES = ("a {colour} {}.", "a photo of a {colour} {}.", "a {colour} {
 # Hue bins (degrees, upper bound exclusive) -> colour word. The classes' hue ranges
 # (shapes.py: class / 5 +- 0.05 of a turn) fall into: circle red (some orange),
 # square yellow or lime, triangle green, cross blue, star purple or pink.
-_HUES = ((15, "red"), (40, "orange"), (70, "yellow"), (100, "lime"), (165, "green"), (195, "teal"),
-         (255, "blue"), (290, "purple"), (340, "pink"), (361, "red"))  # fmt: skip
+_HUES = (
+    (15, "red"),
+    (40, "orange"),
+    (70, "yellow"),
+    (100, "lime"),
+    (165, "green"),
+    (195, "teal"),
+    (255, "blue"),
+    (290, "purple"),
+    (340, "pink"),
+    (361, "red"),
+)
 COLOURS = tuple(dict.fromkeys(name for _, name in _HUES))
 WORDS = ("a", "an", "photo", "picture", "drawing", "of", "shape", ".", *demo_data.CLASSES, *COLOURS)
 

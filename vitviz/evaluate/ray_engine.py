@@ -69,8 +69,12 @@ def read_images(batch: pa.Table) -> pa.Table:
         else:
             out["rgb"].append(image.tobytes()), out["width"].append(image.width), out["height"].append(image.height)
             out["error"].append(None)
-    for name, dtype in (("rgb", pa.large_binary()), ("width", pa.int32()), ("height", pa.int32()),
-                        ("error", pa.string())):  # fmt: skip
+    for name, dtype in (
+        ("rgb", pa.large_binary()),
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+        ("error", pa.string()),
+    ):
         batch = batch.append_column(name, pa.array(out[name], type=dtype))
     return batch
 
@@ -206,8 +210,9 @@ def run_ray(
         raise
     except Exception as exc:  # a failed Ray job: say so; the parts written so far are kept
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise EvaluateError(f"the Ray job failed ({type(exc).__name__}: {first}); rows already written are kept, "
-                            "rerun to continue") from None  # fmt: skip
+        raise EvaluateError(
+            f"the Ray job failed ({type(exc).__name__}: {first}); rows already written are kept, rerun to continue"
+        ) from None
     finally:
         if started:
             ray.shutdown()

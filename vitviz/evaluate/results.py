@@ -137,10 +137,27 @@ COLUMN_DOCS: dict[str, tuple[pa.DataType, str]] = {
 }
 SCHEMA = pa.schema([pa.field(name, dtype, metadata={"description": doc}) for name, (dtype, doc) in COLUMN_DOCS.items()])
 PER_IMAGE = (
-    "image_id", "path", "label", "image_width", "image_height", "box_x0", "box_y0", "box_x1", "box_y1",
-    "class_index", "class_label", "correct", "probability", "model", "input_height", "input_width", "seed",
-    "image_seed", "head_distance", "head_entropy",
-)  # fmt: skip
+    "image_id",
+    "path",
+    "label",
+    "image_width",
+    "image_height",
+    "box_x0",
+    "box_y0",
+    "box_x1",
+    "box_y1",
+    "class_index",
+    "class_label",
+    "correct",
+    "probability",
+    "model",
+    "input_height",
+    "input_width",
+    "seed",
+    "image_seed",
+    "head_distance",
+    "head_entropy",
+)
 
 
 class ResultsError(VitvizError):
@@ -333,8 +350,10 @@ class Results:
         out = {}
         for m in self.methods:
             t = self.method_rows(m)
-            stack = [np.array(t.column(c).to_pylist(), dtype=np.float64) for c in ("fractions", "deletion_curve",
-                                                                                      "insertion_curve")]  # fmt: skip
+            stack = [
+                np.array(t.column(c).to_pylist(), dtype=np.float64)
+                for c in ("fractions", "deletion_curve", "insertion_curve")
+            ]
             out[m] = tuple(s.mean(axis=0) for s in stack)
         return out
 

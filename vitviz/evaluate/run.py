@@ -492,19 +492,24 @@ def print_report(report: RunReport) -> None:
         print(f"{'method':<22}{'deletion (lower better)':>26}{'insertion (higher better)':>28}{'peak in box':>14}")
         for r in rows:
             peak = "-" if r.peak_in_box_rate is None else f"{100 * r.peak_in_box_rate:.1f} %"
-            print(f"{r.method:<22}{pm(r.deletion_mean, r.deletion_se):>26}{pm(r.insertion_mean, r.insertion_se):>28}"
-                  f"{peak:>14}")  # fmt: skip
+            print(
+                f"{r.method:<22}{pm(r.deletion_mean, r.deletion_se):>26}{pm(r.insertion_mean, r.insertion_se):>28}"
+                f"{peak:>14}"
+            )
     for note in report.notes:
         print(f"note: {note}", file=sys.stderr)
     if report.skipped:
         n = len(report.skipped)
-        print(f"skipped {n} of {plural(report.listed, 'image')} "
-              f"(the others' results are kept):", file=sys.stderr)  # fmt: skip
+        print(f"skipped {n} of {plural(report.listed, 'image')} (the others' results are kept):", file=sys.stderr)
         for s in report.skipped[:MAX_LISTED]:
             print(f"error: {s}", file=sys.stderr)
         if n > MAX_LISTED:
-            print(f"... and {n - MAX_LISTED} more (all listed in the results file's metadata, key 'vitviz')",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"... and {n - MAX_LISTED} more (all listed in the results file's metadata, key 'vitviz')",
+                file=sys.stderr,
+            )
         if report.work_kept is not None:
-            print(f"note: rerun the same command to retry them; finished images are kept in {report.work_kept}",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"note: rerun the same command to retry them; finished images are kept in {report.work_kept}",
+                file=sys.stderr,
+            )

@@ -242,22 +242,39 @@ def small_multiples_figure(
         uri = _data_uri(image, max_side=160, quality=80)
         fig.update_layout(
             images=[
-                dict(source=uri, xref="x", yref="y", x=c * (gw + 1) - 0.5, y=r * (gh + 1) - 0.5, sizex=gw, sizey=gh,
-                     xanchor="left", yanchor="top", sizing="stretch", layer="below")
+                dict(
+                    source=uri,
+                    xref="x",
+                    yref="y",
+                    x=c * (gw + 1) - 0.5,
+                    y=r * (gh + 1) - 0.5,
+                    sizex=gw,
+                    sizey=gh,
+                    xanchor="left",
+                    yanchor="top",
+                    sizing="stretch",
+                    layer="below",
+                )
                 for r, c in zip(tile_r, tile_c, strict=True)
             ]
-        )  # fmt: skip
+        )
     fig.update_layout(
         annotations=[
-            dict(x=(i % cols) * (gw + 1) + (gw - 1) / 2, y=(i // cols) * (gh + 1) - 0.5, text=t, showarrow=False,
-                 yanchor="bottom", font=dict(size=12))
+            dict(
+                x=(i % cols) * (gw + 1) + (gw - 1) / 2,
+                y=(i // cols) * (gh + 1) - 0.5,
+                text=t,
+                showarrow=False,
+                yanchor="bottom",
+                font=dict(size=12),
+            )
             for i, t in enumerate(titles)
         ],
         xaxis=dict(visible=False, constrain="domain"),
         yaxis=dict(visible=False, autorange="reversed", scaleanchor="x"),
         margin=dict(l=10, r=10, t=30, b=10),
         height=int(rows * tile_px + 60),
-    )  # fmt: skip
+    )
     return fig
 
 
@@ -402,20 +419,30 @@ def layer_head_figure(
     ]
     if marked is not None:
         shapes.append(
-            dict(type="rect", x0=marked[1] - 0.5, x1=marked[1] + 0.5, y0=marked[0] - 0.5, y1=marked[0] + 0.5,
-                 line=dict(color="#00e5ff", width=3))
-        )  # fmt: skip
+            dict(
+                type="rect",
+                x0=marked[1] - 0.5,
+                x1=marked[1] + 0.5,
+                y0=marked[0] - 0.5,
+                y1=marked[0] + 0.5,
+                line=dict(color="#00e5ff", width=3),
+            )
+        )
     fig.update_layout(
         title=title,
         xaxis=dict(title="head", dtick=1),
-        yaxis=dict(title="block" if stage_of_block else "layer", tickvals=list(range(num_layers)), ticktext=labels,
-                   autorange="reversed"),
+        yaxis=dict(
+            title="block" if stage_of_block else "layer",
+            tickvals=list(range(num_layers)),
+            ticktext=labels,
+            autorange="reversed",
+        ),
         height=min(720, 120 + 24 * num_layers),
         margin=_MARGIN,
         clickmode="event+select",
         dragmode=False,
         shapes=shapes,
-    )  # fmt: skip
+    )
     return fig
 
 
@@ -450,10 +477,14 @@ def distance_depth_figure(
         dict(type="line", x0=b - 0.5, x1=b - 0.5, y0=0, y1=image_px, line=dict(color="grey", dash="dash"))
         for b in starts
     ]
-    notes = [
-        dict(x=b, y=image_px, text=f"stage {i + 1}", showarrow=False, yanchor="top", xanchor="left")
-        for i, b in enumerate([0, *starts])
-    ] if starts else []  # fmt: skip
+    notes = (
+        [
+            dict(x=b, y=image_px, text=f"stage {i + 1}", showarrow=False, yanchor="top", xanchor="left")
+            for i, b in enumerate([0, *starts])
+        ]
+        if starts
+        else []
+    )
     fig.update_layout(
         title="Mean attention distance by depth (one point per head)",
         xaxis=dict(title="network depth (block)" if starts else "network depth (layer)", dtick=1),
@@ -587,14 +618,25 @@ def comparison_figure(before: Sequence[Prediction], after: Sequence[Prediction],
     after_by = {p.index: p for p in after}
     fig = go.Figure(
         [
-            go.Bar(x=names, y=[p.probability for p in before], name="before", marker_color="#7f7f7f",
-                   hovertemplate="%{x}: %{y:.2%} before<extra></extra>"),
-            go.Bar(x=names, y=[after_by[p.index].probability if p.index in after_by else 0.0 for p in before],
-                   name="after", marker_color="#d62728", hovertemplate="%{x}: %{y:.2%} after<extra></extra>"),
+            go.Bar(
+                x=names,
+                y=[p.probability for p in before],
+                name="before",
+                marker_color="#7f7f7f",
+                hovertemplate="%{x}: %{y:.2%} before<extra></extra>",
+            ),
+            go.Bar(
+                x=names,
+                y=[after_by[p.index].probability if p.index in after_by else 0.0 for p in before],
+                name="after",
+                marker_color="#d62728",
+                hovertemplate="%{x}: %{y:.2%} after<extra></extra>",
+            ),
         ]
-    )  # fmt: skip
-    fig.update_layout(title=title, barmode="group", yaxis=dict(range=[0, 1], tickformat=".0%"), height=300,
-                      margin=_MARGIN)  # fmt: skip
+    )
+    fig.update_layout(
+        title=title, barmode="group", yaxis=dict(range=[0, 1], tickformat=".0%"), height=300, margin=_MARGIN
+    )
     return fig
 
 
@@ -608,15 +650,29 @@ def lens_figure(probabilities: np.ndarray, labels: Sequence[str], ranks: np.ndar
     fig = make_subplots(rows=1, cols=2, subplot_titles=("probability of the top classes", f"rank of '{target}'"))
     for k, name in enumerate(labels):
         fig.add_trace(
-            go.Scatter(x=depth, y=probabilities[:, k], mode="lines+markers", name=name,
-                       hovertemplate=f"{name}<br>after block %{{x}}: %{{y:.2%}}<extra></extra>"),
-            row=1, col=1,
-        )  # fmt: skip
+            go.Scatter(
+                x=depth,
+                y=probabilities[:, k],
+                mode="lines+markers",
+                name=name,
+                hovertemplate=f"{name}<br>after block %{{x}}: %{{y:.2%}}<extra></extra>",
+            ),
+            row=1,
+            col=1,
+        )
     fig.add_trace(
-        go.Scatter(x=depth, y=ranks, mode="lines+markers", name=f"rank of {target}", showlegend=False,
-                   hovertemplate="after block %{x}: rank %{y}<extra></extra>", line=dict(color="#000000")),
-        row=1, col=2,
-    )  # fmt: skip
+        go.Scatter(
+            x=depth,
+            y=ranks,
+            mode="lines+markers",
+            name=f"rank of {target}",
+            showlegend=False,
+            hovertemplate="after block %{x}: rank %{y}<extra></extra>",
+            line=dict(color="#000000"),
+        ),
+        row=1,
+        col=2,
+    )
     fig.update_xaxes(title_text="residual stream after block (0: embeddings)", dtick=1)
     fig.update_yaxes(range=[0, 1], tickformat=".0%", row=1, col=1)
     fig.update_yaxes(autorange="reversed", title_text="rank (1 = top)", row=1, col=2)
@@ -630,18 +686,27 @@ def curves_figure(fractions: np.ndarray, curves: dict[str, tuple[np.ndarray, np.
     from plotly.colors import qualitative
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("deletion (lower is more faithful)",
-                                                         "insertion (higher is more faithful)"))  # fmt: skip
+    fig = make_subplots(
+        rows=1, cols=2, subplot_titles=("deletion (lower is more faithful)", "insertion (higher is more faithful)")
+    )
     for i, (name, (deletion, insertion)) in enumerate(curves.items()):
         colour = "#7f7f7f" if name == "random" else qualitative.Plotly[i % len(qualitative.Plotly)]
         dash = "dot" if name == "random" else "solid"
         for col, ys in ((1, deletion), (2, insertion)):
             fig.add_trace(
-                go.Scatter(x=fractions, y=ys, mode="lines", name=name, legendgroup=name, showlegend=col == 1,
-                           line=dict(color=colour, dash=dash),
-                           hovertemplate=f"{name}<br>%{{x:.0%}} of patches: %{{y:.3f}}<extra></extra>"),
-                row=1, col=col,
-            )  # fmt: skip
+                go.Scatter(
+                    x=fractions,
+                    y=ys,
+                    mode="lines",
+                    name=name,
+                    legendgroup=name,
+                    showlegend=col == 1,
+                    line=dict(color=colour, dash=dash),
+                    hovertemplate=f"{name}<br>%{{x:.0%}} of patches: %{{y:.3f}}<extra></extra>",
+                ),
+                row=1,
+                col=col,
+            )
     fig.update_xaxes(title_text="fraction of patches", tickformat=".0%")
     fig.update_yaxes(title_text=f"probability of '{target}'", range=[0, 1], row=1, col=1)
     fig.update_yaxes(range=[0, 1], row=1, col=2)
@@ -653,16 +718,25 @@ def areas_figure(deletion: dict[str, np.ndarray], insertion: dict[str, np.ndarra
     """Distributions of the deletion and insertion areas per method over a data set (box plots with every point)."""
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("deletion area (lower is more faithful)",
-                                                         "insertion area (higher is more faithful)"))  # fmt: skip
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        subplot_titles=("deletion area (lower is more faithful)", "insertion area (higher is more faithful)"),
+    )
     for col, values in ((1, deletion), (2, insertion)):
         for name, v in values.items():
             fig.add_trace(
-                go.Box(y=v, name=name, boxpoints="outliers", showlegend=False,
-                       marker_color="#7f7f7f" if name == "random" else None,
-                       hovertemplate=f"{name}: %{{y:.3f}}<extra></extra>"),
-                row=1, col=col,
-            )  # fmt: skip
+                go.Box(
+                    y=v,
+                    name=name,
+                    boxpoints="outliers",
+                    showlegend=False,
+                    marker_color="#7f7f7f" if name == "random" else None,
+                    hovertemplate=f"{name}: %{{y:.3f}}<extra></extra>",
+                ),
+                row=1,
+                col=col,
+            )
     fig.update_yaxes(range=[0, 1])
     fig.update_layout(title="Areas over the images, per method", height=420, margin=_MARGIN)
     return fig

@@ -111,8 +111,11 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 def _check(ours: Mapping[str, torch.Tensor], want: Mapping[str, torch.Tensor], name: str) -> None:
     missing = [k for k in want if k not in ours]
     extra = [k for k in ours if k not in want]
-    shapes = [f"{k}: {tuple(ours[k].shape)} in the file, {tuple(want[k].shape)} in {name}"
-              for k in want if k in ours and ours[k].shape != want[k].shape]  # fmt: skip
+    shapes = [
+        f"{k}: {tuple(ours[k].shape)} in the file, {tuple(want[k].shape)} in {name}"
+        for k in want
+        if k in ours and ours[k].shape != want[k].shape
+    ]
     problems = []
     for what, keys in (("missing", missing), ("unexpected", extra), ("of another shape", shapes)):
         if keys:
@@ -157,9 +160,11 @@ def convert(
         model.save_pretrained(tmp, safe_serialization=True)
         h, w = conv.image_size
         ViTImageProcessor(
-            size={"height": h, "width": w}, image_mean=list(conv.mean), image_std=list(conv.std),
+            size={"height": h, "width": w},
+            image_mean=list(conv.mean),
+            image_std=list(conv.std),
             resample=3,  # bicubic, as timm-style evaluation does
-        ).save_pretrained(tmp)  # fmt: skip
+        ).save_pretrained(tmp)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)

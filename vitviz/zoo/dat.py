@@ -119,8 +119,11 @@ def size_problem(config: DatConfig, hw: tuple[int, int]) -> str:
     """Why DAT cannot run at input ``hw`` ("" when it can)."""
     side = config.image_size
     maps = config.stage_maps(hw)
-    bad = [f"stage {i + 1}: {m[0]} x {m[1]} tokens, window {w}"
-           for i, (m, w) in enumerate(zip(maps, config.window_sizes, strict=True)) if m[0] % w or m[1] % w]  # fmt: skip
+    bad = [
+        f"stage {i + 1}: {m[0]} x {m[1]} tokens, window {w}"
+        for i, (m, w) in enumerate(zip(maps, config.window_sizes, strict=True))
+        if m[0] % w or m[1] % w
+    ]
     if bad:
         return (
             f"DAT cannot run at {hw[1]} x {hw[0]} px: every stage map must be a multiple of its window ("
@@ -239,10 +242,11 @@ class DatForImageClassification(DatPreTrainedModel):
             for i in range(4)
         )
         self.down_projs = nn.ModuleList(
-            nn.Sequential(nn.Conv2d(config.dims[i], config.dims[i + 1], 2, 2, 0, bias=False),
-                          LayerNormProxy(config.dims[i + 1]))
+            nn.Sequential(
+                nn.Conv2d(config.dims[i], config.dims[i + 1], 2, 2, 0, bias=False), LayerNormProxy(config.dims[i + 1])
+            )
             for i in range(3)
-        )  # fmt: skip
+        )
         self.cls_norm = LayerNormProxy(config.dims[-1])
         self.cls_head = nn.Linear(config.dims[-1], config.num_labels)
         self.post_init()
@@ -294,13 +298,31 @@ _register()
 
 _DEEP = ["L", "D"] * 9
 _SIZES = {  # the authors' configs/dat_*.yaml (7edbb9b)
-    "dat_tiny": dict(dim_stem=96, dims=[96, 192, 384, 768], depths=[2, 2, 6, 2], heads=[3, 6, 12, 24],
-                     groups=[-1, -1, 3, 6], stage_spec=[["L", "S"], ["L", "S"], ["L", "D"] * 3, ["L", "D"]]),
-    "dat_small": dict(dim_stem=96, dims=[96, 192, 384, 768], depths=[2, 2, 18, 2], heads=[3, 6, 12, 24],
-                      groups=[-1, -1, 3, 6], stage_spec=[["L", "S"], ["L", "S"], _DEEP, ["L", "D"]]),
-    "dat_base": dict(dim_stem=128, dims=[128, 256, 512, 1024], depths=[2, 2, 18, 2], heads=[4, 8, 16, 32],
-                     groups=[-1, -1, 4, 8], stage_spec=[["L", "S"], ["L", "S"], _DEEP, ["L", "D"]]),
-}  # fmt: skip
+    "dat_tiny": dict(
+        dim_stem=96,
+        dims=[96, 192, 384, 768],
+        depths=[2, 2, 6, 2],
+        heads=[3, 6, 12, 24],
+        groups=[-1, -1, 3, 6],
+        stage_spec=[["L", "S"], ["L", "S"], ["L", "D"] * 3, ["L", "D"]],
+    ),
+    "dat_small": dict(
+        dim_stem=96,
+        dims=[96, 192, 384, 768],
+        depths=[2, 2, 18, 2],
+        heads=[3, 6, 12, 24],
+        groups=[-1, -1, 3, 6],
+        stage_spec=[["L", "S"], ["L", "S"], _DEEP, ["L", "D"]],
+    ),
+    "dat_base": dict(
+        dim_stem=128,
+        dims=[128, 256, 512, 1024],
+        depths=[2, 2, 18, 2],
+        heads=[4, 8, 16, 32],
+        groups=[-1, -1, 4, 8],
+        stage_spec=[["L", "S"], ["L", "S"], _DEEP, ["L", "D"]],
+    ),
+}
 _SIZES["dat_base_384"] = dict(_SIZES["dat_base"], image_size=384, window_sizes=[12, 12, 12, 12])
 
 

@@ -163,9 +163,15 @@ class ShiftWindowAttention(LocalAttention):
     """Shifted-window attention (``S``): roll by ``(-s, -s)``, window attention with the region mask, roll back."""
 
     def __init__(
-        self, dim: int, heads: int, window_size: int, attn_drop: float, proj_drop: float, shift_size: int,
+        self,
+        dim: int,
+        heads: int,
+        window_size: int,
+        attn_drop: float,
+        proj_drop: float,
+        shift_size: int,
         fmap_size: tuple[int, int],
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(dim, heads, window_size, attn_drop, proj_drop)
         self.fmap_size = fmap_size
         self.shift_size = shift_size
@@ -216,9 +222,18 @@ class DAttentionBaseline(nn.Module):
     """
 
     def __init__(
-        self, fmap_size: tuple[int, int], heads: int, head_channels: int, groups: int, attn_drop: float,
-        proj_drop: float, stride: int, offset_range_factor: float, use_pe: bool, kernel_size: int,
-    ) -> None:  # fmt: skip
+        self,
+        fmap_size: tuple[int, int],
+        heads: int,
+        head_channels: int,
+        groups: int,
+        attn_drop: float,
+        proj_drop: float,
+        stride: int,
+        offset_range_factor: float,
+        use_pe: bool,
+        kernel_size: int,
+    ) -> None:
         super().__init__()
         self.n_head_channels = head_channels
         self.scale = head_channels**-0.5
@@ -269,9 +284,11 @@ class DAttentionBaseline(nn.Module):
         hk, wk = pos.shape[1], pos.shape[2]
         n_sample = hk * wk
         x_sampled = F.grid_sample(
-            x.reshape(b * self.n_groups, self.n_group_channels, h, w), pos[..., (1, 0)],
-            mode="bilinear", align_corners=True,
-        ).reshape(b, c, 1, n_sample)  # fmt: skip
+            x.reshape(b * self.n_groups, self.n_group_channels, h, w),
+            pos[..., (1, 0)],
+            mode="bilinear",
+            align_corners=True,
+        ).reshape(b, c, 1, n_sample)
         q = q.reshape(b * self.n_heads, self.n_head_channels, h * w)
         k = self.proj_k(x_sampled).reshape(b * self.n_heads, self.n_head_channels, n_sample)
         v = self.proj_v(x_sampled).reshape(b * self.n_heads, self.n_head_channels, n_sample)
@@ -284,9 +301,11 @@ class DAttentionBaseline(nn.Module):
                 - pos.reshape(b * self.n_groups, n_sample, 2).unsqueeze(1)
             ).mul(0.5)
             bias = F.grid_sample(
-                rpe.reshape(b * self.n_groups, self.n_group_heads, 2 * h - 1, 2 * w - 1), displacement[..., (1, 0)],
-                mode="bilinear", align_corners=True,
-            )  # fmt: skip
+                rpe.reshape(b * self.n_groups, self.n_group_heads, 2 * h - 1, 2 * w - 1),
+                displacement[..., (1, 0)],
+                mode="bilinear",
+                align_corners=True,
+            )
             attn = attn + bias.reshape(b * self.n_heads, h * w, n_sample)
         attn = self.attn_drop(F.softmax(attn, dim=2), pos)
         out = torch.einsum("bmn,bcn->bcm", attn, v).reshape(b, c, h, w)

@@ -387,9 +387,14 @@ _SIZES = {
 
 def _config(tokens_type: str, embed_dim: int, depth: int, num_heads: int, mlp_ratio: float, size: int, **kw):
     return T2TViTConfig(
-        tokens_type=tokens_type, embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio,
-        image_size=size, **kw,
-    )  # fmt: skip
+        tokens_type=tokens_type,
+        embed_dim=embed_dim,
+        depth=depth,
+        num_heads=num_heads,
+        mlp_ratio=mlp_ratio,
+        image_size=size,
+        **kw,
+    )
 
 
 CONVERTERS: dict[str, Converter] = {

@@ -458,8 +458,9 @@ def test_naflex_grids_follow_the_processor(models, processors, key):
     from transformers.models.siglip2.image_processing_pil_siglip2 import get_image_size_for_max_num_patches
 
     rng = np.random.default_rng(0)
-    for h, w, patch, budget in zip(*rng.integers(1, 3000, (2, 200)), rng.choice([4, 14, 16], 200),
-                                   rng.choice([64, 256, 1024], 200), strict=True):  # fmt: skip
+    for h, w, patch, budget in zip(
+        *rng.integers(1, 3000, (2, 200)), rng.choice([4, 14, 16], 200), rng.choice([64, 256, 1024], 200), strict=True
+    ):
         assert naflex_size((int(h), int(w)), int(patch), int(budget)) == get_image_size_for_max_num_patches(
             int(h), int(w), int(patch), int(budget)
         )

@@ -143,8 +143,9 @@ class T2TViT(Family):
                 f"stage {site.stage + 1}: expected {len(prefix)} prefix + {side} x {side} tokens, got attention "
                 f"of shape {tuple(raw.shape)}"
             )
-        return Geometry(stage=site.stage, kind="global", num_heads=int(raw.shape[1]), grid=(side, side),
-                        prefix_kinds=prefix)  # fmt: skip
+        return Geometry(
+            stage=site.stage, kind="global", num_heads=int(raw.shape[1]), grid=(side, side), prefix_kinds=prefix
+        )
 
     def merge_parents(self, prev: Geometry, cur: Geometry) -> tuple[np.ndarray, np.ndarray]:
         """The centre rule (see the module docstring): old token (i, j) merges into new cell (i // 2, j // 2)."""
