@@ -1,4 +1,4 @@
-"""Command line: ``python -m vitviz {export,evaluate,convert,demo-data,train-demo} ...``."""
+"""Command line: ``vitviz {app,export,evaluate,convert,demo-data,train-demo} ...`` (or ``python -m vitviz ...``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 
 from vitviz.errors import VitvizError
 
-PROG = "python -m vitviz"
+# How the user called us, for messages: the installed command or the module.
+PROG = "vitviz" if Path(sys.argv[0]).name == "vitviz" else "python -m vitviz"
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -156,6 +157,12 @@ def _xy(text: str) -> tuple[float, float]:
     return x, y
 
 
+def _app(args: argparse.Namespace) -> int:
+    from vitviz.launch import run_app
+
+    return run_app(args.port, args.address)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description="Look inside Vision Transformers.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -274,6 +281,15 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--held-out", type=int, default=500, help="held-out images scored (with --train-images)")
     tr.add_argument("--batch-size", type=int, default=64)
     tr.set_defaults(func=_train_demo)
+
+    ap = sub.add_parser("app", help="start the web app (Streamlit) in this machine's browser")
+    ap.add_argument("--port", type=int, default=8501, help="port to listen on (default 8501)")
+    ap.add_argument(
+        "--address",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1, this machine only; 0.0.0.0 for every interface)",
+    )
+    ap.set_defaults(func=_app)
     return parser
 
 
