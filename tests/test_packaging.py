@@ -32,12 +32,12 @@ def _pyproject() -> dict:
 
 def test_every_subpackage_of_vitviz_is_packaged():
     listed = set(_pyproject()["tool"]["setuptools"]["packages"])
-    on_disk = {
-        ".".join(p.relative_to(ROOT).parts)
-        for p in (ROOT / "vitviz").rglob("*")
-        if p.is_dir() and p.name != "__pycache__" and any(p.glob("*.py"))
-    }
-    assert on_disk | {"vitviz"} <= listed, f"add to pyproject's packages: {sorted(on_disk - listed)}"
+    on_disk = {"vitviz", "vitviz_app"}
+    for top, name in (("vitviz", "vitviz"), ("pages", "vitviz_app.pages")):
+        for p in [ROOT / top, *(ROOT / top).rglob("*")]:
+            if p.is_dir() and p.name != "__pycache__" and any(p.glob("*.py")):
+                on_disk.add(".".join((name, *p.relative_to(ROOT / top).parts)))
+    assert on_disk <= listed, f"add to pyproject's packages: {sorted(on_disk - listed)}"
 
 
 def test_runtime_dependencies_are_declared():
