@@ -362,7 +362,10 @@ def install_causal_hooks(loaded: LoadedModel) -> tuple[torch.nn.Linear | None, .
             if proj is not None:
                 proj.register_forward_pre_hook(_projection_hook(i))
         _PROJECTIONS[model] = projs
-        return projs
+    from vitviz.capture.points import install_points
+
+    install_points(loaded)
+    return projs
 
 
 def knockable_blocks(loaded: LoadedModel) -> tuple[int, ...]:
