@@ -1,5 +1,12 @@
 """Forward passes with gradients through the same hooks: class-specific relevance.
 
+Which blocks relevance runs through: every attention block of the model, in forward
+order, from the first (MM-Explainability's ``interpret(start_layer=0)``), each block's
+gradient taken with respect to its own probabilities; hierarchical models through
+every stage with the merge rule between them; a pooling head (CCT's sequence pooling,
+SigLIP's attention pooling) is the last block. The gradients come from the clean
+:class:`~vitviz.capture.session.Run`'s graph (no second forward) where it was kept.
+
 The recorder keeps each block's probabilities as the live tensors the forward
 used, so ``torch.autograd.grad`` pairs every gradient with its own block.
 Gradients flow to the input only (the shared model's parameters never require
