@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from browser_tools import CHROMIUM, FLAGS, require_chromium
 
-from tests.browser_tools import CHROMIUM, FLAGS, require_chromium
 from vitviz.figures.headview import (
     DEFAULT_MAX_BYTES,
     HeadViewTooLarge,

@@ -192,17 +192,27 @@ def _too_large(nbytes: float, limit: int) -> str:
     )
 
 
-def head_view_html(data: HeadViewData, *, height: int = 620) -> str:
+def head_view_html(
+    data: HeadViewData, *, height: int = 620, layer: int | None = None, head: int = 0, query: int = 0
+) -> str:
     """One self-contained HTML page for :class:`HeadViewData` (see the module docstring for what it shows).
+
+    It opens on ``layer`` (default: the last), ``head`` and ``query`` (a token index, 0: the first prefix token).
 
     The page exposes ``window.vitvizState`` (layer, head, query, scale), ``window.vitvizTimings``
     (milliseconds per redraw) and sets ``document.body.dataset.ready = "1"`` once the maps are decoded,
     so a browser test can drive and time it.
     """
     payload = data.to_json().replace("</", "<\\/")
+    start = {
+        "layer": min(max(data.layers - 1 if layer is None else int(layer), 0), data.layers - 1),
+        "head": min(max(int(head), 0), data.heads - 1),
+        "query": min(max(int(query), 0), data.tokens - 1),
+    }
     return (
         _PAGE.replace("__TITLE__", html.escape(data.title))
         .replace("__HEIGHT__", str(int(height)))
+        .replace("__START__", json.dumps(start))
         .replace("__DATA__", payload)
     )
 
@@ -250,7 +260,7 @@ to the map's maximum (error at most max/510). Click a patch of the large map to 
 (function(){
 const D = __DATA__;
 const L=D.layers, H=D.heads, T=D.tokens, gh=D.grid[0], gw=D.grid[1], N=gh*gw, P=D.prefix.length;
-const S = window.vitvizState = {layer: L-1, head: 0, query: 0, scale: "map", opacity: 1};
+const S = window.vitvizState = Object.assign({scale: "map", opacity: 1}, __START__);
 window.vitvizTimings = [];
 let codes=null, maxima=null, share=null;
 const lut = D.lut.map(h=>[parseInt(h.slice(1,3),16),parseInt(h.slice(3,5),16),parseInt(h.slice(5,7),16)]);
