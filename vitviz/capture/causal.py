@@ -104,7 +104,7 @@ Mechanics
 Nothing here rewrites the model. A forward pre-hook on each block's output
 projection is installed once per model (:func:`install_causal_hooks`; the first
 causal call does it) and does nothing unless the *current context* has set a
-plan (a ``ContextVar``), exactly like ``vitviz.capture.hooks``: threads that share
+plan (a ``ContextVar``), exactly like ``vitviz.models.hooks``: threads that share
 one cached model never see each other's knock-outs, no hook is added or removed
 while other threads run the model, and a call that fails leaves nothing behind
 (its plan belongs to its context and is reset in ``finally``). Replays from the
@@ -126,8 +126,6 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitviz.capture.hooks import Site, installed_sites
-from vitviz.capture.record import Geometry
 from vitviz.capture.run import (
     DEFAULT_BUDGET_BYTES,
     BlockRecorder,
@@ -138,7 +136,9 @@ from vitviz.capture.run import (
 )
 from vitviz.errors import CaptureError, VitvizError
 from vitviz.models.families.base import Call, ReadoutHead
+from vitviz.models.hooks import Site, installed_sites
 from vitviz.models.load import LoadedModel
+from vitviz.record import Geometry
 
 __all__ = [
     "KnockoutMode",

@@ -31,10 +31,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitviz.capture.record import POOLED
 from vitviz.capture.run import BlockRecorder, input_size_for, preprocess, run_forward
 from vitviz.models.families.base import Call
 from vitviz.models.load import LoadedModel
+from vitviz.record import POOLED
 from vitviz.zoo.dat_blocks import reference_points
 
 __all__ = ["DeformableSamples", "QueryPoints", "to_pixels", "deformable_samples", "query_points"]

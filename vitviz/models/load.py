@@ -19,12 +19,12 @@ from urllib.parse import urlparse
 import numpy as np
 import torch
 
-from vitviz.capture.hooks import install
-from vitviz.capture.record import PositionInfo
 from vitviz.demo import bundled
 from vitviz.errors import CaptureError, ModelLoadError
 from vitviz.models.families import Family, family_for
+from vitviz.models.hooks import install
 from vitviz.models.zeroshot import TextTower, text_tower
+from vitviz.record import PositionInfo
 
 __all__ = ["LoadedModel", "DEMO_NAME", "load_model", "pick_device", "resolve_source", "parse_model_name"]
 
