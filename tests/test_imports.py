@@ -15,6 +15,7 @@ A failure names the circle, each link with the file and line of the import that 
 from __future__ import annotations
 
 import ast
+import itertools
 import subprocess
 import sys
 import textwrap
@@ -157,13 +158,26 @@ def cycles(graph: dict[str, dict[str, str]]) -> list[list[str]]:
         while end is not None:
             back.append(end)
             end = parent[end]
-        found.append(back[::-1][:-1] + [start] if len(back) > 1 else back)
+        found.append([*back[::-1][:-1], start] if len(back) > 1 else back)
     return found
 
 
+def _reach(graph: dict[str, dict[str, str]], start: str) -> set[str]:
+    seen, todo = {start}, [start]
+    while todo:
+        for w in graph.get(todo.pop(), {}):
+            if w not in seen:
+                seen.add(w)
+                todo.append(w)
+    return seen
+
+
 def describe(circle: list[str], graph: dict[str, dict[str, str]]) -> str:
-    links = [f"{a} -> {b} ({graph[a][b]})" for a, b in zip(circle, circle[1:])]
-    return "import cycle: " + "; ".join(links)
+    """The circle's links with the import that makes each, and the other nodes caught in the same knot."""
+    links = [f"{a} -> {b} ({graph[a][b]})" for a, b in itertools.pairwise(circle)]
+    knot = {v for v in _reach(graph, circle[0]) if circle[0] in _reach(graph, v)} - set(circle)
+    also = f" [also in this knot: {', '.join(sorted(knot))}]" if knot else ""
+    return "import cycle: " + "; ".join(links) + also
 
 
 def test_no_cycle_between_subpackages():
@@ -215,7 +229,9 @@ def test_checker_finds_function_level_and_relative_cycles_and_skips_type_checkin
     modules = import_edges(tmp_path, ("vitviz",))  # high.b -> low.a, low.d -> high.b: no circle of modules
     assert cycles(modules) == []
     _write(tmp_path, "vitviz/low/a.py", "import vitviz.low.d\n")
-    assert cycles(import_edges(tmp_path, ("vitviz",))) == [["vitviz.high.b", "vitviz.low.a", "vitviz.low.d", "vitviz.high.b"]]
+    assert cycles(import_edges(tmp_path, ("vitviz",))) == [
+        ["vitviz.high.b", "vitviz.low.a", "vitviz.low.d", "vitviz.high.b"]
+    ]
 
 
 def _fresh(code: str) -> subprocess.CompletedProcess:
