@@ -6,8 +6,8 @@ import streamlit as st
 from pages import common, instant
 from vitviz import figures
 from vitviz.analysis.blocks import head_maps, select, window_edges
-from vitviz.capture.record import POOLED
 from vitviz.errors import VitvizError
+from vitviz.record import POOLED
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state

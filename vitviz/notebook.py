@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
     from PIL import Image
 
-    from vitviz.capture.record import Capture
+    from vitviz.record import Capture
     from vitviz.models.load import LoadedModel
 
 __all__ = ["VIEWS", "HeadView", "NotebookRun", "run", "show"]

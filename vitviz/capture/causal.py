@@ -104,7 +104,7 @@ Mechanics
 Nothing here rewrites the model. A forward pre-hook on each block's output
 projection is installed once per model (:func:`install_causal_hooks`; the first
 causal call does it) and does nothing unless the *current context* has set a
-plan (a ``ContextVar``), exactly like ``vitviz.capture.hooks``: threads that share
+plan (a ``ContextVar``), exactly like ``vitviz.models.hooks``: threads that share
 one cached model never see each other's knock-outs, no hook is added or removed
 while other threads run the model, and a call that fails leaves nothing behind
 (its plan belongs to its context and is reset in ``finally``). Replays from the
@@ -114,11 +114,8 @@ passed them in the clean run, then the family's readout head.
 
 from __future__ import annotations
 
-import threading
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -126,8 +123,6 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitviz.capture.hooks import Site, installed_sites
-from vitviz.capture.record import Geometry
 from vitviz.capture.run import (
     DEFAULT_BUDGET_BYTES,
     BlockRecorder,
@@ -137,8 +132,12 @@ from vitviz.capture.run import (
     run_forward,
 )
 from vitviz.errors import CaptureError, VitvizError
+from vitviz.models.causal_hooks import PLAN as _PLAN
+from vitviz.models.causal_hooks import install_causal_hooks
 from vitviz.models.families.base import Call, ReadoutHead
+from vitviz.models.hooks import Site, installed_sites
 from vitviz.models.load import LoadedModel
+from vitviz.record import Geometry
 
 __all__ = [
     "KnockoutMode",
@@ -294,10 +293,6 @@ class Attribution:
 
 # --- hooks ---------------------------------------------------------------------------------------
 
-_PLAN: ContextVar[_Plan | None] = ContextVar("vitviz_causal_plan", default=None)
-_INSTALL_LOCK = threading.Lock()
-_PROJECTIONS: weakref.WeakKeyDictionary[torch.nn.Module, tuple] = weakref.WeakKeyDictionary()  # beside the model
-
 
 class _Plan:
     """What this context's projection hooks do: record the heads' outputs and/or knock heads out."""
@@ -320,49 +315,6 @@ class _Plan:
             raise CaptureError(f"block {index}: {z.shape[0]} rows do not split into {k} knocked-out copies")
         zz = z.reshape(k, -1, z.shape[-1])
         return (zz * keep[:, None] + fill[:, None]).reshape(z.shape)
-
-
-def _projection_hook(index: int):
-    def hook(module, args):
-        plan = _PLAN.get()
-        if plan is None:
-            return None
-        out = plan(index, args[0])
-        return None if out is None else (out, *args[1:])
-
-    return hook
-
-
-def _hookable(site: Site, proj: torch.nn.Linear | None) -> torch.nn.Linear | None:
-    """``proj`` unless the forward never calls it as a module (``nn.MultiheadAttention`` reads ``out_proj.weight``)."""
-    if proj is None:
-        return None
-    for m in (site.attention, *site.block.modules()):
-        if isinstance(m, torch.nn.MultiheadAttention) and m.out_proj is proj:
-            return None
-    return proj
-
-
-def install_causal_hooks(loaded: LoadedModel) -> tuple[torch.nn.Linear | None, ...]:
-    """Register, once per model, the pre-hook on every block's output projection; return the projections
-    (None for blocks without one). Idle unless a causal call in the current context sets a plan. Safe to call
-    at load time (recommended) or lazily (the first causal call does it)."""
-    model = loaded.model
-    found = _PROJECTIONS.get(model)
-    if found is not None:
-        return found
-    with _INSTALL_LOCK:
-        found = _PROJECTIONS.get(model)
-        if found is not None:
-            return found
-        projs = tuple(_hookable(s, loaded.family.head_projection(s)) for s in installed_sites(model))
-        if len({id(p) for p in projs if p is not None}) != sum(p is not None for p in projs):
-            raise CaptureError(f"the {loaded.family.name} adapter names one output projection for two blocks")
-        for i, proj in enumerate(projs):
-            if proj is not None:
-                proj.register_forward_pre_hook(_projection_hook(i))
-        _PROJECTIONS[model] = projs
-        return projs
 
 
 def knockable_blocks(loaded: LoadedModel) -> tuple[int, ...]:
