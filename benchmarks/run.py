@@ -286,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
 
             results["causal"] = {
                 "head_importance_cost": causal.head_importance_cost(vit, runs=max(2, runs // 3)),
+                "one_run": causal.one_run_views(vit, runs=max(2, runs // 3)),
                 "fast_vs_exact": causal.fast_vs_exact_rank_correlation(50, mode="mean"),
             }
         if "faithfulness" in sections:
@@ -354,6 +355,12 @@ def print_table(r: dict) -> None:
             f"Head importance, ViT-B/16 (144 heads): exact {h['exact_forward_equivalents']} forward-equivalents, "
             f"fast estimate {h['fast_forward_equivalents']}; fast vs exact Spearman over {f['images']} demo images: "
             f"mean {f['spearman_mean']}, median {f['spearman_median']}"
+        )
+    if o := r.get("causal", {}).get("one_run"):
+        print(
+            f"Heads + Rollout + Relevance + lens + attribution + fast estimate of one image: "
+            f"{o['forwards_shared']} forward with one Run (was {o['forwards_separate']}), "
+            f"{o['shared_s']} s vs {o['separate_s']} s ({o['shared_over_separate']}x)"
         )
     if f := r.get("faithfulness"):
         print(
