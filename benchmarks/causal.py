@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--images", type=int, default=50)
     parser.add_argument("--naive", action="store_true", help="also time full forwards for every knock-out")
     args = parser.parse_args(argv)
-    from benchmarks.run import make_model
+    from benchmarks.common import make_model
 
     results: dict = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -25,7 +25,6 @@ import torch
 from PIL import Image
 
 from vitviz.analysis.relevance import Explanation, relevance_abar, relevance_row
-from vitviz.capture.record import Geometry
 from vitviz.capture.run import (
     DEFAULT_BUDGET_BYTES,
     BlockRecorder,
@@ -38,6 +37,7 @@ from vitviz.capture.run import (
 from vitviz.errors import CaptureError
 from vitviz.models.families.base import Call, to_native
 from vitviz.models.load import LoadedModel
+from vitviz.record import Geometry
 
 __all__ = ["GraphRecorder", "Target", "explain_targets", "explain_run", "explain_classes"]
 

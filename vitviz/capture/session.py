@@ -2,7 +2,7 @@
 
 One forward pass fills, at once:
 
-* ``capture``: the frozen record (:class:`~vitviz.capture.record.Capture`) the Heads,
+* ``capture``: the frozen record (:class:`~vitviz.record.Capture`) the Heads,
   Rollout and Stats views read, exactly as :func:`vitviz.capture.run.capture` gives it;
 * every named point (:mod:`vitviz.capture.points`): the residual stream at each
   block's input and output, each block's heads' outputs ``z`` (``blocks.{i}.attn.z``,
@@ -38,9 +38,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitviz.capture.hooks import Site, installed_sites
 from vitviz.capture.points import Edit, Points, active, block_name, install_points
-from vitviz.capture.record import Capture, Geometry
 from vitviz.capture.run import (
     DEFAULT_BUDGET_BYTES,
     SummaryRecorder,
@@ -52,7 +50,9 @@ from vitviz.capture.run import (
 )
 from vitviz.errors import BudgetError, CaptureError
 from vitviz.models.families.base import Call, ReadoutHead
+from vitviz.models.hooks import Site, installed_sites
 from vitviz.models.load import LoadedModel
+from vitviz.record import Capture, Geometry
 
 __all__ = [
     "Run",

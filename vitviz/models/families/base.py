@@ -17,8 +17,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from vitviz.capture.hooks import Site
-from vitviz.capture.record import Geometry, PositionInfo
+from vitviz.models.hooks import Site
+from vitviz.record import Geometry, PositionInfo
 
 __all__ = ["Call", "Family", "ReadoutHead", "BlockParts", "to_native", "centre_parents", "declared", "ABSENT"]
 

@@ -62,10 +62,10 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from vitviz.capture.hooks import Site
-from vitviz.capture.record import Geometry, PositionInfo, PositionTable
 from vitviz.models.families.base import Call, Family
 from vitviz.models.families.vit import recorded_classes
+from vitviz.models.hooks import Site
+from vitviz.record import Geometry, PositionInfo, PositionTable
 
 __all__ = [
     "ContrastiveTower",

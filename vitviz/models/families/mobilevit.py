@@ -39,10 +39,10 @@ from importlib import import_module
 import numpy as np
 import torch
 
-from vitviz.capture.hooks import Site
-from vitviz.capture.record import Geometry, PositionInfo
 from vitviz.errors import CaptureError
 from vitviz.models.families.base import Call, Family
+from vitviz.models.hooks import Site
+from vitviz.record import Geometry, PositionInfo
 
 __all__ = ["MobileViT", "MobileViTV2", "FAMILIES", "conv_output_size"]
 

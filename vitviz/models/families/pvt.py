@@ -40,9 +40,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from vitviz.capture.hooks import Site
-from vitviz.capture.record import Geometry, PositionInfo, PositionTable
 from vitviz.models.families.base import Call, Family, centre_parents
+from vitviz.models.hooks import Site
+from vitviz.record import Geometry, PositionInfo, PositionTable
 
 __all__ = ["Pvt", "PvtV2", "FAMILIES"]
 

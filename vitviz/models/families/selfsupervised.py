@@ -49,11 +49,11 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from vitviz.capture.hooks import Site
-from vitviz.capture.record import Geometry, PositionInfo, PositionTable
 from vitviz.errors import CaptureError
 from vitviz.models.families.base import Call, Family
 from vitviz.models.families.vit import Beit, PlainViT, paired_sites
+from vitviz.models.hooks import Site
+from vitviz.record import Geometry, PositionInfo, PositionTable
 
 __all__ = ["Dinov3", "VitMae", "IJepa", "Aimv2", "Data2VecVision", "VitMsn", "FAMILIES", "pool_with_weights"]
 

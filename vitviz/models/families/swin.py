@@ -29,9 +29,9 @@ from typing import Literal
 import numpy as np
 import torch
 
-from vitviz.capture.hooks import Site, installed_sites, model_lock
-from vitviz.capture.record import Geometry, PositionInfo, PositionTable, RelativeBias
 from vitviz.models.families.base import Family, ReadoutHead
+from vitviz.models.hooks import Site, installed_sites, model_lock
+from vitviz.record import Geometry, PositionInfo, PositionTable, RelativeBias
 
 __all__ = ["Swin", "SwinV2", "FAMILIES"]
 

@@ -13,9 +13,9 @@ from typing import Literal
 import numpy as np
 import torch
 
-from vitviz.capture.hooks import Site
-from vitviz.capture.record import Geometry, PositionInfo, PositionTable
 from vitviz.models.families.base import ABSENT, BlockParts, Family, ReadoutHead, declared
+from vitviz.models.hooks import Site
+from vitviz.record import Geometry, PositionInfo, PositionTable
 
 __all__ = ["PlainViT", "DeiT", "Dinov2", "Dinov2Registers", "Beit", "FAMILIES", "recorded_classes"]
 
