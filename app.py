@@ -180,7 +180,9 @@ with st.sidebar:
         image_ui()
         size_ui()
     except Exception as exc:  # last line of defence for the sidebar too
-        st.error(f"Something went wrong in the sidebar ({type(exc).__name__}: {exc}). Your image and model are kept.")
+        st.error(
+            f"Something went wrong in the sidebar ({common.last_resort(exc, 'sidebar')}). Your image and model are kept."
+        )
 
 pages = [
     st.Page("pages/overview.py", title="Image & predictions", icon=":material/image:", default=True),
@@ -197,5 +199,6 @@ try:
     page.run()
 except Exception as exc:  # last line of defence: a readable message, never a traceback
     st.error(
-        f"Something went wrong while drawing this page ({type(exc).__name__}: {exc}). Try another setting; your image and model are kept."
+        f"Something went wrong while drawing this page ({common.last_resort(exc, page.title)}). "
+        "Try another setting; your image and model are kept."
     )

@@ -54,12 +54,14 @@ from vitviz.serve import (
     RateLimit,
     ServeSettings,
     SessionLimits,
+    SettingsError,
     allowlist,
     hub_download_limit,
     load_request,
     load_settings,
     vet_model_request,
 )
+from vitviz.serve.settings import log_settings, server_log
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,8 +120,34 @@ DIRECTIONS = ("where does it look?", "who looks at it?")
 
 @st.cache_resource(show_spinner=False)
 def serve_settings() -> ServeSettings:
-    """Public mode and its limits (``VITVIZ_PUBLIC`` / ``vitviz.toml``), read once per server."""
-    return load_settings()
+    """Public mode and its limits (``VITVIZ_PUBLIC`` / ``vitviz.toml`` beside app.py), read once per server.
+
+    The server log says which file was read and whether public mode is on; a file that does not
+    parse is logged with its full path, while visitors see its name only.
+    """
+    try:
+        settings = load_settings(folder=ROOT)
+    except SettingsError as exc:
+        server_log().error("vitviz settings not loaded: %s", exc.detail)
+        raise
+    log_settings(settings)
+    return settings
+
+
+def last_resort(exc: BaseException, where: str) -> str:
+    """What a visitor reads of an unexpected error; the server log gets it in full, with its traceback.
+
+    vitviz's own messages are written for visitors; other exceptions may name the server's
+    files, so in public mode only their type is shown.
+    """
+    server_log().error("unexpected error in %s (session %s)", where, session_id(), exc_info=exc)
+    try:
+        public = serve_settings().public
+    except SettingsError:
+        public = True
+    if isinstance(exc, VitvizError) or not public:
+        return f"{type(exc).__name__}: {exc}"
+    return f"{type(exc).__name__}; the details are in the server's log"
 
 
 @st.cache_resource(show_spinner=False)
