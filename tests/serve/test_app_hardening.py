@@ -80,3 +80,93 @@ def test_start_up_log_names_the_settings_and_public_mode(server, capfd):
     assert not at.exception
     log = capfd.readouterr().err
     assert "vitviz public mode:" in log and "(settings from environment VITVIZ_PUBLIC)" in log
+
+
+def _results_bytes(rows: int = 2, long_path: int = 0) -> bytes:
+    """A results file of ``rows`` rows (one image, ``rows`` methods); ``long_path``: every row's path that long."""
+    import io
+    from types import SimpleNamespace
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from vitviz.evaluate.results import META_KEY, SCHEMA, make_rows, rows_to_table, run_metadata
+
+    f = SimpleNamespace(
+        class_index=1,
+        label="one",
+        probability=0.5,
+        deletion_area=0.2,
+        insertion_area=0.6,
+        peak_in_box=None,
+        fractions=np.linspace(0, 1, 21),
+        deletion=np.zeros(21),
+        insertion=np.ones(21),
+    )
+    base = make_rows(
+        image_id="a.png",
+        path="a.png",
+        label=None,
+        image_wh=(10, 10),
+        box=None,
+        scored={"attention": f},
+        model="demo",
+        input_hw=(48, 48),
+        seed=0,
+        seed_of_image=1,
+        head_distance=np.ones((2, 2)),
+        head_entropy=np.ones((2, 2)),
+    )
+    table = rows_to_table(base).take(pa.array(np.zeros(rows, dtype=np.int64))) if rows else SCHEMA.empty_table()
+    if long_path:
+        path = pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, dtype=np.int32)), pa.array(["p" * long_path]))
+        table = table.set_column(table.schema.get_field_index("path"), "path", path)
+    meta = run_metadata(model="demo", methods=["attention"], seed=0, size=None, data="x", points=21, skipped=[])
+    table = table.replace_schema_metadata({META_KEY: __import__("json").dumps(meta).encode()})
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd")
+    return buf.getvalue()
+
+
+def _dataset_page() -> AppTest:
+    at = _app()
+    at.switch_page("pages/dataset.py")
+    return at.run()
+
+
+def _upload_results(at: AppTest, name: str, data: bytes) -> AppTest:
+    at.file_uploader(key="results_upload").set_value((name, data, "application/octet-stream"))
+    return at.run()
+
+
+def test_an_empty_results_file_is_a_message_not_stop_iteration(server):
+    """Issue 23.15: an empty results file gave "StopIteration"."""
+    at = _upload_results(_dataset_page(), "empty.parquet", _results_bytes(rows=0))
+    assert not at.exception and not at.error
+    assert any("holds no results" in i.value for i in at.info)
+
+
+def test_a_results_bomb_is_refused_from_its_footer(server, monkeypatch):
+    """Issue 23.1: a few KB of Parquet that decode to 60 MB, against a 20 MB server limit."""
+    monkeypatch.setenv("VITVIZ_RESULTS_MAX_MB", "20")
+    bomb = _results_bytes(rows=3000, long_path=20_000)
+    assert len(bomb) < 50_000
+    at = _upload_results(_dataset_page(), "bomb.parquet", bomb)
+    assert not at.exception
+    assert [e.value for e in at.error] == [
+        "the uploaded file would take more than 20 MB of memory once decoded (its column 'path' repeats long "
+        "texts); vitviz refuses it. The previous results, if any, are no longer shown."
+    ]
+    ok = _upload_results(at, "ok.parquet", _results_bytes(rows=3))
+    assert not ok.exception and not ok.error and ok.dataframe
+
+
+def test_results_uploads_are_rate_limited(server, monkeypatch):
+    monkeypatch.setenv("VITVIZ_UPLOADS_PER_MINUTE", "2")
+    at = _dataset_page()
+    for rows in (1, 2):
+        at = _upload_results(at, f"r{rows}.parquet", _results_bytes(rows=rows))
+        assert not at.error
+    at = _upload_results(at, "r3.parquet", _results_bytes(rows=3))
+    assert any("You have uploaded 2 results files in the last minute" in e.value for e in at.error)
