@@ -32,6 +32,7 @@ from vitviz.capture import run as vcapture
 from vitviz.capture.gradients import explain_classes, explain_targets
 from vitviz.capture.record import POOLED, Prediction
 from vitviz.capture.run import predictions_from_logits
+from vitviz.data.images import configure as configure_images
 from vitviz.data.images import read_image
 from vitviz.demo import bundled
 from vitviz.errors import VitvizError
@@ -130,6 +131,11 @@ def serve_settings() -> ServeSettings:
     except SettingsError as exc:
         server_log().error("vitviz settings not loaded: %s", exc.detail)
         raise
+    configure_images(  # process-wide: every session's decoding shares one budget
+        max_pixels=int(settings.image_max_megapixels * 1e6),
+        max_side=settings.image_max_side,
+        budget_bytes=int(settings.decode_budget_mb * 2**20),
+    )
     log_settings(settings)
     return settings
 

@@ -29,6 +29,9 @@ def server(monkeypatch, tmp_path):
     _reset_server_caches()
     yield
     _reset_server_caches()
+    from vitviz.data import images
+
+    images.configure(max_pixels=images.MAX_PIXELS, max_side=images.MAX_SIDE, budget_bytes=images.DECODE_BUDGET_BYTES)
 
 
 def _app() -> AppTest:
@@ -170,3 +173,23 @@ def test_results_uploads_are_rate_limited(server, monkeypatch):
         assert not at.error
     at = _upload_results(at, "r3.parquet", _results_bytes(rows=3))
     assert any("You have uploaded 2 results files in the last minute" in e.value for e in at.error)
+
+
+def test_image_limits_and_the_decode_budget_come_from_the_settings(server, monkeypatch):
+    """Issue 23.3 in the app: the server's limits apply to every session's uploads."""
+    import io
+
+    from PIL import Image
+
+    from vitviz.data import images
+
+    monkeypatch.setenv("VITVIZ_IMAGE_MAX_SIDE", "100")
+    monkeypatch.setenv("VITVIZ_DECODE_BUDGET_MB", "64")
+    at = _app()
+    assert images.DECODE_BUDGET.total == 64 * 2**20
+    buf = io.BytesIO()
+    Image.new("RGB", (150, 10)).save(buf, format="PNG")
+    at.file_uploader[0].set_value(("thin.png", buf.getvalue(), "image/png")).run()
+    assert not at.exception
+    assert any("150 x 10 pixels; vitviz accepts sides of at most 100 pixels" in e.value for e in at.error)
+    assert at.session_state.image_name != "thin.png"

@@ -23,7 +23,7 @@ Where they come from, later sources winning:
        results_cache_mb = 512         # results files kept in memory, whole server
        image_max_megapixels = 40      # pixels of an image, checked from its header before decoding
        image_max_side = 16384         # longest side of an image in pixels (long thin images)
-       decode_budget_mb = 1024        # memory for images being decoded at once, whole server
+       decode_budget_mb = 2048        # memory for images being decoded at once, whole server
 
 3. environment variables: ``VITVIZ_PUBLIC``, ``VITVIZ_ALLOW`` (comma-separated; replaces the
    file's ``allow``, both extend the default allowlist), ``VITVIZ_ALLOW_HUB_IDS``,
@@ -77,7 +77,7 @@ DEFAULT_RESULTS_MAX_ROWS = 200_000
 DEFAULT_RESULTS_CACHE_MB = 512.0
 DEFAULT_IMAGE_MAX_MEGAPIXELS = 40.0  # vitviz.data.images.MAX_PIXELS
 DEFAULT_IMAGE_MAX_SIDE = 16_384  # vitviz.data.images.MAX_SIDE
-DEFAULT_DECODE_BUDGET_MB = 1024.0  # vitviz.data.images.DecodeBudget, whole server
+DEFAULT_DECODE_BUDGET_MB = 2048.0  # vitviz.data.images.DecodeBudget, whole server
 # Mode-dependent defaults (public, local). 0 means "no limit".
 PUBLIC_FORWARD_SLOTS_CPU = 1  # forward passes share the cores: two at once only make both slower
 PUBLIC_FORWARD_SLOTS_GPU = 2  # one pass leaves a GPU idle while Python prepares the next
@@ -135,7 +135,7 @@ class ServeSettings:
     ``results_cache_mb``        512 MB of results files kept, whole server, both modes
     ``image_max_megapixels``    40 megapixels per image, both modes
     ``image_max_side``          16,384 px longest side, both modes
-    ``decode_budget_mb``        1,024 MB of images decoding at once, whole server
+    ``decode_budget_mb``        2,048 MB of images decoding at once, whole server
     ==========================  ===============================  ==================
 
     A value set explicitly (file or environment) applies in both modes, except the model
