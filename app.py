@@ -22,12 +22,31 @@ OTHER = "other (hub id or local folder)…"
 OTHER_PUBLIC = "other (Hugging Face model id)…"
 
 
+def _ask(name: str) -> str | None:
+    """``common.request_model`` once per choice the user makes: reruns that still show a refused or failed
+    choice neither ask again nor count as model changes (a rate-limited one is asked again, uncounted)."""
+    if name == ss.model_name:
+        ss.model_asked = None
+        return None
+    if ss.get("model_asked") == name:
+        refusal = ss.get("model_refusal")
+        if refusal and refusal[1]:  # rate-limited: asking again counts only once it is allowed
+            return common.request_model(name)
+        if refusal:
+            st.error(refusal[0])
+        return None
+    ss.model_asked = name
+    return common.request_model(name)
+
+
 def model_ui() -> None:
     st.subheader("Model")
     public = common.serve_settings().public
     other = OTHER_PUBLIC if public else OTHER
     presets = common.model_options()
-    options = [*presets, other]
+    # public mode with the hub out of reach: a typed id could not be downloaded, so none is asked for
+    typing = not public or common.hub_online() or ss.model_name not in presets
+    options = [*presets, other] if typing else presets
     index = options.index(ss.model_name) if ss.model_name in presets else len(options) - 1
     choice = st.selectbox(
         "Checkpoint",
@@ -50,12 +69,12 @@ def model_ui() -> None:
                 + ("." if public else " or a folder written by `save_pretrained`.")
             )
             return
-        if typed.strip() == ss.model_name:
-            return
-        name = common.request_model(typed)
-        if name is None:
-            return
-    elif name != ss.model_name and common.request_model(name) is None:
+        name = typed.strip()
+    if name == ss.model_name:
+        ss.model_asked = None
+        return
+    name = _ask(name)
+    if name is None:
         return
     if name != ss.model_name:
         with st.status(f"Loading {name}…", expanded=False) as status:
@@ -64,6 +83,7 @@ def model_ui() -> None:
             except VitvizError as exc:
                 status.update(label="Model not loaded", state="error")
                 st.error(f"{exc} Still using {ss.model_name}.")
+                ss.model_refusal = (f"{exc} Still using {ss.model_name}.", False)  # not loaded again on reruns
                 return
             status.update(label=f"Loaded {name}", state="complete")
         ss.model_name = name

@@ -194,19 +194,38 @@ def session_limits() -> SessionLimits:
     return ss._limits
 
 
+@st.cache_resource(ttl=300, show_spinner=False)
+def hub_online() -> bool:
+    """Whether the server reaches the Hugging Face hub (checked at most every 5 minutes)."""
+    from vitviz.serve.offline import hub_online as reachable
+
+    return reachable()
+
+
 def request_model(text: str) -> str | None:
-    """What a visitor typed or picked -> the name to load, after the public-mode policy; shows why not."""
+    """What a visitor typed or picked -> the name to load, after the public-mode policy; shows why not.
+
+    Call it once per choice a user makes (each call counts as a model change in public mode);
+    the refusal is also kept in ``model_refusal`` (message, whether asking again later may work).
+    """
+    from vitviz.serve.limits import RateLimitError
+    from vitviz.serve.offline import HUB_OFFLINE, loads_offline
+
     settings = serve_settings()
+    st.session_state.model_refusal = None
     try:
         if settings.public:
             session_limits().model_changes.acquire()
         req = vet_model_request(text, settings, PRESETS)  # public mode: before anything touches the disk
         if not settings.public:
             parse_model_name(req.name)
+        elif req.name not in model_cache().sizes() and not loads_offline(req.name) and not hub_online():
+            raise VitvizError(HUB_OFFLINE.format(name=req.name))
         elif req.hub and req.name not in model_cache().sizes():
             hub_downloads().acquire()
     except VitvizError as exc:
         st.error(str(exc))
+        st.session_state.model_refusal = (str(exc), isinstance(exc, RateLimitError))
         return None
     vetted_requests()[req.name] = req
     return req.name
@@ -592,7 +611,12 @@ def downloads(stem: str, key: str, **arrays: np.ndarray) -> None:
 def model_options() -> list[str]:
     """The models offered in the sidebar: the presets locally, the allowlist in public mode."""
     settings = serve_settings()
-    return list(allowlist(settings, PRESETS)) if settings.public else list(PRESETS)
+    if not settings.public:
+        return list(PRESETS)
+    from vitviz.serve.offline import offered
+
+    # a visitor can neither download nor copy a model: with the hub out of reach, offer what loads without it
+    return list(offered(allowlist(settings, PRESETS), hub_online()))
 
 
 def label_embeddings(cur: Current) -> np.ndarray | None:

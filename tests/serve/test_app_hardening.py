@@ -193,3 +193,54 @@ def test_image_limits_and_the_decode_budget_come_from_the_settings(server, monke
     assert not at.exception
     assert any("150 x 10 pixels; vitviz accepts sides of at most 100 pixels" in e.value for e in at.error)
     assert at.session_state.image_name != "thin.png"
+
+
+OTHER = "other (Hugging Face model id)…"
+
+
+def test_reruns_showing_a_refused_model_do_not_count_as_changes(server, monkeypatch):
+    """Issue 23.7: every rerun that still showed a refused (or failed) choice asked again and counted."""
+    from pages import common
+
+    monkeypatch.setenv("VITVIZ_MODEL_CHANGES_PER_MINUTE", "3")
+    monkeypatch.setattr(common, "hub_online", lambda: True)  # "other" is offered only with the hub in reach
+    at = _app()
+    at.selectbox(key="model_pick").set_value(OTHER).run()
+    at.text_input(key="model_text").input("someone/not-allowed").run()
+    first = [e.value for e in at.error]
+    assert len(first) == 1 and "try again in" not in first[0]
+    for _ in range(4):  # the visitor moves on (other widgets rerun the script); the box still holds the id
+        at.run()
+        assert [e.value for e in at.error] == first
+    assert at.session_state._limits.model_changes.remaining() == 2  # one change was asked for, one counted
+    assert at.session_state.model_name == "demo" and not at.exception
+
+
+def test_hub_offline_public_server_offers_only_what_loads_here(server, monkeypatch, tiny_dirs):
+    """Issue 23.7: with the hub offline, hub presets were offered and failed with advice to `hf download`."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("VITVIZ_ALLOW", f"google/vit-base-patch16-224,{tiny_dirs['vit']}")
+    at = _app()
+    options = at.selectbox(key="model_pick").options
+    assert options[:3] == ["demo", "demo-swin", "demo-clip"]
+    assert str(tiny_dirs["vit"]) in options  # the operator's folder loads without the hub
+    assert not any("/" in o and not o.startswith("/") for o in options)  # no hub id (none is cached here)
+    assert OTHER not in options  # a typed id could not be downloaded either
+    at.selectbox(key="model_pick").set_value(str(tiny_dirs["vit"])).run()
+    assert at.session_state.model_name == str(tiny_dirs["vit"]) and not at.error and not at.exception
+    assert "hf download" not in _texts(at)
+
+
+def test_a_hub_preset_asked_for_while_offline_gets_advice_a_visitor_can_follow(server, monkeypatch):
+    from pages import common
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(common, "model_options", lambda: ["demo", "google/vit-base-patch16-224"])  # stale list
+    at = _app()
+    at.selectbox(key="model_pick").set_value("google/vit-base-patch16-224").run()
+    errors = [e.value for e in at.error]
+    assert errors == [
+        "'google/vit-base-patch16-224' is not on this server, and the server cannot reach the Hugging Face hub "
+        "just now. Choose another model from the list."
+    ]
+    assert at.session_state.model_name == "demo" and not at.exception
