@@ -12,6 +12,7 @@ from pages import common
 from vitviz.data.images import read_image
 from vitviz.errors import VitvizError
 from vitviz.models.zeroshot import MAX_LABELS_TEXT, MAX_TEMPLATE_CHARS, parse_labels
+from vitviz.text import md_plain
 
 common.leave_folder_mode()
 st.set_page_config(page_title="vitviz", page_icon=":material/visibility:", layout="wide")
@@ -129,8 +130,8 @@ def labels_ui() -> None:
         st.error(f"{exc} The views wait for labels that parse.")
         return
     for note in labels.notes:
-        st.caption(note)
-    st.caption(f"{len(labels.names)} labels, e.g. '{labels.prompts[0]}'.")
+        st.caption(md_plain(note))  # notes quote what the visitor typed
+    st.caption(f"{len(labels.names)} labels, e.g. '{md_plain(labels.prompts[0])}'.")
 
 
 def image_ui() -> None:
@@ -157,7 +158,7 @@ def image_ui() -> None:
             common.session_limits().uploads.acquire()  # public mode: a polite limit per minute
             intake = read_image(data, max_bytes=common.upload_limit())
         except VitvizError as exc:
-            ss.upload_error = f"{upload.name}: {exc} The previous image is still shown."
+            ss.upload_error = f"{md_plain(upload.name)}: {exc} The previous image is still shown."
         else:
             common.set_image(data, upload.name, intake.image.size)
             ss.upload_error = None
@@ -166,7 +167,7 @@ def image_ui() -> None:
         ss.last_upload = upload.file_id  # each file is judged once
     if upload is not None and ss.get("upload_error"):
         st.error(ss.upload_error)
-    st.caption(f"Showing **{ss.image_name}**")
+    st.caption(f"Showing **{md_plain(ss.image_name)}**")
 
 
 def size_ui() -> None:

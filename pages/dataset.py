@@ -11,6 +11,7 @@ from vitviz import figures
 from vitviz.cache import BoundedCache
 from vitviz.errors import VitvizError
 from vitviz.evaluate.results import Results, read_results
+from vitviz.text import md_plain, plotly_plain
 
 common.leave_folder_mode()
 ss = st.session_state
@@ -94,9 +95,9 @@ if results.table.num_rows == 0:
         "on images the model can read, then upload its results."
     )
     st.stop()
-st.caption(
-    f"**{meta.get('model')}** on {results.num_images} images ({meta.get('data', '?')}), methods "
-    f"{', '.join(results.methods)}; seed {meta.get('seed')}; {len(skipped)} inputs skipped."
+st.caption(  # every field comes from the file: plain text
+    f"**{md_plain(meta.get('model'))}** on {results.num_images} images ({md_plain(meta.get('data', '?'))}), methods "
+    f"{md_plain(', '.join(results.methods))}; seed {md_plain(meta.get('seed'))}; {len(skipped)} inputs skipped."
 )
 summary = results.summary()
 st.dataframe(
@@ -114,13 +115,15 @@ st.dataframe(
 )
 st.caption("Mean ± standard error over the images; the random map is the floor.")
 
-deletion = {m: results.method_rows(m).column("deletion_area").to_numpy() for m in results.methods}
-insertion = {m: results.method_rows(m).column("insertion_area").to_numpy() for m in results.methods}
+deletion = {plotly_plain(m): results.method_rows(m).column("deletion_area").to_numpy() for m in results.methods}
+insertion = {plotly_plain(m): results.method_rows(m).column("insertion_area").to_numpy() for m in results.methods}
 st.plotly_chart(figures.areas_figure(deletion, insertion), key="areas")
 curves = results.mean_curves()
 any_method = next(iter(curves.values()))
 st.plotly_chart(
-    figures.curves_figure(any_method[0], {m: (c[1], c[2]) for m, c in curves.items()}, target="the explained class"),
+    figures.curves_figure(
+        any_method[0], {plotly_plain(m): (c[1], c[2]) for m, c in curves.items()}, target="the explained class"
+    ),
     key="mean_curves",
 )
 
@@ -153,8 +156,10 @@ public = common.serve_settings().public
 for k in order:
     image_id = ids[k]
     cols = st.columns([3, 4, 1])
-    cols[0].markdown(f"`{image_id}`")
-    cols[1].caption(", ".join(f"{m} {areas[k, j]:.2f}" for j, m in enumerate(methods)) + f" (range {spread[k]:.2f})")
+    cols[0].markdown(md_plain(image_id))
+    cols[1].caption(
+        ", ".join(f"{md_plain(m)} {areas[k, j]:.2f}" for j, m in enumerate(methods)) + f" (range {spread[k]:.2f})"
+    )
     if not public:
         cols[2].button(
             "Open",

@@ -244,3 +244,77 @@ def test_a_hub_preset_asked_for_while_offline_gets_advice_a_visitor_can_follow(s
         "just now. Choose another model from the list."
     ]
     assert at.session_state.model_name == "demo" and not at.exception
+
+
+HOSTILE_LABELS = [
+    "[win](http://evil.example)",
+    "![px](http://evil.example/p.png)",
+    "<a href='http://evil.example'>x</a>",
+]
+
+
+def _rendered_links(at: AppTest) -> list[str]:
+    """Links and images in every Markdown element of the page, rendered by CommonMark (markdown-it-py)."""
+    from markdown_it import MarkdownIt
+
+    md = MarkdownIt("commonmark")
+    found = []
+    for el in (*at.caption, *at.markdown, *at.error, *at.info, *at.warning):
+        html = md.render(el.value)
+        found += [html for tag in ("<a ", "<img") if tag in html]
+    return found
+
+
+def _unescaped(markdown: str) -> str:
+    """What a Markdown string written by ``md_plain`` shows (escapes and zero-width spaces removed)."""
+    import re
+
+    from vitviz.text import ZWSP
+
+    return re.sub(r"\\(.)", r"\1", markdown).replace(ZWSP, "")
+
+
+def _figure_strings(at: AppTest) -> str:
+    import json
+
+    return " ".join(el.proto.spec for el in at.get("plotly_chart")) + " ".join(
+        json.dumps(json.loads(el.proto.spec).get("layout", {})) for el in at.get("plotly_chart")
+    )
+
+
+def test_visitor_labels_are_plain_text_and_repeats_one_note(server, monkeypatch):
+    """Issue 23.13 (labels shown as Markdown and Plotly markup) and 23.14 (one caption per repeat)."""
+    from pages import common
+
+    monkeypatch.setattr(common, "model_options", lambda: ["demo", "demo-clip"])
+    at = _app()
+    at.selectbox(key="model_pick").set_value("demo-clip").run()
+    assert at.session_state.model_name == "demo-clip" and not at.exception
+    text = "\n".join(HOSTILE_LABELS + ["cat"] * 2000)
+    at.text_area(key="labels_demo-clip").input(text).run()
+    assert not at.exception
+    assert not _rendered_links(at)
+    shown = [_unescaped(c.value) for c in at.caption]
+    notes = [c for c in shown if "scored once" in c]
+    assert notes == ["Repeated labels are scored once: 'cat' 2,000 times."]
+    figures = _figure_strings(at)
+    assert "evil.example" in figures  # the labels are shown...
+    assert "<a href" not in figures and "<img" not in figures  # ...as text, never as Plotly tags
+
+
+def test_a_results_file_s_fields_are_plain_text(server):
+    import io
+    import json
+
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(io.BytesIO(_results_bytes(rows=2)))
+    meta = json.loads(table.schema.metadata[b"vitviz"])
+    meta.update(model="[m](http://evil.example)", data="![d](http://evil.example/d.png)")
+    table = table.replace_schema_metadata({b"vitviz": json.dumps(meta).encode()})
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    at = _upload_results(_dataset_page(), "r.parquet", buf.getvalue())
+    assert not at.exception and not at.error
+    assert any("[m](http://evil.example)" in _unescaped(c.value) for c in at.caption)
+    assert not _rendered_links(at)
