@@ -158,6 +158,64 @@ def _check_local_weights(folder: Path, allow_pickle: bool) -> bool:
     raise ModelLoadError(f"'{folder}' has no model weights (model.safetensors).")
 
 
+# Files in which transformers looks for ``auto_map`` (code shipped with a checkpoint).
+_CODE_CONFIGS = (
+    "config.json",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "image_processor_config.json",
+    "feature_extractor_config.json",
+    "tokenizer_config.json",
+)
+_MAX_CONFIG_BYTES = 10_000_000
+
+
+def _config_files(source: str, local: bool, hub_kwargs: dict) -> list[Path]:
+    """The configuration files of ``source`` present here (a folder, or the hub cache after the config check)."""
+    if local:
+        return [Path(source) / f for f in _CODE_CONFIGS if (Path(source) / f).is_file()]
+    from transformers.utils import cached_file
+
+    found = []
+    for f in _CODE_CONFIGS:
+        try:
+            path = cached_file(
+                source,
+                f,
+                _raise_exceptions_for_missing_entries=False,
+                _raise_exceptions_for_connection_errors=False,
+                **hub_kwargs,
+            )
+        except OSError:
+            path = None
+        if path:
+            found.append(Path(path))
+    return found
+
+
+def _refuse_remote_code(name: str, files: list[Path]) -> None:
+    """Refuse a checkpoint whose configuration names code of its own (``auto_map``): vitviz never runs it.
+
+    Without this, ``transformers`` asks "Do you wish to run the custom code? [y/N]" on the
+    terminal (and blocks a server's worker there); ``trust_remote_code=False`` on every call
+    is the second line of defence.
+    """
+    import json
+
+    for path in files:
+        try:
+            if path.stat().st_size > _MAX_CONFIG_BYTES:
+                raise ModelLoadError(f"{path.name} of '{name}' is larger than 10 MB: not a configuration file.")
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue  # unreadable: transformers reports it below
+        if isinstance(data, dict) and "auto_map" in data:
+            raise ModelLoadError(
+                f"'{name}' asks to run code shipped with it (auto_map in {path.name}); vitviz never runs a "
+                "checkpoint's own code. Use a checkpoint of an architecture transformers provides."
+            )
+
+
 def _auto_class(config):
     """The class the checkpoint declares (``architectures``) when it is a transformers class for this config.
 
@@ -214,7 +272,7 @@ def _processor_settings(source: str, config, hub_kwargs: dict) -> _Preprocessing
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            proc = AutoImageProcessor.from_pretrained(source, **hub_kwargs)
+            proc = AutoImageProcessor.from_pretrained(source, trust_remote_code=False, **hub_kwargs)
     except Exception:  # no preprocessor_config.json: keep the ViT defaults
         return default
 
@@ -280,8 +338,10 @@ def load_model(
     else:
         use_safetensors = not allow_pickle
         try:
-            AutoConfig.from_pretrained(source, local_files_only=True)
+            AutoConfig.from_pretrained(source, local_files_only=True, trust_remote_code=False)
             hub_kwargs = {"local_files_only": True}  # cached: never touch the network
+        except ValueError:  # cached, but transformers cannot read it (e.g. it names code): checked below
+            hub_kwargs = {"local_files_only": True}
         except OSError:
             if not _hub_reachable(probe_timeout):
                 raise ModelLoadError(
@@ -290,9 +350,11 @@ def load_model(
                     "give the path of a local folder written by save_pretrained, or use the bundled 'demo' model."
                 ) from None
     try:
-        config = AutoConfig.from_pretrained(source, **hub_kwargs)
+        _refuse_remote_code(name, _config_files(source, local, hub_kwargs))
+        config = AutoConfig.from_pretrained(source, trust_remote_code=False, **hub_kwargs)
     except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"Could not read the configuration of '{name}': {exc}") from None
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise ModelLoadError(f"Could not read the configuration of '{name}': {why}") from None
     family = family_for(config)  # raises UnsupportedModelError before any weights load
 
     try:
@@ -304,6 +366,7 @@ def load_model(
                 use_safetensors=use_safetensors,
                 dtype=_DTYPES[dtype],
                 output_loading_info=True,
+                trust_remote_code=False,
                 **hub_kwargs,
             )
     except Exception as exc:  # any failure inside a checkpoint (truncated file, bad tensors) is a load error

@@ -1,0 +1,141 @@
+"""Issue 23 (hardening, round 2): the command line and the loaders refuse bad input with a message, never code."""
+
+from __future__ import annotations
+
+import ast
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from vitviz.__main__ import main
+
+ROOT = Path(__file__).resolve().parents[1]
+_HF_CALLS = {"from_pretrained", "pipeline"}
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _cli(capsys, *args: str) -> Result:
+    """``python -m vitviz ARGS`` in this process (argparse's exit codes included)."""
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return Result(code, out, err)
+
+
+def _one_line_error(proc: Result, code: int = 1) -> str:
+    assert proc.returncode == code, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+# -- 4. remote code ---------------------------------------------------------------------------------
+
+
+def _hf_calls_without_trust_false(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    bad = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+        if name in _HF_CALLS:  # AutoConfig / AutoProcessor / AutoTokenizer / any model class .from_pretrained
+            ok = any(
+                k.arg == "trust_remote_code" and isinstance(k.value, ast.Constant) and k.value.value is False
+                for k in node.keywords
+            )
+            if not ok:
+                bad.append(f"{path.name}:{node.lineno}")
+    return bad
+
+
+def test_every_hf_loading_call_passes_trust_remote_code_false():
+    files = [
+        ROOT / "app.py",
+        *ROOT.glob("vitviz/**/*.py"),
+        *ROOT.glob("pages/**/*.py"),
+        *ROOT.glob("benchmarks/**/*.py"),
+    ]
+    assert len(files) > 20
+    bad = [hit for f in files for hit in _hf_calls_without_trust_false(f)]
+    assert not bad, f"from_pretrained / Auto* calls without trust_remote_code=False: {bad}"
+
+
+def test_the_ast_check_finds_calls_without_it(tmp_path):
+    src = tmp_path / "x.py"
+    src.write_text(
+        "AutoConfig.from_pretrained('a')\n"
+        "foo.from_pretrained('b', trust_remote_code=False)\n"
+        "AutoTokenizer.from_pretrained('c', trust_remote_code=True)\n"
+        "m.from_pretrained('d', **kw)\n"
+    )
+    assert _hf_calls_without_trust_false(src) == ["x.py:1", "x.py:3", "x.py:4"]
+
+
+def _remote_code_folder(folder: Path, marker: Path, where: str = "config.json") -> Path:
+    """A folder whose config asks transformers to import its own ``evil.py``, which writes ``marker``."""
+    folder.mkdir(parents=True)
+    (folder / "evil.py").write_text(
+        f"open({str(marker)!r}, 'w').write('ran')\n"
+        "from transformers import ViTConfig\n"
+        "class EvilConfig(ViTConfig):\n    model_type = 'evil'\n"
+    )
+    config = {"model_type": "evil" if where == "config.json" else "vit", "architectures": ["ViTModel"]}
+    if where == "config.json":
+        config["auto_map"] = {"AutoConfig": "evil.EvilConfig"}
+    else:
+        (folder / where).write_text(json.dumps({"auto_map": {"AutoImageProcessor": "evil.EvilConfig"}}))
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors").write_bytes(b"")
+    return folder
+
+
+@pytest.mark.parametrize("where", ["config.json", "preprocessor_config.json"])
+def test_a_folder_asking_for_remote_code_is_refused_even_on_y(tmp_path, where, capsys, monkeypatch):
+    marker = tmp_path / "ran.txt"
+    folder = _remote_code_folder(tmp_path / "evil-model", marker, where)
+    monkeypatch.setattr("builtins.input", lambda prompt="": "y")  # the user answers y to any prompt
+    proc = _cli(capsys, "export", "--model", str(folder), "--out", str(tmp_path / "out"), "x.png")
+    line = _one_line_error(proc)
+    assert not marker.exists()
+    assert "auto_map" in line and "code" in line
+    assert "[y/N]" not in proc.stdout + proc.stderr
+
+
+def test_a_cached_hub_repo_asking_for_remote_code_is_refused(tmp_path):
+    """The same for a hub id found in the Hugging Face cache (a subprocess: the cache folder is read at import)."""
+    import os
+    import subprocess
+    import sys
+
+    marker = tmp_path / "ran.txt"
+    repo = tmp_path / "hub" / "models--someone--evil"
+    snap = repo / "snapshots" / ("0" * 40)
+    _remote_code_folder(snap, marker)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "vitviz", "export", "--model", "someone/evil", "--out", str(tmp_path / "o"), "x.png"],
+        input="y\ny\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=ROOT,
+    )
+    line = _one_line_error(Result(proc.returncode, proc.stdout, proc.stderr))
+    assert "auto_map" in line and not marker.exists()
