@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import random_image
 
 from vitviz.__main__ import main
 
@@ -139,3 +140,107 @@ def test_a_cached_hub_repo_asking_for_remote_code_is_refused(tmp_path):
     )
     line = _one_line_error(Result(proc.returncode, proc.stdout, proc.stderr))
     assert "auto_map" in line and not marker.exists()
+
+
+# -- 12. every bad option gets a one-line message ----------------------------------------------------
+
+
+def _read_only_folder(tmp_path: Path) -> Path:
+    """A folder this process cannot write in (root ignores permission bits: a read-only file system then)."""
+    import os
+
+    if os.geteuid() != 0:
+        folder = tmp_path / "ro"
+        folder.mkdir()
+        folder.chmod(0o555)
+        return folder
+    if Path("/sys/kernel").is_dir():
+        return Path("/sys/kernel")
+    pytest.skip("no read-only folder available to root here")
+
+
+@pytest.fixture
+def image(tmp_path) -> Path:
+    path = tmp_path / "img.png"
+    random_image(0, (40, 40)).save(path)
+    return path
+
+
+EXPORT_CASES = {
+    "out is a file": (["--out", "{file}"], 2, "is a file"),
+    "out read-only": (["--out", "{ro}/vitviz-out"], 1, "cannot"),
+    "query nan": (["--out", "{tmp}/o", "--query-xy", "nan,nan"], 2, "X,Y"),
+    "size three numbers": (["--out", "{tmp}/o", "--size", "96", "96", "96"], 2, "--size"),
+    "size 0": (["--out", "{tmp}/o", "--size", "0"], 2, "--size 0"),
+    "size -96": (["--out", "{tmp}/o", "--size", "-96"], 2, "--size -96"),
+    "size 1": (["--out", "{tmp}/o", "--size", "1"], 2, "patch"),
+    "class out of range": (["--out", "{tmp}/o", "--causal", "--class", "9999"], 2, "--class 9999"),
+    "cuda missing": (["--out", "{tmp}/o", "--device", "cuda"], 1, "CUDA"),
+    "model name 5000 chars": (["--out", "{tmp}/o", "--model", "m" * 5000], 1, "neither"),
+    "unknown device": (["--out", "{tmp}/o", "--device", "tpu9"], 1, "device"),
+}
+
+
+@pytest.mark.parametrize("case", list(EXPORT_CASES))
+def test_export_bad_options_get_one_line(case, tmp_path, image, capsys):
+    import torch
+
+    if case == "cuda missing" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    args, code, words = EXPORT_CASES[case]
+    (tmp_path / "file.txt").write_text("x")
+    fill = {"file": str(tmp_path / "file.txt"), "tmp": str(tmp_path), "ro": "{ro}"}
+    if any("{ro}" in a for a in args):
+        fill["ro"] = str(_read_only_folder(tmp_path))
+    argv = ["export", str(image), *(a.format(**fill) for a in args)]
+    proc = _cli(capsys, *argv)
+    line = _one_line_error(proc, code)
+    assert words in line
+    assert len(line) < 600
+    assert not list(tmp_path.glob("o/*.npz"))
+
+
+@pytest.mark.parametrize(
+    "args,code,words",
+    [
+        (["--size", "96", "96", "96"], 2, "--size"),
+        (["--size", "0"], 2, "--size 0"),
+        (["--device", "cuda"], 1, "CUDA"),
+    ],
+)
+def test_evaluate_bad_options_get_one_line(args, code, words, tmp_path, image, capsys):
+    import torch
+
+    if "cuda" in args and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    proc = _cli(capsys, "evaluate", "--data", str(image.parent), "--out", str(tmp_path / "r.parquet"), *args)
+    assert words in _one_line_error(proc, code)
+
+
+CONVERT_CASES = {
+    "out is a file": ("{file}", None, 2, "is a file"),
+    "out read-only": ("{ro}/converted", None, 1, "cannot"),
+    "out is a symlink": ("{link}", None, 2, "symbolic link"),
+    "labels missing": ("{tmp}/c", "{tmp}/no-labels.txt", 2, "no such file"),
+}
+
+
+@pytest.mark.parametrize("case", list(CONVERT_CASES))
+def test_convert_bad_options_get_one_line(case, tmp_path, capsys):
+    import torch
+
+    out, labels, code, words = CONVERT_CASES[case]
+    (tmp_path / "file.txt").write_text("x")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "empty")
+    ckpt = tmp_path / "ck.pth"
+    torch.save({"w": torch.zeros(2)}, ckpt)
+    fill = {"file": str(tmp_path / "file.txt"), "tmp": str(tmp_path), "link": str(tmp_path / "link"), "ro": "{ro}"}
+    if "{ro}" in out:
+        fill["ro"] = str(_read_only_folder(tmp_path))
+    argv = ["convert", "--arch", "cct_7_3x1_32", "--checkpoint", str(ckpt), "--out", out.format(**fill)]
+    if labels:
+        argv += ["--labels", labels.format(**fill)]
+    proc = _cli(capsys, *argv)
+    assert words in _one_line_error(proc, code)
+    assert (tmp_path / "file.txt").read_text() == "x" and not any((tmp_path / "empty").iterdir())

@@ -92,13 +92,34 @@ class LoadedModel:
 def pick_device(prefer: str | None = None) -> torch.device:
     """``prefer`` if given, else CUDA, else Apple MPS, else CPU."""
     if prefer:
-        return torch.device(prefer)
+        try:
+            dev = torch.device(prefer)
+        except (RuntimeError, ValueError, TypeError):
+            raise ModelLoadError(f"Unknown device '{str(prefer)[:40]}': choose cuda, mps or cpu.") from None
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ModelLoadError("CUDA is not available on this machine: choose cpu, or leave the device unset.")
+        if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ModelLoadError(f"There is no CUDA device {dev.index} (this machine has {torch.cuda.device_count()}).")
+        mps = getattr(torch.backends, "mps", None)
+        if dev.type == "mps" and not (mps is not None and mps.is_available()):
+            raise ModelLoadError("Apple MPS is not available on this machine: choose cpu, or leave the device unset.")
+        if dev.type not in ("cpu", "cuda", "mps"):
+            raise ModelLoadError(f"Device '{str(prefer)[:40]}' is not supported: choose cuda, mps or cpu.")
+        return dev
     if torch.cuda.is_available():
         return torch.device("cuda")
     mps = getattr(torch.backends, "mps", None)
     if mps is not None and mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
+
+
+def _is_dir(text: str) -> bool:
+    """Whether ``text`` names a folder; False for names the file system cannot take (too long, NUL bytes)."""
+    try:
+        return Path(text).expanduser().is_dir()
+    except (OSError, ValueError):
+        return False
 
 
 def parse_model_name(name: str) -> str:
@@ -109,7 +130,7 @@ def parse_model_name(name: str) -> str:
     text = (name or "").strip()
     if not text:
         raise ModelLoadError("No model given: type a Hugging Face model id (owner/name), a local folder, or 'demo'.")
-    if text in bundled() or Path(text).expanduser().is_dir():
+    if text in bundled() or _is_dir(text):
         return text
     if _HUB_ID.match(text) and ".." not in text:
         return text
@@ -124,9 +145,8 @@ def resolve_source(name: str) -> tuple[str, bool]:
     text = parse_model_name(name)
     if text in bundled():
         return str(bundled()[text]), True
-    path = Path(text).expanduser()
-    if path.is_dir():
-        return str(path.resolve()), True
+    if _is_dir(text):
+        return str(Path(text).expanduser().resolve()), True
     return text, False
 
 
