@@ -244,3 +244,34 @@ def test_convert_bad_options_get_one_line(case, tmp_path, capsys):
     proc = _cli(capsys, *argv)
     assert words in _one_line_error(proc, code)
     assert (tmp_path / "file.txt").read_text() == "x" and not any((tmp_path / "empty").iterdir())
+
+
+# -- 8. export: budget errors and names that collide ---------------------------------------------------
+
+
+def test_export_over_the_budget_is_a_message_not_a_zip_error(tmp_path, image, capsys):
+    proc = _cli(capsys, "export", str(image), "--out", str(tmp_path / "o"), "--size", "4096")
+    line = _one_line_error(proc, 1)
+    assert str(image) in line and "memory" in line.lower()
+    assert not list((tmp_path / "o").glob("*.npz"))
+
+
+def test_export_keeps_both_images_of_the_same_name(tmp_path, capsys):
+    import numpy as np
+
+    for sub, seed in (("a", 1), ("b", 2), ("c", 3)):
+        (tmp_path / sub).mkdir()
+        random_image(seed, (40, 40)).save(tmp_path / sub / "x.png")
+    (tmp_path / "c" / "x-1.png").write_bytes((tmp_path / "c" / "x.png").read_bytes())
+    paths = [str(tmp_path / s / "x.png") for s in ("a", "b", "c")] + [str(tmp_path / "c" / "x-1.png")]
+    proc = _cli(capsys, "export", *paths, "--out", str(tmp_path / "o"))
+    assert proc.returncode == 0, proc.stderr
+    written = sorted(p.name for p in (tmp_path / "o").glob("*.npz"))
+    assert written == ["x-1.npz", "x-2.npz", "x-3.npz", "x.npz"]
+    assert f"{paths[1]} written as x-2.npz" in proc.stderr  # x-1 is the fourth input's own name
+    assert f"{paths[2]} written as x-3.npz" in proc.stderr
+    assert "wrote 4 of 4" in proc.stdout
+    # each file holds its own image: a (seed 1) and b (seed 2) differ, c and x-1 (same bytes) agree
+    maps = {n: np.load(tmp_path / "o" / n)["rollout"] for n in written}
+    assert not np.allclose(maps["x.npz"], maps["x-2.npz"])
+    np.testing.assert_array_equal(maps["x-3.npz"], maps["x-1.npz"])
