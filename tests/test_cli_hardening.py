@@ -275,3 +275,67 @@ def test_export_keeps_both_images_of_the_same_name(tmp_path, capsys):
     maps = {n: np.load(tmp_path / "o" / n)["rollout"] for n in written}
     assert not np.allclose(maps["x.npz"], maps["x-2.npz"])
     np.testing.assert_array_equal(maps["x-3.npz"], maps["x-1.npz"])
+
+
+# -- 11. weights that are not finite, configs that promise more than the weights hold ----------------
+
+
+def _tiny_vit(folder: Path, layers: int = 2, poison: dict[str, float] | None = None) -> Path:
+    import torch
+    from transformers import ViTConfig, ViTForImageClassification
+
+    cfg = ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=16,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=32,
+        num_labels=3,
+    )
+    torch.manual_seed(0)
+    model = ViTForImageClassification(cfg)
+    with torch.no_grad():
+        for key, value in (poison or {}).items():
+            model.get_parameter(key).view(-1)[3] = value
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_weights_with_nan_or_inf_are_refused_naming_the_tensors(tmp_path, capsys, value):
+    poison = {"vit.layers.1.attention.q_proj.weight": value, "vit.layers.0.mlp.fc1.bias": value}
+    folder = _tiny_vit(tmp_path / "nan", poison=poison)
+    proc = _cli(capsys, "export", "x.png", "--model", str(folder), "--out", str(tmp_path / "o"))
+    line = _one_line_error(proc, 1)
+    assert "NaN or infinite in 2 tensors" in line
+    assert "vit.layers.1.attention.q_proj.weight" in line and "vit.layers.0.mlp.fc1.bias" in line
+
+
+def test_a_config_promising_more_layers_than_the_weights_hold_is_refused(tmp_path, capsys):
+    folder = _tiny_vit(tmp_path / "deep", layers=2)
+    config = json.loads((folder / "config.json").read_text())
+    config["num_hidden_layers"] = 200
+    (folder / "config.json").write_text(json.dumps(config))
+    proc = _cli(capsys, "export", "x.png", "--model", str(folder), "--out", str(tmp_path / "o"))
+    line = _one_line_error(proc, 1)
+    # 198 layers of 16 tensors each are missing (query/key/value/output/intermediate weights and biases, 2 norms)
+    per_layer, rest = 16, 40 - 2 * 16  # a 2-layer tiny ViT classifier has 40 tensors
+    assert f"lack {198 * per_layer} of the {rest + 200 * per_layer} tensors" in line and "promises 200 layers" in line
+    assert "vit.layers.2.attention.q_proj.weight" in line
+
+
+def test_a_missing_head_alone_still_loads(tmp_path):
+    """A few head weights missing (a backbone checkpoint under a classifier class) stay accepted."""
+    from safetensors.torch import load_file, save_file
+
+    from vitviz.models.load import load_model
+
+    folder = _tiny_vit(tmp_path / "headless")
+    state = load_file(folder / "model.safetensors")
+    save_file(
+        {k: v for k, v in state.items() if not k.startswith("classifier.")},
+        folder / "model.safetensors",
+        metadata={"format": "pt"},
+    )
+    assert load_model(str(folder), device="cpu").has_classifier

@@ -236,6 +236,52 @@ def _refuse_remote_code(name: str, files: list[Path]) -> None:
             )
 
 
+_SHOWN = 3  # keys named in a message
+_MAX_MISSING_SHARE = 0.01  # of the parameters; a missing layer is refused whatever its share
+_LAYER_KEY = re.compile(r"\.\d+\.")  # ...layer.7.attention...: a weight of one of the repeated blocks
+
+
+def _refuse_incomplete(name: str, model: torch.nn.Module, missing_keys) -> None:
+    """Refuse a checkpoint whose config promises weights it does not hold (left randomly initialised).
+
+    A missing weight of a repeated block (a key with a layer index), or missing weights making
+    up more than 1 % of the parameters, is refused; a few head or pooler weights are not.
+    """
+    if not missing_keys:
+        return
+    state = model.state_dict()
+    wanted = set(missing_keys)
+    missing = [k for k in state if k in wanted] + sorted(wanted.difference(state))  # the model's order
+    total = sum(int(t.numel()) for t in state.values()) or 1
+    lost = sum(int(state[k].numel()) for k in missing if k in state)
+    layers = [k for k in missing if _LAYER_KEY.search(k)]
+    if not layers and lost <= _MAX_MISSING_SHARE * total:
+        return
+    shown = ", ".join((layers or missing)[:_SHOWN])
+    depth = getattr(model.config, "num_hidden_layers", None)
+    promise = f" (its config promises {depth} layers)" if isinstance(depth, int) else ""
+    raise ModelLoadError(
+        f"'{name}' is incomplete: its weights lack {len(missing)} of the {len(state)} tensors the model "
+        f"needs{promise}, {100 * lost / total:.2f} % of the parameters (e.g. {shown}). They would be random; "
+        "use a checkpoint whose config.json matches its weights."
+    )
+
+
+def _refuse_non_finite(name: str, model: torch.nn.Module) -> None:
+    """Refuse weights holding NaN or infinity, naming the first tensors that do."""
+    bad = [
+        k
+        for k, t in model.state_dict().items()
+        if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all())
+    ]
+    if bad:
+        more = f" and {len(bad) - _SHOWN} more" if len(bad) > _SHOWN else ""
+        raise ModelLoadError(
+            f"'{name}' has weights that are NaN or infinite in {len(bad)} tensors ({', '.join(bad[:_SHOWN])}{more}): "
+            "the checkpoint is damaged. Use another copy of it."
+        )
+
+
 def _auto_class(config):
     """The class the checkpoint declares (``architectures``) when it is a transformers class for this config.
 
@@ -392,6 +438,8 @@ def load_model(
     except Exception as exc:  # any failure inside a checkpoint (truncated file, bad tensors) is a load error
         hint = "" if allow_pickle else " If the repository only has pickle weights, convert them to safetensors."
         raise ModelLoadError(f"Could not load the weights of '{name}': {str(exc)[:400]}.{hint}") from None
+    _refuse_incomplete(name, model, info.get("missing_keys", ()))
+    _refuse_non_finite(name, model)
     model.eval().requires_grad_(False).to(dev)
 
     prep = _processor_settings(source, config, hub_kwargs)
