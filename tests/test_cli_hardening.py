@@ -339,3 +339,58 @@ def test_a_missing_head_alone_still_loads(tmp_path):
         metadata={"format": "pt"},
     )
     assert load_model(str(folder), device="cpu").has_classifier
+
+
+# -- 9. evaluate never replaces finished results of other settings without --overwrite ---------------
+
+
+@pytest.fixture(scope="module")
+def demo():
+    from vitviz.models.load import load_model
+
+    return load_model("demo", device="cpu")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"methods": ("random", "attention")}, {"size": 56}, {"seed": 4}, {"model": "assets/demo-vit"}],
+    ids=["methods", "size", "seed", "model"],
+)
+def test_evaluate_refuses_to_replace_results_of_other_settings(demo, tmp_path, change, one_thread):
+    import pyarrow.parquet as pq
+
+    from vitviz.data.shapes import write_dataset
+    from vitviz.evaluate.run import EvaluateError, evaluate_dataset
+
+    data = write_dataset(tmp_path / "shapes", n=2, seed=5)
+    out = tmp_path / "r.parquet"
+    base = {"methods": ("random",), "size": 48, "seed": 3, "loaded": demo}
+    first = evaluate_dataset("demo", data, out, **base)
+    assert first.evaluated == 2
+    before = out.read_bytes()
+    kw = {**base, **change}
+    model = kw.pop("model", "demo")
+    if model != "demo":  # the same weights under another name (their folder) is another --model
+        model = str(ROOT / "vitviz" / model)
+        kw.pop("loaded")
+    with pytest.raises(EvaluateError, match=r"other settings.*--overwrite"):
+        evaluate_dataset(model, data, out, **kw)
+    assert out.read_bytes() == before
+    again = evaluate_dataset("demo", data, out, **base)  # the same settings: runs as before
+    assert again.evaluated == 2
+    replaced = evaluate_dataset(model, data, out, overwrite=True, **kw)
+    assert replaced.evaluated == 2
+    rows = pq.read_table(out).to_pylist()
+    assert {r["method"] for r in rows} == set(kw["methods"])
+
+
+def test_evaluate_cli_refuses_a_foreign_out_file(tmp_path, capsys):
+    from vitviz.data.shapes import write_dataset
+
+    data = write_dataset(tmp_path / "shapes", n=1, seed=5)
+    out = tmp_path / "notes.parquet"
+    out.write_text("my own notes")
+    args = ["evaluate", "--data", str(data), "--out", str(out), "--methods", "random", "--size", "48"]
+    line = _one_line_error(_cli(capsys, *args), 1)
+    assert "not vitviz results" in line and out.read_text() == "my own notes"
+    assert _cli(capsys, *args, "--overwrite").returncode == 0

@@ -96,6 +96,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             device=args.device,
             progress=progress,
             ray_actors=args.actors,
+            overwrite=args.overwrite,
         )
     finally:
         if before is not None:
@@ -254,6 +255,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="with --engine ray: model actors (default: one per GPU, else one per CPU)",
+    )
+    ev.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --out (and unfinished work) of other settings; without it such a run is refused",
     )
     ev.add_argument("--batch-size", type=int, default=20, help="perturbed images per forward pass")
     ev.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
