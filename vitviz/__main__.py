@@ -7,6 +7,14 @@ import signal
 import sys
 from pathlib import Path
 
+from vitviz.cli_checks import (
+    UsageError,
+    check_against_model,
+    check_output_folder,
+    input_size,
+    query_point,
+    read_labels_file,
+)
 from vitviz.errors import VitvizError
 
 # How the user called us, for messages: the installed command or the module.
@@ -20,6 +28,8 @@ def _export(args: argparse.Namespace) -> int:
     from vitviz.models.load import load_model
     from vitviz.models.zeroshot import parse_labels
 
+    size = input_size(args.size)
+    check_output_folder(args.out)
     missing = [p for p in args.images if not Path(p).is_file()]
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, allow_pickle=args.allow_pickle)
     labels = None
@@ -28,7 +38,7 @@ def _export(args: argparse.Namespace) -> int:
         labels = parse_labels(args.labels, template)
         for note in labels.notes:
             print(f"note: {note}", file=sys.stderr)
-    size = None if args.size is None else (args.size[0] if len(args.size) == 1 else tuple(args.size))
+    check_against_model(loaded, size, args.class_index, labels=labels)
     present = [p for p in args.images if p not in missing]
     with tqdm(total=len(present), unit="img", desc="export", file=sys.stderr) as bar:
         report = export_images(
@@ -55,7 +65,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from vitviz.evaluate.run import evaluate_dataset, print_report
 
     methods = None if args.methods is None else [m.strip() for m in args.methods.split(",") if m.strip()]
-    size = None if args.size is None else (args.size[0] if len(args.size) == 1 else tuple(args.size))
+    size = input_size(args.size)
     bar = None
 
     def progress(done: int, total: int) -> None:
@@ -86,6 +96,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             device=args.device,
             progress=progress,
             ray_actors=args.actors,
+            overwrite=args.overwrite,
         )
     finally:
         if before is not None:
@@ -141,9 +152,10 @@ def _convert(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    check_output_folder(args.out, must_be_empty=True, create=False)
     labels = None
     if args.labels:
-        labels = [line.strip() for line in Path(args.labels).read_text().splitlines() if line.strip()]
+        labels = read_labels_file(args.labels)
     out = convert(args.arch, args.checkpoint, args.out, labels=labels)
     print(f"wrote {out} (model.safetensors, config.json, preprocessor_config.json): load it with --model {out}")
     return 0
@@ -151,10 +163,9 @@ def _convert(args: argparse.Namespace) -> int:
 
 def _xy(text: str) -> tuple[float, float]:
     try:
-        x, y = (float(v) for v in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected X,Y in pixels of the model input, got {text!r}") from None
-    return x, y
+        return query_point(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _app(args: argparse.Namespace) -> int:
@@ -245,6 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="with --engine ray: model actors (default: one per GPU, else one per CPU)",
     )
+    ev.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --out (and unfinished work) of other settings; without it such a run is refused",
+    )
     ev.add_argument("--batch-size", type=int, default=20, help="perturbed images per forward pass")
     ev.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
     ev.set_defaults(func=_evaluate)
@@ -300,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
     except VitvizError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +16,7 @@ from vitviz.analysis.rollout import capture_rollout
 from vitviz.analysis.stats import summary_table
 from vitviz.capture.causal import causal_arrays
 from vitviz.capture.run import Capture, capture_batch
+from vitviz.cli_checks import unique_targets
 from vitviz.data.images import load_image
 from vitviz.errors import VitvizError
 from vitviz.figures.overlay import overlay
@@ -145,11 +146,7 @@ class ExportReport:
     written: list[Path] = field(default_factory=list)
     failed: list[tuple[str, str]] = field(default_factory=list)  # (input, message)
     notes: dict[str, str] = field(default_factory=dict)  # key left out -> why (e.g. causal analyses a model lacks)
-
-
-def _batches(items: Sequence, size: int) -> Iterable[Sequence]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
+    renamed: list[tuple[str, str]] = field(default_factory=list)  # (input, file written) where stems collide
 
 
 def export_images(
@@ -179,20 +176,24 @@ def export_images(
     report = ExportReport()
     sim = position_similarity(loaded.position_embeddings) if loaded.position_embeddings is not None else None
     scorer = None if labels is None else LabelScorer.build(loaded, labels)  # refuses before any image is read
-    for chunk in _batches(list(paths), batch_size):
-        images, names = [], []
-        for p in chunk:
+    paths = list(paths)
+    stems = unique_targets([Path(p).stem for p in paths])  # a/x.jpg, b/x.jpg -> x, x-1
+    for start in range(0, len(paths), batch_size):
+        chunk = paths[start : start + batch_size]
+        images, names, targets = [], [], []
+        for i, p in enumerate(chunk):
             try:
                 images.append(load_image(p))
                 names.append(Path(p))
+                targets.append(stems[start + i])
             except VitvizError as exc:
                 report.failed.append((str(p), str(exc)))
         try:
             caps = capture_batch(loaded, images, size=size)
-        except VitvizError as exc:
+        except VitvizError as exc:  # e.g. over the memory budget: every image of this batch failed
             report.failed.extend((str(p), str(exc)) for p in names)
-            caps = []
-        for path, cap in zip(names, caps, strict=True):
+            names, targets, caps = [], [], []
+        for path, stem, cap in zip(names, targets, caps, strict=True):
             arrays = capture_arrays(cap, pos_similarity=sim, query_xy=query_xy, labels=scorer)
             if causal:
                 extra, why = causal_arrays(
@@ -205,17 +206,21 @@ def export_images(
                 arrays.update(extra)
                 for key, reason in why.items():
                     report.notes.setdefault(key, reason)
-            target = out / f"{path.stem}.npz"
+            target = out / f"{stem}.npz"
             _write_npz(target, arrays)
             name, grid_map = overlay_map(cap, arrays)
-            overlay(cap.image, grid_map).save(out / f"{path.stem}_{name}.png")
+            overlay(cap.image, grid_map).save(out / f"{stem}_{name}.png")
             report.written.append(target)
+            if stem != path.stem:
+                report.renamed.append((str(path), target.name))
         if progress:
             progress(len(chunk))
     return report
 
 
 def print_failures(report: ExportReport) -> None:
+    for name, written in report.renamed:
+        print(f"note: {name} written as {written} (another input has the same name)", file=sys.stderr)
     for key, why in report.notes.items():
         print(f"note: {key} left out: {why}", file=sys.stderr)
     for name, msg in report.failed:

@@ -169,7 +169,7 @@ def text_tower(
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            tokenizer = AutoTokenizer.from_pretrained(source, **hub_kwargs)
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **hub_kwargs)
     except Exception:  # no tokenizer files: the image side still works, without typed labels
         return None
     config = model.config
