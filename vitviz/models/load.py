@@ -21,9 +21,9 @@ import torch
 
 from vitviz.errors import CaptureError, ModelLoadError
 from vitviz.models.bundled import bundled
-from vitviz.models.causal_hooks import install_causal_hooks
 from vitviz.models.families import Family, family_for
 from vitviz.models.hooks import install
+from vitviz.models.points import install_points
 from vitviz.models.zeroshot import TextTower, text_tower
 from vitviz.record import PositionInfo
 
@@ -476,7 +476,7 @@ def load_model(
         text=text,
     )
     try:  # here, not lazily: never while others run the model
-        install_causal_hooks(loaded)
+        install_points(loaded)  # the named hook points (vitviz.models.points): idle outside a call
     except (ValueError, RuntimeError, CaptureError) as exc:
         raise ModelLoadError(f"'{name}' does not have the layout of a {family.name} model: {exc}") from None
     return loaded
