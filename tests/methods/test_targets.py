@@ -9,9 +9,9 @@ from conftest import random_image
 
 from vitviz.capture.gradients import explain_targets
 from vitviz.capture.run import preprocess
+from vitviz.capture.targets import Target, TargetError, resolve_target, targets_arrays
 from vitviz.methods import METHODS, MethodError, explain, explain_many
 from vitviz.methods.gradcam import gradcam_map
-from vitviz.methods.targets import Target, TargetError, resolve_target, targets_arrays
 from vitviz.models.load import load_model
 from vitviz.models.zeroshot import encode_labels, label_target, parse_labels
 

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 from PIL import Image
 
+from vitviz.capture.targets import Target, TargetError
 from vitviz.methods.attention import Attention
 from vitviz.methods.base import Inputs, Method, MethodError, MethodMap, place_on_grid, pool_to_grid
 from vitviz.methods.gradcam import GradCam
@@ -32,7 +33,6 @@ from vitviz.methods.integrated_gradients import IntegratedGradients
 from vitviz.methods.random_map import RandomMap
 from vitviz.methods.relevance import Relevance
 from vitviz.methods.rollout import Rollout
-from vitviz.methods.targets import Target, TargetError
 from vitviz.models.load import LoadedModel
 
 __all__ = [

@@ -25,8 +25,8 @@ from PIL import Image
 
 from vitviz.capture.record import Capture, frozen
 from vitviz.capture.run import BlockRecorder, capture, input_size_for, preprocess, run_forward, token_layout
+from vitviz.capture.targets import BoundTarget, Target, TargetError, resolve_target
 from vitviz.errors import VitvizError
-from vitviz.methods.targets import BoundTarget, Target, TargetError, resolve_target
 from vitviz.models.families.base import Call
 from vitviz.models.load import LoadedModel
 
@@ -229,7 +229,7 @@ class Method:
         target: Target | int | None = None,
         seed: int = 0,
     ) -> MethodMap:
-        """The map for ``target`` (a :class:`~vitviz.methods.targets.Target`, or a class index as before;
+        """The map for ``target`` (a :class:`~vitviz.capture.targets.Target`, or a class index as before;
         ``class_index`` is the older spelling); None: the predicted class."""
         t = resolve_target(target, class_index=class_index, predicted=inputs.predicted_class)
         why = self.unavailable(inputs.loaded, t)

@@ -36,9 +36,9 @@ import numpy as np
 import torch
 
 from vitviz.capture.run import BlockRecorder, preprocess, run_forward
+from vitviz.capture.targets import BoundTarget
 from vitviz.errors import CaptureError
 from vitviz.methods.base import Inputs, Method
-from vitviz.methods.targets import BoundTarget
 from vitviz.models.families.base import Call
 from vitviz.models.load import LoadedModel
 
@@ -82,7 +82,7 @@ def gradcam_map(
     """Grad-CAM ``(gh_L, gw_L)`` float32 on the last attention block's grid for normalised ``pixels`` ``(1, 3, h, w)``.
 
     ``target``: a class index (its logit ``y_c``), or a function of the forward's output giving ``(1,)`` or a
-    scalar (a bound :class:`~vitviz.methods.targets.Target`: a label's score, a difference of two).
+    scalar (a bound :class:`~vitviz.capture.targets.Target`: a label's score, a difference of two).
 
     The activations and their gradients are both rearranged by the family's own
     ``tokens`` (a pure reshape / slice of the block input), so prefix tokens,

@@ -25,8 +25,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from vitviz.capture.targets import BoundTarget
 from vitviz.methods.base import Inputs, Method, class_logits, pool_to_grid
-from vitviz.methods.targets import BoundTarget
 from vitviz.models.load import LoadedModel
 
 __all__ = ["IntegratedGradients", "mean_baseline", "pixel_attributions"]
@@ -57,7 +57,7 @@ def pixel_attributions(
     """Integrated gradients of ``y_c`` for normalised ``pixels`` ``(1, 3, h, w)``: ``(3, h, w)`` float64, signed.
 
     ``target``: a class index (``y_c`` its logit), or a function of the forward's output giving ``(B,)`` (a
-    bound :class:`~vitviz.methods.targets.Target`). ``baseline``: ``(1, 3, h, w)``, default :func:`mean_baseline`.
+    bound :class:`~vitviz.capture.targets.Target`). ``baseline``: ``(1, 3, h, w)``, default :func:`mean_baseline`.
     """
     from captum.attr import IntegratedGradients as CaptumIG
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from vitviz.capture.gradients import explain_targets
+from vitviz.capture.targets import BoundTarget
 from vitviz.methods.base import Inputs, Method
-from vitviz.methods.targets import BoundTarget
 
 __all__ = ["Relevance"]
 
