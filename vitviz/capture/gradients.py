@@ -30,7 +30,7 @@ from vitviz.errors import CaptureError
 from vitviz.models.families.base import Call, to_native
 from vitviz.models.load import LoadedModel
 
-__all__ = ["GraphRecorder", "Target", "explain_targets", "explain_classes"]
+__all__ = ["GraphRecorder", "Target", "explain_targets", "explain_run", "explain_classes"]
 
 
 class GraphRecorder(BlockRecorder):
@@ -72,6 +72,11 @@ def explain_targets(
         raise CaptureError(f"Class-specific relevance is not defined for {loaded.family.name}: {note}")
     hw = input_size_for(loaded, size, image.size)
     check_budget(loaded, hw, batch=1, gradients=True, budget=budget_bytes)
+    from vitviz.capture.session import get_run  # the clean run's graph: no second forward
+
+    run = get_run(loaded, image, size=size, budget_bytes=budget_bytes)
+    if run.has_graph:
+        return explain_run(run, targets)
     pixels, _ = preprocess(loaded, [image], hw)
     pixels.requires_grad_(True)  # the graph reaches every block although the parameters need no grad
     rec = GraphRecorder(loaded, Call(loaded.config, hw, 1))
@@ -97,6 +102,31 @@ def explain_targets(
             row.setflags(write=False)
             first = stages[0]
             result[key] = Explanation(int(key), label, row, first.num_prefix, first.grid, readout)
+    return result
+
+
+def explain_run(run, targets: Mapping[int, tuple[str, Target]]) -> dict[int, Explanation]:
+    """:func:`explain_targets` from a :class:`~vitviz.capture.session.Run`'s graph: one backward per target."""
+    loaded = run.loaded
+    order = [s.index for s in run.sites]
+    geoms = list(run.geometries)
+    stages = build_stages(loaded, geoms, {}, 0)
+    attn = [to_native(geoms[i], run.probs(b), 1)[0].float().cpu().numpy() for i, b in enumerate(order)]
+    reads = loaded.family.readout(loaded.config)
+    if geoms[-1].kind == "pool":
+        readout = "pooling head"
+    else:
+        readout = "CLS" if reads == "cls" and "CLS" in stages[-1].prefix_kinds else "pooled query"
+    result: dict[int, Explanation] = {}
+    for key, (label, target) in targets.items():
+        grads = run.gradients(target, "probs")
+        abars = {
+            i: relevance_abar(geoms[i], attn[i], _native_grad(geoms[i], gr, attn[i])) for i, gr in enumerate(grads)
+        }
+        row = relevance_row(geoms, stages, abars, readout=reads).astype(np.float32)
+        row.setflags(write=False)
+        first = stages[0]
+        result[key] = Explanation(int(key), label, row, first.num_prefix, first.grid, readout)
     return result
 
 

@@ -20,7 +20,7 @@ import torch
 from vitviz.capture.hooks import Site
 from vitviz.capture.record import Geometry, PositionInfo
 
-__all__ = ["Call", "Family", "ReadoutHead", "to_native", "centre_parents", "find_submodule"]
+__all__ = ["Call", "Family", "ReadoutHead", "BlockParts", "to_native", "centre_parents", "find_submodule", "declared"]
 
 
 @dataclass
@@ -56,6 +56,36 @@ class ReadoutHead:
     def __call__(self, residual: torch.Tensor) -> torch.Tensor:
         """``(B, T, D)`` residual stream -> ``(B, C)`` logits."""
         return self.head(self.norm(self.select(residual)))
+
+
+@dataclass(frozen=True, eq=False)
+class BlockParts:
+    """What one attention block has, as its family adapter declares it (the engine never guesses a name).
+
+    ``projection``: the attention's output projection, a Linear whose input is the heads side by side
+    (head h in columns ``h*d .. (h+1)*d - 1``), or None. ``mlp``: the module whose forward output is the
+    block's MLP update before any layer scale (None: not declared). ``attn_scale``, ``mlp_scale``: the
+    per-channel layer scales ``(D,)`` (or a float) applied to the attention and MLP updates before the
+    residual adds; None = the block has none. ``unknown``: "" when the adapter knows where this block's
+    layer scales and MLP sit (or that it has none); else why it does not (direct logit attribution then
+    refuses).
+    """
+
+    projection: torch.nn.Linear | None = None
+    mlp: torch.nn.Module | None = None
+    attn_scale: torch.Tensor | float | None = None
+    mlp_scale: torch.Tensor | float | None = None
+    unknown: str = ""
+
+
+def declared(root: torch.nn.Module, path: str):
+    """The object at the dotted ``path`` under ``root`` (an adapter's declaration), or None when it is absent."""
+    obj = root
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
 
 
 def find_submodule(root: torch.nn.Module | None, names: tuple[str, ...], kind: type = torch.nn.Module):
@@ -244,3 +274,11 @@ class Family:
     def readout_head(self, model: torch.nn.Module) -> ReadoutHead | None:
         """The final norm and classifier as a :class:`ReadoutHead`, or None where the adapter defines none."""
         return None
+
+    def block_parts(self, site: Site) -> BlockParts:
+        """What block ``site`` has (see :class:`BlockParts`). The base adapter knows its per-head projection
+        (:meth:`head_projection`) and declares nothing else, so direct logit attribution refuses."""
+        return BlockParts(
+            projection=self.head_projection(site),
+            unknown=f"the {self.name} adapter does not declare where a block's MLP output and layer scales sit",
+        )

@@ -66,6 +66,7 @@ class Dinov3(PlainViT):
 
     name = "DINOv3"
     model_types = ("dinov3_vit",)
+    layer_scale_paths = ("layer_scale1.lambda1", "layer_scale2.lambda1")
     interpolate_kwarg = False  # RoPE is computed from each input's own grid
 
     def prefix_kinds(self, config) -> tuple[str, ...]:
@@ -278,6 +279,7 @@ class Aimv2(PlainViT):
 
     name = "AIMv2"
     model_types = ("aimv2_vision_model", "aimv2")
+    mlp_path = "ffn"
     interpolate_kwarg = False  # Aimv2VisionModel.forward has no such argument (its **kwargs swallow it unread)
 
     # --- the image tower and its config -------------------------------------------------
