@@ -146,4 +146,6 @@ def test_a_zero_shot_label_minus_another_label(shapes, tmp_path, capsys):
         assert z["head_ablation"][0, 1] == pytest.approx(ko.effect[1] - ko.effect[0], rel=1e-3, abs=1e-4)
         clean = float(z["logits"][1] - z["logits"][0])
         assert float(z["patching_clean_logit"]) == pytest.approx(clean, rel=1e-4, abs=1e-4)
-        assert "patching_heads" in z.files and "patching_residual" not in z.files
+        assert "patching_heads" in z.files and z["patching_residual"].shape[0] == z["patching_heads"].shape[0]
+        last = z["patching_residual"][-1]  # the last block's output: only what the pooled read-out reads matters
+        assert last[0] != pytest.approx(float(z["patching_clean_logit"]), abs=1e-4)

@@ -27,15 +27,21 @@ Cost (forward-equivalents: passes of the whole model over one image). One-grid m
 with a readout head reuse the target's clean run: a patch in block l runs blocks
 l + 1 .. L - 1 only (residual; ``T (L - 1) / 2`` in all) or blocks l .. L - 1
 (heads; ``H (L + 1) / 2``), every position of a block in batched copies, plus the two
-clean runs. Elsewhere (hierarchical models, zero-shot label scores) head patching runs
-full batched forwards, and residual patching is not defined (no readout head, or
-grids that change between stages). ``progress(done, total)`` is called after each
+clean runs. Elsewhere (hierarchical models, zero-shot label scores) patches run full
+batched forwards; residual patching is not defined for hierarchical models (grids and
+widths change between stages). The estimate reads the gradient from the target run's
+graph: one backward pass, no forward. ``progress(done, total)`` is called after each
 batch; ``cancel()`` before each: True raises :class:`PatchingCancelled` carrying the
 partial result (NaN where not computed).
 
-This module builds on the clean-run and replay machinery of
-:mod:`vitviz.capture.causal` (one forward pre-hook per output projection, switched on
-per call through a ``ContextVar``): nothing is added to or removed from a shared model.
+Built on the :class:`~vitviz.capture.session.Run` (one clean forward per image, cached,
+with its autograd graph) and the named points of :mod:`vitviz.capture.points`: a head
+patch is the edit ``Edit("blocks.{l}.attn.z", "patch", source_run, heads=(h,))``; a
+residual patch at (l, t) replaces token t of the residual entering block l + 1 (the
+same tensor as ``blocks.{l}.out``) and replays from there, or, where the run cannot be
+replayed (zero-shot label scores), is ``Edit("blocks.{l}.out", "patch", source_run,
+tokens=(t,))`` in a full batched forward. Nothing is added to or removed from a
+shared model.
 """
 
 from __future__ import annotations
@@ -48,20 +54,12 @@ import torch
 from PIL import Image
 
 from vitviz.analysis.patching import head_estimate, residual_estimate
-from vitviz.capture.causal import (
-    NotDefined,
-    _Clean,
-    _clean_run,
-    _CleanRecorder,
-    _Plan,
-    _planned,
-    _replay,
-    causal_notes,
-)
-from vitviz.capture.run import DEFAULT_BUDGET_BYTES, check_budget, input_size_for, run_forward, token_layout
+from vitviz.capture.causal import NotDefined, causal_notes
+from vitviz.capture.points import Edit
+from vitviz.capture.run import DEFAULT_BUDGET_BYTES, check_budget, input_size_for, token_layout
+from vitviz.capture.session import Run, get_run
 from vitviz.capture.targets import Target, TargetError, resolve_target
 from vitviz.errors import VitvizError
-from vitviz.models.families.base import Call
 from vitviz.models.load import LoadedModel
 
 __all__ = [
@@ -69,7 +67,7 @@ __all__ = [
     "PatchingCancelled",
     "activation_patching",
     "patch_lens",
-    "patch_lens_from_clean",
+    "patch_lens_of_run",
     "patching_arrays",
 ]
 
@@ -96,8 +94,8 @@ class Patching:
     """Patching the source image's activations into the target image's run (see the module docstring).
 
     ``residual`` ``(L, T)``, ``heads`` ``(L, H)`` float32: ``y`` of each patched run (NaN: not computed,
-    no such head, or not defined); ``residual_estimate``, ``heads_estimate``: attribution patching's
-    estimate of the same (None when not asked); ``clean``, ``source``: ``y`` unpatched.
+    no such head); ``residual_estimate``, ``heads_estimate``: attribution patching's estimate of the same;
+    None where not asked or not defined (``notes`` says why); ``clean``, ``source``: ``y`` unpatched.
     """
 
     target: Target
@@ -114,7 +112,7 @@ class Patching:
     num_heads: tuple[int, ...]
     complete: bool
     forward_equivalents: float
-    notes: dict[str, str] = field(default_factory=dict)  # key left out -> why
+    notes: dict[str, str] = field(default_factory=dict)  # grid left out -> why
 
     def residual_map(self, block: int, estimate: bool = False) -> np.ndarray:
         """Block ``block``'s patch tokens ``(gh, gw)`` of the residual grid (or its estimate)."""
@@ -127,42 +125,48 @@ class Patching:
 # --- the two clean runs --------------------------------------------------------------------------
 
 
-def _clean_pair(
+def _runs(
     loaded: LoadedModel,
     target_image: Image.Image,
     source_image: Image.Image,
     size,
     budget_bytes: int,
     label_embeddings: np.ndarray | None,
-) -> tuple[_Clean, _Clean]:
+    gradients: bool,
+) -> tuple[Run, Run]:
     hw = input_size_for(loaded, size, target_image.size)
-    clean = _clean_run(loaded, target_image, hw, budget_bytes, label_embeddings)
-    source = _clean_run(loaded, source_image, hw, budget_bytes, label_embeddings)
-    if source.hw != clean.hw:  # a family that follows each image's aspect ratio (SigLIP 2 NaFlex)
+    clean = get_run(
+        loaded, target_image, size=hw, label_embeddings=label_embeddings, budget_bytes=budget_bytes, gradients=gradients
+    )
+    source = get_run(
+        loaded, source_image, size=hw, label_embeddings=label_embeddings, budget_bytes=budget_bytes, gradients=False
+    )
+    if source.input_size != clean.input_size:  # a family that follows each image's aspect ratio (SigLIP 2 NaFlex)
         raise NotDefined(
-            f"{loaded.family.name} gives the two images different inputs ({clean.hw[0]}x{clean.hw[1]} and "
-            f"{source.hw[0]}x{source.hw[1]} px): their activations cannot be patched into each other."
+            f"{loaded.family.name} gives the two images different inputs ({clean.input_size[0]}x"
+            f"{clean.input_size[1]} and {source.input_size[0]}x{source.input_size[1]} px): their activations "
+            "cannot be patched into each other."
         )
+    if clean.scores.numel() == 0:
+        raise NotDefined(causal_notes(loaded)["knockout"] or f"'{loaded.name}' gives no scores to patch.")
     for site in clean.sites:
-        a, b = clean.blocks.get(site.index), source.blocks.get(site.index)
-        if a is None or b is None or a[1] is None or b[1] is None:
-            continue
-        if a[1].shape != b[1].shape:
+        a, b = clean.block_tokens(site.index)[1], source.block_tokens(site.index)[1]
+        if a is not None and b is not None and a.shape != b.shape:
             raise NotDefined(
-                f"block {site.index} of {loaded.family.name} has {tuple(a[1].shape[1:])} tokens for the target "
-                f"and {tuple(b[1].shape[1:])} for the source: the grids differ between the two runs, so the "
-                "source's activations do not fit the target's run."
+                f"block {site.index} of {loaded.family.name} has {tuple(a.shape[1:])} tokens for the target and "
+                f"{tuple(b.shape[1:])} for the source: the grids differ between the two runs, so the source's "
+                "activations do not fit the target's run."
             )
     return clean, source
 
 
-def _resolve(clean: _Clean, target: Target | int | None, class_index: int | None, labels: bool) -> Target:
-    n = int(clean.logits.shape[0])
-    t = resolve_target(target, class_index=class_index, predicted=lambda: int(torch.argmax(clean.logits)))
+def _resolve(run: Run, target: Target | int | None, class_index: int | None, labels: bool) -> Target:
+    n = int(run.scores.shape[0])
+    t = resolve_target(target, class_index=class_index, predicted=lambda: int(torch.argmax(run.scores)))
     for i in (t.index, t.minus):
         if i is not None and not 0 <= int(i) < n:
             what = "label" if labels else "class"
-            raise TargetError(f"{what} {i} is outside 0..{n - 1} for '{clean.loaded.name}'.")
+            raise TargetError(f"{what} {i} is outside 0..{n - 1} for '{run.loaded.name}'.")
     return t
 
 
@@ -174,28 +178,11 @@ def _y(t: Target, scores: torch.Tensor) -> np.ndarray:
 # --- exact patching ------------------------------------------------------------------------------
 
 
-class _PatchPlan(_Plan):
-    """Per copy i: ``z`` of one block replaced where ``keep[i] == 0`` by the source's ``z`` (token by token)."""
-
-    def __init__(self, copies: int, index: int, keep: torch.Tensor, source_z: torch.Tensor) -> None:
-        super().__init__(copies=copies)
-        self.index, self.keep, self.source_z = index, keep, source_z  # keep (k, HD); source_z (1, ..., HD)
-
-    def __call__(self, index: int, z: torch.Tensor) -> torch.Tensor | None:
-        if index != self.index:
-            return None
-        k = self.copies
-        zz = z.reshape(k, -1, z.shape[-1])
-        src = self.source_z.reshape(1, -1, z.shape[-1]).to(z.dtype)
-        keep = self.keep[:, None].to(z.dtype)
-        return (zz * keep + src * (1 - keep)).reshape(z.shape)
-
-
 def _chunks(n: int, size: int) -> list[range]:
     return [range(i, min(i + size, n)) for i in range(0, n, size)]
 
 
-def _chunk_size(clean: _Clean, chunk: int | None, budget_bytes: int) -> int:
+def _chunk_size(run: Run, chunk: int | None, budget_bytes: int) -> int:
     if chunk is not None:
         if chunk < 1:
             raise ValueError(f"chunk must be at least 1, got {chunk}")
@@ -203,133 +190,120 @@ def _chunk_size(clean: _Clean, chunk: int | None, budget_bytes: int) -> int:
     k = _MAX_CHUNK
     while k > 1:
         try:
-            check_budget(clean.loaded, clean.hw, batch=k, gradients=False, budget=budget_bytes)
+            check_budget(run.loaded, run.input_size, batch=k, gradients=False, budget=budget_bytes)
             return k
         except VitvizError:
             k //= 2
     return 1
 
 
-def _head_tasks(clean: _Clean, source: _Clean) -> list[tuple[int, int]]:
+def _z_name(run: Run, layer: int) -> str | None:
+    name = run.name(run.sites[layer].index, "attn.z")
+    return name if run.has(name) else None
+
+
+def _head_tasks(clean: Run, source: Run) -> list[tuple[int, int]]:
     tasks = []
-    for layer, site in enumerate(clean.sites):
-        if clean.projections[layer] is None or site.index not in clean.z or site.index not in source.z:
+    for layer in range(clean.num_blocks):
+        name = _z_name(clean, layer)
+        if name is None or not source.has(name):
             continue
-        if clean.z[site.index].shape != source.z[site.index].shape:
+        a, b = clean.activation(name), source.activation(name)
+        if a.shape != b.shape:
             raise NotDefined(
-                f"head outputs of block {layer} have shape {tuple(clean.z[site.index].shape[1:])} for the target "
-                f"and {tuple(source.z[site.index].shape[1:])} for the source: the grids differ between the runs."
+                f"head outputs of block {layer} have shape {tuple(a.shape[1:])} for the target and "
+                f"{tuple(b.shape[1:])} for the source: the grids differ between the two runs."
             )
         tasks.extend((layer, h) for h in range(clean.num_heads[layer]))
     return tasks
 
 
-def _patched_heads(clean: _Clean, source: _Clean, layer: int, heads: list[int]) -> tuple[torch.Tensor, float]:
+def _patched_heads(clean: Run, source: Run, layer: int, heads: list[int]) -> tuple[torch.Tensor, float]:
     """Scores ``(k, C)`` of k copies of the target, copy i with head ``heads[i]`` of block ``layer`` patched."""
-    loaded, site = clean.loaded, clean.sites[layer]
-    k = len(heads)
-    z = clean.z[site.index]
-    width = z.shape[-1]
-    d = width // clean.num_heads[layer]
-    keep = torch.ones(k, width, dtype=z.dtype, device=z.device)
-    for i, h in enumerate(heads):
-        keep[i, h * d : (h + 1) * d] = 0
-    plan = _PatchPlan(k, site.index, keep, source.z[site.index])
-    with torch.inference_mode(), _planned(plan):
-        if clean.replayable:
-            x = clean.blocks[site.index][0]
-            scores = _replay(clean, layer, x.expand(k, *x.shape[1:]).contiguous())
-            work = k * (clean.num_blocks - layer) / clean.num_blocks
-        else:
-            pixels = clean.pixels.expand(k, *clean.pixels.shape[1:]).contiguous()
-            inputs = loaded.family.model_inputs(loaded, pixels, clean.hw)
-            with loaded.family.running(loaded.model):
-                out = loaded.family.forward(loaded.model, inputs)
-            scores = clean.scorer(out)
-            work = float(k)
-    return scores.float(), work
+    name = _z_name(clean, layer)
+    edits = [Edit(name, "patch", source, heads=(h,), rows=(i,)) for i, h in enumerate(heads)]
+    got = clean.edited(edits, batch=len(heads))
+    return got.scores, got.forward_equivalents
 
 
-def _patched_residual(clean: _Clean, source: _Clean, layer: int, tokens: range) -> tuple[torch.Tensor, float]:
+def _patched_residual(clean: Run, source: Run, layer: int, tokens: range) -> tuple[torch.Tensor, float]:
     """Scores ``(k, C)``: copy i has block ``layer``'s output at token ``tokens[i]`` replaced by the source's."""
-    site = clean.sites[layer]
-    x = clean.blocks[site.index][1]  # (1, T, D)
-    src = source.blocks[site.index][1]
+    site = clean.sites[layer].index
     k = len(tokens)
+    if not clean.replayable:  # full forwards: the same patch as an edit of the named point
+        name = clean.name(site, "out")
+        edits = [Edit(name, "patch", source, tokens=(t,), rows=(i,)) for i, t in enumerate(tokens)]
+        got = clean.edited(edits, batch=k, reuse_prefix=False)
+        return got.scores, got.forward_equivalents
+    x = clean.block_tokens(site)[1]  # (1, T, D): block l's output, the residual entering block l + 1
+    src = source.block_tokens(site)[1]
     idx = torch.arange(k, device=x.device)
     tok = torch.as_tensor(list(tokens), device=x.device)
     with torch.inference_mode():
         xs = x.expand(k, *x.shape[1:]).clone()
         xs[idx, tok] = src[0, tok].to(xs.dtype)
-        scores = _replay(clean, layer + 1, xs)
+        scores = clean._replay(layer + 1, xs)
     return scores.float(), k * (clean.num_blocks - layer - 1) / clean.num_blocks
 
 
-def _residual_note(clean: _Clean) -> str:
-    if clean.replayable:
-        return ""
+def _residual_note(clean: Run) -> str:
     loaded = clean.loaded
     if loaded.family.hierarchical:
         return (
             f"Residual patching is not defined for {loaded.family.name}: its token grid and width change between "
             "stages, so there is no one residual stream of (block, token) points to patch."
         )
-    return (
-        clean.readout_problem
-        or causal_notes(loaded)["lens"]
-        or f"Residual patching needs a readout head for '{loaded.name}', and its adapter describes none."
-    )
+    if any(clean.block_tokens(s.index)[1] is None for s in clean.sites):
+        return f"The {loaded.family.name} adapter gives no block outputs to patch."
+    return ""
 
 
 # --- attribution patching ------------------------------------------------------------------------
 
 
 def _estimates(
-    clean: _Clean, source: _Clean, t: Target, residual: bool, heads: bool, budget_bytes: int
-) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """Attribution patching from one forward and one backward on the target (the source's clean run given)."""
-    loaded = clean.loaded
-    check_budget(loaded, clean.hw, batch=1, gradients=True, budget=budget_bytes)
-    pixels = clean.pixels.detach().clone().requires_grad_(True)  # the graph reaches every block
-    rec = _CleanRecorder(loaded, Call(loaded.config, clean.hw, 1))
-    plan = _Plan(record=True)
-    with torch.enable_grad(), _planned(plan):
-        out = run_forward(loaded, pixels, rec)
-        y = t.select(clean.scorer(out))[0]
-        res_sites = [s.index for s in clean.sites if residual and rec.blocks[s.index][1] is not None]
-        z_sites = [
-            s.index
-            for layer, s in enumerate(clean.sites)
-            if heads and clean.projections[layer] is not None and s.index in plan.z and s.index in source.z
-        ]
-        wrt = [rec.blocks[i][1] for i in res_sites] + [plan.z[i] for i in z_sites]
-        grads = torch.autograd.grad(y, wrt, allow_unused=True) if wrt else ()
-    y0 = float(y.detach())
+    clean: Run, source: Run, t: Target, residual: bool, heads: bool
+) -> tuple[np.ndarray | None, np.ndarray | None, str]:
+    """Attribution patching from one backward pass through the target run's graph; (.., .., why not)."""
+    if not clean.has_graph:
+        return (
+            None,
+            None,
+            (
+                "The estimate needs the target run's autograd graph, which was not kept (over the memory budget, "
+                f"or {clean.loaded.family.name} has no gradient path through its attention)."
+            ),
+        )
+    res_names = [clean.name(s.index, "out") for s in clean.sites] if residual else []
+    z_names = []
+    if heads:
+        z_names = [n for n in (_z_name(clean, i) for i in range(clean.num_blocks)) if n is not None and source.has(n)]
+
+    def y(out) -> torch.Tensor:
+        return t.select(clean.score_of(out))[0]
+
+    grads = clean.gradients(y, [*res_names, *z_names])
+    y0 = float(_y(t, clean.scores[None])[0])
     res_est = head_est = None
     if residual:
-        n, tokens = clean.num_blocks, int(clean.blocks[clean.sites[-1].index][1].shape[1])
-        res_est = np.full((n, tokens), np.nan, np.float32)
-        for k, i in enumerate(res_sites):
-            layer = next(j for j, s in enumerate(clean.sites) if s.index == i)
-            a = rec.blocks[i][1].detach()
-            g = grads[k] if grads[k] is not None else torch.zeros_like(a)
-            if a.shape[1] != tokens:
-                continue
-            est = residual_estimate(_np(g)[None, 0], _np(a)[None, 0], _np(source.blocks[i][1])[None, 0])
-            res_est[layer] = y0 + est[0]
+        tokens = int(clean.activation(res_names[-1]).shape[1])
+        res_est = np.full((clean.num_blocks, tokens), np.nan, np.float32)
+        for layer, (name, g) in enumerate(zip(res_names, grads, strict=False)):
+            a = clean.activation(name)
+            g = torch.zeros_like(a) if g is None else g
+            res_est[layer] = y0 + residual_estimate(_np(g)[:1], _np(a)[:1], _np(source.activation(name))[:1])[0]
     if heads:
-        head_est = np.full((clean.num_blocks, clean.width), np.nan, np.float32)
-        for k, i in enumerate(z_sites):
-            layer = next(j for j, s in enumerate(clean.sites) if s.index == i)
-            z = plan.z[i].detach()
-            g = grads[len(res_sites) + k]
+        head_est = np.full((clean.num_blocks, max(clean.num_heads)), np.nan, np.float32)
+        layer_of = {_z_name(clean, i): i for i in range(clean.num_blocks)}
+        for name, g in zip(z_names, grads[len(res_names) :], strict=True):
+            layer = layer_of[name]
+            z = clean.activation(name)
             g = torch.zeros_like(z) if g is None else g
-            w = z.shape[-1]
-            h = clean.num_heads[layer]
+            w, h = z.shape[-1], clean.num_heads[layer]
             head_est[layer, :h] = y0 + head_estimate(
-                _np(g).reshape(-1, w), _np(z).reshape(-1, w), _np(source.z[i]).reshape(-1, w), h
+                _np(g).reshape(-1, w), _np(z).reshape(-1, w), _np(source.activation(name)).reshape(-1, w), h
             )
-    return res_est, head_est
+    return res_est, head_est, ""
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -365,7 +339,7 @@ def activation_patching(
     ``label_embeddings`` ``(K, D)`` (zero-shot models): the scores are label scores, the target a label
     index. Raises :class:`NotDefined` when nothing asked is defined for the model, with the reason.
     """
-    clean, source = _clean_pair(loaded, target_image, source_image, size, budget_bytes, label_embeddings)
+    clean, source = _runs(loaded, target_image, source_image, size, budget_bytes, label_embeddings, estimate)
     t = _resolve(clean, target, class_index, label_embeddings is not None)
     names = loaded.id2label if label_embeddings is None else None
     notes: dict[str, str] = {}
@@ -382,13 +356,13 @@ def activation_patching(
     if not do_res and not do_heads:
         raise NotDefined(" ".join(notes.values()) or "nothing to patch: ask for the residual or the head grid")
     n = clean.num_blocks
-    tokens = int(clean.blocks[clean.sites[-1].index][1].shape[1]) if do_res else 0
+    tokens = int(clean.block_tokens(clean.sites[-1].index)[1].shape[1]) if do_res else 0
     res = np.full((n, tokens), np.nan, np.float32) if do_res and exact else None
-    hd = np.full((n, clean.width), np.nan, np.float32) if do_heads and exact else None
-    clean_y = float(_y(t, clean.logits[None])[0])
-    source_y = float(_y(t, source.logits[None])[0])
+    hd = np.full((n, max(clean.num_heads)), np.nan, np.float32) if do_heads and exact else None
+    clean_y = float(_y(t, clean.scores[None])[0])
+    source_y = float(_y(t, source.scores[None])[0])
     work = 2.0
-    kinds, grid = token_layout(loaded, clean.hw) if do_res else ((), (0, 0))
+    kinds, grid = token_layout(loaded, clean.input_size) if do_res else ((), (0, 0))
     num_prefix = len(kinds)
     token_kinds = (*kinds, *("patch",) * (grid[0] * grid[1]))
 
@@ -413,8 +387,11 @@ def activation_patching(
 
     res_est = head_est = None
     if estimate:
-        res_est, head_est = _estimates(clean, source, t, do_res, do_heads, budget_bytes)
-        work += 3.0 - 1.0  # one forward and one backward on the target (the source's clean run is shared)
+        res_est, head_est, why = _estimates(clean, source, t, do_res, do_heads)
+        if why:
+            notes["estimate"] = why
+        else:
+            work += 1.0  # one backward pass through the target run's graph (about one forward)
     if exact:
         size_k = _chunk_size(clean, chunk, budget_bytes)
         jobs: list[tuple[str, int, list[int]]] = []
@@ -450,18 +427,18 @@ def activation_patching(
 # --- the per-patch logit lens --------------------------------------------------------------------
 
 
-def patch_lens_from_clean(clean: _Clean, t: Target, *, chunk: int = 64) -> np.ndarray:
+def patch_lens_of_run(run: Run, t: Target, *, chunk: int = 64) -> np.ndarray:
     """``(L + 1, gh, gw)`` float32: ``y`` read out from each patch token's residual (module docstring)."""
-    loaded = clean.loaded
-    if clean.readout is None or not clean.replayable:
+    loaded = run.loaded
+    if run.readout is None or not run.replayable:
         raise NotDefined(
-            clean.readout_problem
+            run.readout_problem
             or causal_notes(loaded)["lens"]
             or f"The per-patch logit lens is not defined for '{loaded.name}'."
         )
-    kinds, grid = token_layout(loaded, clean.hw)
+    kinds, grid = token_layout(loaded, run.input_size)
     p = len(kinds)
-    rows = [clean.blocks[clean.sites[0].index][0]] + [clean.blocks[s.index][1] for s in clean.sites]
+    rows = [run.block_tokens(run.sites[0].index)[0]] + [run.block_tokens(s.index)[1] for s in run.sites]
     out = np.empty((len(rows), grid[0] * grid[1]), np.float32)
     with torch.inference_mode():
         for r, x in enumerate(rows):
@@ -469,7 +446,7 @@ def patch_lens_from_clean(clean: _Clean, t: Target, *, chunk: int = 64) -> np.nd
             t_count = x.shape[1]
             for c in range(0, patches.shape[0], chunk):
                 v = patches[c : c + chunk]  # (k, D): every token of copy i is patch c + i
-                scores = clean.readout(v[:, None, :].expand(v.shape[0], t_count, v.shape[1]))
+                scores = run.readout(v[:, None, :].expand(v.shape[0], t_count, v.shape[1]))
                 out[r, c : c + v.shape[0]] = _y(t, scores)
     return _frozen(out.reshape(len(rows), *grid))
 
@@ -484,8 +461,10 @@ def patch_lens(
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
 ) -> np.ndarray:
     """The per-patch logit lens of ``image`` for ``target`` (default: the top-1 class): ``(L + 1, gh, gw)``."""
-    clean = _clean_run(loaded, image, size, budget_bytes)
-    return patch_lens_from_clean(clean, _resolve(clean, target, class_index, False))
+    run = get_run(loaded, image, size=size, budget_bytes=budget_bytes)
+    if run.scores.numel() == 0:
+        raise NotDefined(causal_notes(loaded)["lens"] or f"'{loaded.name}' gives no class logits to read out.")
+    return patch_lens_of_run(run, _resolve(run, target, class_index, False))
 
 
 # --- export --------------------------------------------------------------------------------------
