@@ -264,3 +264,12 @@ def test_families_without_the_point_get_a_message(hier_models):
     loaded = hier_models["mobilevitv2"]
     with pytest.raises(NotDefined, match="no per-head output projection"):
         activation_patching(loaded, random_image(15, (128, 128)), random_image(16, (128, 128)), estimate=False)
+
+
+def test_inputs_that_differ_between_the_two_runs_get_a_message(modern_dirs):
+    """SigLIP 2 NaFlex sizes each image by its aspect ratio: a wide source does not fit a tall target's run."""
+    from vitviz.models.load import load_model
+
+    loaded = load_model(str(modern_dirs["siglip2"]), device="cpu")
+    with pytest.raises(NotDefined, match="different inputs"):
+        activation_patching(loaded, random_image(19, (20, 60)), random_image(20, (60, 20)), estimate=False)
