@@ -30,7 +30,6 @@ from vitviz.analysis.rollout import capture_rollout
 from vitviz.cache import BoundedCache
 from vitviz.capture import run as vcapture
 from vitviz.capture.gradients import explain_classes, explain_targets
-from vitviz.capture.record import POOLED, Prediction
 from vitviz.capture.run import predictions_from_logits
 from vitviz.data.images import read_image
 from vitviz.demo import bundled
@@ -47,6 +46,7 @@ from vitviz.models.zeroshot import (
     rank,
     score,
 )
+from vitviz.record import POOLED, Prediction
 from vitviz.serve import (
     ForwardQueue,
     ModelCache,

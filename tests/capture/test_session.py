@@ -90,6 +90,11 @@ def test_heads_rollout_relevance_and_causal_share_one_forward(demo_model):
     np.testing.assert_allclose(cap.logits, ref.logits, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(row, capture_rollout(ref)[0], rtol=1e-6)
     np.testing.assert_allclose(rel.relevance, ref_rel, rtol=1e-5, atol=1e-7)
+    S.clear_runs()  # no Run cached (a data-set loop): relevance makes its own forward, no Run is kept
+    with Counter(loaded.model) as count:
+        alone = explain_classes(loaded, img, [c])[c]
+    assert count.n == 1 and S.peek_run(loaded, img) is None
+    np.testing.assert_allclose(alone.relevance, rel.relevance, rtol=1e-5, atol=1e-7)
 
 
 def test_cache_is_keyed_and_bounded(tiny_models):

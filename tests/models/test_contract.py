@@ -36,10 +36,10 @@ def every_family(tiny_models, hier_dirs, modern_dirs):
 
 @pytest.mark.parametrize("key", FAMILY_KEYS + HIER_KEYS + MODERN_KEYS)
 def test_every_family_keeps_the_contract(every_family, key):
-    from vitviz.capture.hooks import installed_sites
     from vitviz.capture.points import block_name, installed_points
     from vitviz.capture.session import get_run
     from vitviz.models.families.base import BlockParts
+    from vitviz.models.hooks import installed_sites
 
     loaded = every_family[key]
     fam = loaded.family
@@ -110,7 +110,7 @@ def dinov2_pair(tmp_path_factory):
     """(a DINOv2 classifier with random layer scales, the same weights with the scales renamed gamma_1/gamma_2)."""
     from transformers import Dinov2Config, Dinov2ForImageClassification, ViTImageProcessor
 
-    from vitviz.capture.hooks import install
+    from vitviz.models.hooks import install
     from vitviz.models.load import load_model
 
     folder = tmp_path_factory.mktemp("contract") / "dinov2"

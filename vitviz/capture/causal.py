@@ -137,12 +137,12 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitviz.capture.hooks import Site, installed_sites
 from vitviz.capture.points import _ACTIVE, Edit, active, block_name, install_points
 from vitviz.capture.run import DEFAULT_BUDGET_BYTES, check_budget, input_size_for
 from vitviz.capture.session import NoScores, Run, Scorer, get_run, scorer_for
 from vitviz.errors import CaptureError, VitvizError
 from vitviz.models.families.base import ReadoutHead
+from vitviz.models.hooks import Site, installed_sites
 from vitviz.models.load import LoadedModel
 
 __all__ = [

@@ -29,7 +29,7 @@ head column blocks (``attn.z`` only), ``tokens`` indices along the token axis
 (axis 1), ``rows`` which copies of a batched call (a call of ``batch`` copies splits
 axis 0 into ``batch`` equal parts); None selects everything.
 
-Mechanics, as ``vitviz.capture.hooks``: the hooks are installed once per model
+Mechanics, as ``vitviz.models.hooks``: the hooks are installed once per model
 (:func:`install_points`, at load) and do nothing unless the *current context* has
 set a call state (:func:`active`, a ``ContextVar``). Threads sharing one cached
 model never see each other's edits or records; nothing is registered or removed
@@ -51,8 +51,8 @@ from typing import Any, Literal
 
 import torch
 
-from vitviz.capture.hooks import Site, installed_sites
 from vitviz.errors import CaptureError
+from vitviz.models.hooks import Site, installed_sites
 
 __all__ = [
     "Edit",
@@ -349,7 +349,7 @@ def install_points(loaded) -> Points:
     """Register, once per model, the hooks of every named point the family declares; later calls return them.
 
     Idle unless a call in the current context sets a state (:func:`active`). Call it at load time (before
-    other threads run the model); the attention sites (``vitviz.capture.hooks``) must be installed first.
+    other threads run the model); the attention sites (``vitviz.models.hooks``) must be installed first.
     """
     model = loaded.model
     found = _POINTS.get(model)

@@ -1,7 +1,7 @@
-"""One forward pass -> one immutable :class:`~vitviz.capture.record.Capture` per image.
+"""One forward pass -> one immutable :class:`~vitviz.record.Capture` per image.
 
 Attention is read by the hooks installed when the model was loaded
-(``vitviz.capture.hooks``); a capture call sets its own recorder for the length of
+(``vitviz.models.hooks``); a capture call sets its own recorder for the length of
 its forward, so many sessions and threads can capture from one cached model at
 once. As each block finishes, its float32 probabilities are reduced to what the
 record keeps: a float16 copy in native form for display, the float32 head mean
@@ -20,11 +20,11 @@ import torch
 from PIL import Image
 
 from vitviz.analysis.blocks import block_summaries
-from vitviz.capture.hooks import Site, installed_sites, recording
-from vitviz.capture.record import Block, Capture, Geometry, Prediction, Stage
 from vitviz.errors import BudgetError, CaptureError
 from vitviz.models.families.base import Call, to_native
+from vitviz.models.hooks import Site, installed_sites, recording
 from vitviz.models.load import LoadedModel
+from vitviz.record import Block, Capture, Geometry, Prediction, Stage
 
 __all__ = [
     "Prediction",

@@ -2,7 +2,7 @@
 
 One forward pass fills, at once:
 
-* ``capture``: the frozen record (:class:`~vitviz.capture.record.Capture`) the Heads,
+* ``capture``: the frozen record (:class:`~vitviz.record.Capture`) the Heads,
   Rollout and Stats views read, exactly as :func:`vitviz.capture.run.capture` gives it;
 * every named point (:mod:`vitviz.capture.points`): the residual stream at each
   block's input and output, each block's heads' outputs ``z`` (``blocks.{i}.attn.z``,
@@ -37,9 +37,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitviz.capture.hooks import Site, installed_sites
 from vitviz.capture.points import Edit, Points, active, block_name, install_points
-from vitviz.capture.record import Capture, Geometry
 from vitviz.capture.run import (
     DEFAULT_BUDGET_BYTES,
     SummaryRecorder,
@@ -51,9 +49,21 @@ from vitviz.capture.run import (
 )
 from vitviz.errors import BudgetError, CaptureError
 from vitviz.models.families.base import Call, ReadoutHead
+from vitviz.models.hooks import Site, installed_sites
 from vitviz.models.load import LoadedModel
+from vitviz.record import Capture, Geometry
 
-__all__ = ["Run", "EditedScores", "Scorer", "NoScores", "get_run", "clear_runs", "scorer_for", "READOUT_RTOL"]
+__all__ = [
+    "Run",
+    "EditedScores",
+    "Scorer",
+    "NoScores",
+    "get_run",
+    "peek_run",
+    "clear_runs",
+    "scorer_for",
+    "READOUT_RTOL",
+]
 
 READOUT_RTOL = 1e-4  # a readout head must reproduce the model's logits to this (relative to their scale)
 Scorer = Callable[[object], torch.Tensor]  # the forward's output -> scores (B, K): class logits or label scores
@@ -385,6 +395,28 @@ def clear_runs() -> None:
         _KEY_LOCKS.clear()
 
 
+def _key(loaded: LoadedModel, image: Image.Image, hw, label_embeddings, budget_bytes: int) -> tuple:
+    labels = None if label_embeddings is None else hashlib.sha1(np.asarray(label_embeddings, np.float32)).hexdigest()
+    return (id(loaded.model), loaded.name, _digest(image), hw, str(loaded.dtype), labels, budget_bytes)
+
+
+def peek_run(
+    loaded: LoadedModel,
+    image: Image.Image,
+    *,
+    size: int | tuple[int, int] | None = None,
+    label_embeddings: np.ndarray | None = None,
+    budget_bytes: int = DEFAULT_BUDGET_BYTES,
+) -> Run | None:
+    """The cached :class:`Run` of ``image`` if there is one (no forward), else None."""
+    key = _key(loaded, image, input_size_for(loaded, size, image.size), label_embeddings, budget_bytes)
+    with _CACHE_LOCK:
+        run = _CACHE.get(key)
+        if run is not None:
+            _CACHE.move_to_end(key)
+        return run
+
+
 def get_run(
     loaded: LoadedModel,
     image: Image.Image,
@@ -401,8 +433,7 @@ def get_run(
     without it is rebuilt when a graph is asked for).
     """
     hw = input_size_for(loaded, size, image.size)
-    labels = None if label_embeddings is None else hashlib.sha1(np.asarray(label_embeddings, np.float32)).hexdigest()
-    key = (id(loaded.model), loaded.name, _digest(image), hw, str(loaded.dtype), labels, budget_bytes)
+    key = _key(loaded, image, hw, label_embeddings, budget_bytes)
     with _CACHE_LOCK:
         lock = _KEY_LOCKS.setdefault(key, threading.Lock())
     with lock:  # one clean forward per key, even when several views ask at once

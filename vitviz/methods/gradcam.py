@@ -24,7 +24,7 @@ head's). This is the layer pytorch-grad-cam's own ViT and Swin recipes use
 (the residual stream) rather than after it. The last block's *output* would not do
 for CLS models: the classifier reads only the CLS token after a per-token LayerNorm,
 so the gradient with respect to the output's patch tokens is exactly zero there.
-The block input is found by the block's forward hook (``vitviz.capture.hooks``) and
+The block input is found by the block's forward hook (``vitviz.models.hooks``) and
 its gradient by ``torch.autograd.grad``; no ``.grad`` is written on the shared model.
 """
 

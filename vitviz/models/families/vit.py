@@ -13,9 +13,9 @@ from typing import Literal
 import numpy as np
 import torch
 
-from vitviz.capture.hooks import Site
-from vitviz.capture.record import Geometry, PositionInfo, PositionTable
-from vitviz.models.families.base import BlockParts, Family, ReadoutHead, declared
+from vitviz.models.families.base import ABSENT, BlockParts, Family, ReadoutHead, declared
+from vitviz.models.hooks import Site
+from vitviz.record import Geometry, PositionInfo, PositionTable
 
 __all__ = ["PlainViT", "DeiT", "Dinov2", "Dinov2Registers", "Beit", "FAMILIES", "recorded_classes"]
 
@@ -49,7 +49,8 @@ class PlainViT(Family):
     model_types = ("vit",)
     interpolate_kwarg = True
     # What a block has, by its path under the layer module (transformers 5 names); see ``block_parts``.
-    projection_path = "attention.o_proj"
+    projection_paths = ("attention.o_proj",)
+    mlp_output_paths = ("mlp.fc2", "mlp.down_proj")  # GELU MLP, or SwiGLU (DINOv2, DINOv3)
     mlp_path = "mlp"
     layer_scale_paths: tuple[str, str] | None = None  # None: the blocks have no layer scale
 
@@ -103,30 +104,25 @@ class PlainViT(Family):
         return config.num_hidden_layers * config.num_attention_heads * t * t
 
     def block_parts(self, site) -> BlockParts:
-        """The declared parts: ``projection_path``, ``mlp_path`` and ``layer_scale_paths`` under the layer.
+        """The declared parts: ``projection_paths``, ``mlp_path`` and ``layer_scale_paths`` under the layer.
 
-        A declared part the layer lacks makes the block ``unknown`` (attribution refuses, naming it); the
-        projection then falls back to the base adapter's (knock-outs stay defined).
+        A declared part the layer lacks makes the block ``unknown``: attribution refuses, naming it.
         """
         block = site.block
-        proj, mlp = declared(block, self.projection_path), declared(block, self.mlp_path)
-        missing = [
-            p for p, v in ((self.projection_path, proj), (self.mlp_path, mlp)) if not isinstance(v, torch.nn.Module)
-        ]
+        proj, mlp = self.head_projection(site), declared(block, self.mlp_path)
+        missing = [p for p, v in (("/".join(self.projection_paths), proj), (self.mlp_path, mlp)) if v is None]
         scales: list = [None, None]
-        if self.layer_scale_paths is not None:
-            scales = [declared(block, p) for p in self.layer_scale_paths]
-            missing += [p for p, v in zip(self.layer_scale_paths, scales, strict=True) if v is None]
+        if self.layer_scale_paths is not None:  # a declared scale may be None or 1.0 (off), but must exist
+            scales = [declared(block, p, ABSENT) for p in self.layer_scale_paths]
+            missing += [p for p, v in zip(self.layer_scale_paths, scales, strict=True) if v is ABSENT]
+            scales = [None if v is ABSENT else v for v in scales]
         unknown = ""
         if missing:
             unknown = (
                 f"the {self.name} adapter declares {', '.join(missing)} in each layer, and this "
-                f"{type(block).__name__} has no such part: vitviz cannot tell where its "
-                f"{'layer scales' if self.layer_scale_paths and set(missing) & set(self.layer_scale_paths) else 'parts'} "
-                "sit"
+                f"{type(block).__name__} has no such part, so vitviz cannot tell where its "
+                f"{'layer scales' if set(missing) & set(self.layer_scale_paths or ()) else 'parts'} sit"
             )
-        if not isinstance(proj, torch.nn.Linear):
-            proj = self.head_projection(site)
         return BlockParts(
             projection=proj,
             mlp=mlp if isinstance(mlp, torch.nn.Module) else None,
