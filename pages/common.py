@@ -216,12 +216,16 @@ def capture_cache() -> BoundedCache:
 def get_capture(
     model_name: str, image_digest: str, size: tuple[int, int] | None, image_bytes: bytes
 ) -> vcapture.Capture:
-    """The capture of the session's image: one forward pass per (model, image, size), in the server's queue."""
+    """The capture of the session's image: one forward pass per (model, image, size), in the server's queue.
+
+    It is the capture of the image's Run (``vitviz.capture.session``), so the causal views and relevance of the
+    same image read that forward instead of making their own."""
+    from vitviz.capture.session import get_run
 
     def compute() -> vcapture.Capture:
         image = read_image(image_bytes, max_bytes=upload_limit()).image
         model = get_model(model_name)
-        return in_queue(lambda: vcapture.capture(model, image, size=size))
+        return in_queue(lambda: get_run(model, image, size=size).capture)
 
     return capture_cache().get_or_compute((model_name, image_digest, size), compute)
 

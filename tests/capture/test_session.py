@@ -107,6 +107,9 @@ def test_cache_is_keyed_and_bounded(tiny_models):
     for seed in range(3, 3 + S.CACHE_SIZE):
         S.get_run(loaded, random_image(seed))
     assert S.get_run(loaded, a) is not run  # evicted
+    other = S.get_run(tiny_models["deit"], a)
+    S.clear_runs(loaded.model)  # a server dropping a model drops its runs, and only those
+    assert S.peek_run(loaded, a) is None and S.peek_run(tiny_models["deit"], a) is other
 
 
 def test_concurrent_requests_for_one_image_make_one_forward(tiny_models):

@@ -28,6 +28,7 @@ threads (backward passes through its graph take turns).
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -332,8 +333,8 @@ def _make_run(
             check_budget(loaded, hw, batch=1, gradients=True, budget=budget_bytes)
         except BudgetError:
             gradients = False
-    if gradients and loaded.family.rollout_note(loaded.config):
-        gradients = False  # no relevance for the family; the fast estimate runs its own backward
+    if torch.is_inference_mode_enabled():
+        gradients = False  # a caller's inference mode: no graph can be kept
     pixels, resized = preprocess(loaded, [image], hw)
     call = Call(loaded.config, hw, 1)
     rec = _RunRecorder(loaded, call, "float16", len(sites))
@@ -385,14 +386,16 @@ def _digest(image: Image.Image) -> str:
 _CACHE: OrderedDict[tuple, Run] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 _KEY_LOCKS: dict[tuple, threading.Lock] = {}
-CACHE_SIZE = 4
+CACHE_SIZE = int(os.environ.get("VITVIZ_RUN_CACHE", "4"))  # runs kept (each may hold its autograd graph)
 
 
-def clear_runs() -> None:
-    """Forget every cached run."""
+def clear_runs(model: torch.nn.Module | None = None) -> None:
+    """Forget every cached run (of ``model`` only, when given: a run holds its model and its graph, so a
+    server that evicts a model should drop its runs too)."""
     with _CACHE_LOCK:
-        _CACHE.clear()
-        _KEY_LOCKS.clear()
+        for key in [k for k, r in _CACHE.items() if model is None or r.loaded.model is model]:
+            del _CACHE[key]
+            _KEY_LOCKS.pop(key, None)
 
 
 def _key(loaded: LoadedModel, image: Image.Image, hw, label_embeddings, budget_bytes: int) -> tuple:
@@ -453,7 +456,7 @@ def get_run(
 
 
 def _graph_possible(loaded: LoadedModel, hw: tuple[int, int], budget_bytes: int) -> bool:
-    if loaded.family.rollout_note(loaded.config):
+    if torch.is_inference_mode_enabled():
         return False
     try:
         check_budget(loaded, hw, batch=1, gradients=True, budget=budget_bytes)
