@@ -737,3 +737,31 @@ def get_curves(cur: Current, class_index: int, progress=None) -> dict:
         return in_queue(run)
 
     return results_cache().get_or_compute(("curves", *cur.key, class_index), compute)
+
+
+def target_ui(ranked: Classes, *, key: str, default: int | None = None):
+    """The explained target: a class (or zero-shot label), optionally minus another; a ``Target``.
+
+    ``ranked``: :func:`classes` of the session's image; ``default``: the class first shown (the top-1).
+    """
+    from vitviz.capture.targets import Target
+
+    names = {p.index: p.label for p in ranked.ranked}
+    order = [p.index for p in ranked.ranked]
+    first = default if default in names else order[0]
+    what = "Label" if ranked.labels is not None else "Class"
+    c1, c2 = st.columns(2)
+    index = c1.selectbox(what, order, index=order.index(first), format_func=names.get, key=f"{key}_index")
+    others = [None, *(i for i in order if i != index)]
+    minus = c2.selectbox(
+        f"…minus {what.lower()}",
+        others,
+        format_func=lambda i: "(none)" if i is None else names[i],
+        key=f"{key}_minus",
+        help=f"Explain the difference of two scores: {what.lower()} A's minus {what.lower()} B's (before softmax).",
+    )
+    if minus == index:
+        minus = None
+    if ranked.labels is not None:
+        return Target.of_label(ranked.labels, index, minus)
+    return Target.of_class(index, minus)
