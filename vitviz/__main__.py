@@ -86,6 +86,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             device=args.device,
             progress=progress,
             ray_actors=args.actors,
+            insertion_start=args.insertion_start,
         )
     finally:
         if before is not None:
@@ -244,6 +245,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="with --engine ray: model actors (default: one per GPU, else one per CPU)",
+    )
+    ev.add_argument(
+        "--insertion-start",
+        default="mean",
+        choices=("blur", "mean", "grey", "noise"),
+        help="what the insertion curve starts from: the image blurred, its mean colour, a fixed grey, or "
+        "seeded noise (default: mean; blur keeps colour, so it is flat where colour is the evidence)",
     )
     ev.add_argument("--batch-size", type=int, default=20, help="perturbed images per forward pass")
     ev.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")

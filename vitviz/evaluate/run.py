@@ -50,7 +50,7 @@ from PIL import Image
 from vitviz.analysis.stats import summary_table
 from vitviz.errors import VitvizError
 from vitviz.evaluate.data import Dataset, Item, Skipped, load_item, read_dataset, scale_box
-from vitviz.evaluate.faithfulness import Perturbations
+from vitviz.evaluate.faithfulness import DEFAULT_INSERTION_START, INSERTION_STARTS, Perturbations
 from vitviz.evaluate.results import (
     SCHEMA,
     SCHEMA_VERSION,
@@ -92,7 +92,9 @@ class RunConfig:
 
     ``model``: the name or path given to :func:`~vitviz.models.load.load_model` (each
     worker loads its own copy); ``methods``: names, in order; ``size``: the input size
-    (None: the model's); ``batch_size``: perturbed images per forward.
+    (None: the model's); ``batch_size``: perturbed images per forward; ``insertion_start``:
+    what the insertion curve starts from (:data:`~vitviz.evaluate.faithfulness.INSERTION_STARTS`;
+    the noise start is seeded per image like the random map).
     """
 
     model: str
@@ -101,6 +103,7 @@ class RunConfig:
     seed: int = 0
     batch_size: int = 20
     device: str | None = None
+    insertion_start: str = DEFAULT_INSERTION_START
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -118,6 +121,7 @@ class RunConfig:
             seed=int(d.get("seed", 0)),
             batch_size=int(d.get("batch_size", 20)),
             device=d.get("device"),
+            insertion_start=d.get("insertion_start", "blur"),  # runs written before the choice used blur
         )
 
 
@@ -163,7 +167,9 @@ class Evaluator:
         cls = inputs.predicted_class()
         seed = image_seed(cfg.seed, item.image_id)
         maps = {m.name: m(inputs, class_index=cls, seed=seed) for m in self.methods}
-        pert = Perturbations(loaded, image, size=cfg.size, batch_size=cfg.batch_size)
+        pert = Perturbations(
+            loaded, image, size=cfg.size, batch_size=cfg.batch_size, insertion_start=cfg.insertion_start, seed=seed
+        )
         box = None if item.box is None else scale_box(item.box, image.size, pert.input_size)
         scored = pert.curves_many(list(maps.values()), class_index=cls, box=box)
         return make_rows(
@@ -313,6 +319,7 @@ def _settings(config: RunConfig, dataset: Dataset) -> dict:
         "methods": list(config.methods),
         "size": config.to_dict()["size"],
         "seed": config.seed,
+        "insertion_start": config.insertion_start,
         "data": str(dataset.source.resolve()),
     }
 
@@ -357,6 +364,7 @@ def evaluate_dataset(
     chunk_seconds: float = 60.0,
     loaded: LoadedModel | None = None,
     ray_actors: int | None = None,
+    insertion_start: str = DEFAULT_INSERTION_START,
 ) -> RunReport:
     """Evaluate every image of ``data`` (folder or CSV) with ``methods`` and write ``out`` (module docstring).
 
@@ -364,7 +372,8 @@ def evaluate_dataset(
     existing cluster, default a local one; ``ray_actors``: the actor pool size,
     default one per GPU, else one per CPU). ``progress(done, total)`` after each image.
     ``loaded``: a model already loaded by ``model`` (the local engine uses it; saves a
-    load in tests). Raises :class:`EvaluateError`, :class:`~vitviz.evaluate.data.DataError`,
+    load in tests). ``insertion_start``: what insertion starts from (one of
+    :data:`~vitviz.evaluate.faithfulness.INSERTION_STARTS`), recorded in the metadata. Raises :class:`EvaluateError`, :class:`~vitviz.evaluate.data.DataError`,
     :class:`~vitviz.methods.base.MethodError` or a model loading error before any image
     when the run cannot start; images that fail are skipped and reported.
     """
@@ -377,6 +386,8 @@ def evaluate_dataset(
         raise EvaluateError(f"--batch-size must be at least 1, got {batch_size}")
     if ray_actors is not None and ray_actors < 1:
         raise EvaluateError(f"--actors must be at least 1, got {ray_actors}")
+    if insertion_start not in INSERTION_STARTS:
+        raise EvaluateError(f"unknown insertion start {insertion_start!r}; choose one of {', '.join(INSERTION_STARTS)}")
     out = Path(out)
     if out.is_dir():
         raise EvaluateError(f"--out '{out}' is a folder; give a file name such as results.parquet")
@@ -390,6 +401,7 @@ def evaluate_dataset(
         seed=seed,
         batch_size=batch_size,
         device=device,
+        insertion_start=insertion_start,
     )
     work = WorkDir(out)
     work.open(_settings(config, dataset))
@@ -426,6 +438,7 @@ def evaluate_dataset(
         data=str(dataset.source),
         engine=engine,
         points=21,
+        insertion_start=insertion_start,
         skipped=[{"where": s.where, "reason": s.reason} for s in dataset.skipped + skipped],
     )
     evaluated = _assemble(work, dataset, config, meta)
