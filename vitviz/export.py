@@ -18,7 +18,7 @@ from vitviz.capture.causal import causal_arrays
 from vitviz.capture.run import Capture, capture_batch
 from vitviz.data.images import load_image
 from vitviz.errors import VitvizError
-from vitviz.figures.overlay import overlay
+from vitviz.figures.overlay import fit_photo, overlay
 from vitviz.models.load import LoadedModel
 from vitviz.models.zeroshot import Labels, TextTower, ZeroShotError, encode_labels, score
 
@@ -167,6 +167,10 @@ def export_images(
 ) -> ExportReport:
     """Write ``<stem>.npz`` and ``<stem>_rollout.png`` (``_attention.png`` where rollout is undefined) per image.
 
+    The PNG is the map over the photo at the photo's own size, scaled down to at most
+    2048 px on its long side (:func:`vitviz.figures.overlay.fit_photo`), bilinear, 60 %
+    opacity, the map on its own min..max.
+
     Unreadable images are reported in ``failed`` and skipped; everything written
     before a failure stays. ``progress(n)`` is called after each ``n`` images.
     ``causal``: also ``logit_lens``, ``head_ablation`` (zero knock-out effect on the
@@ -208,7 +212,8 @@ def export_images(
             target = out / f"{path.stem}.npz"
             _write_npz(target, arrays)
             name, grid_map = overlay_map(cap, arrays)
-            overlay(cap.image, grid_map).save(out / f"{path.stem}_{name}.png")
+            photo = fit_photo(images[names.index(path)])  # the photo's own size, at most 2048 px on its long side
+            overlay(photo, grid_map).save(out / f"{path.stem}_{name}.png")
             report.written.append(target)
         if progress:
             progress(len(chunk))
