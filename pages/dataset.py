@@ -10,6 +10,14 @@ from vitviz import figures
 from vitviz.errors import VitvizError
 from vitviz.evaluate.results import read_results
 
+# What each insertion start is (files written before the choice existed started from blur).
+INSERTION_START_NAMES = {
+    "blur": "the blurred image",
+    "mean": "the image's mean colour",
+    "grey": "a fixed grey",
+    "noise": "seeded noise",
+}
+
 common.leave_folder_mode()
 ss = st.session_state
 if ss.pop("open_compare", False):
@@ -36,9 +44,11 @@ if "open_error" in ss:
     st.error(ss.pop("open_error"))
 st.header("A whole data set")
 st.caption(
-    "Results written by `python -m vitviz evaluate --model M --data FOLDER_OR_CSV --out RESULTS.parquet`: "
-    "per image and method the class explained, the deletion and insertion areas, and per image each head's "
-    "mean attention distance."
+    "Results written by `python -m vitviz evaluate --model M --data FOLDER_OR_CSV --out RESULTS.parquet "
+    "[--insertion-start blur|mean|grey|noise]`: per image and method the class explained, the deletion and "
+    "insertion areas, and per image each head's mean attention distance. Insertion starts from the image's mean "
+    "colour unless the run chose another start (blur keeps colour, so its curves are flat where colour is the "
+    "evidence)."
 )
 
 
@@ -67,7 +77,9 @@ meta = results.meta
 skipped = meta.get("skipped", [])
 st.caption(
     f"**{meta.get('model')}** on {results.num_images} images ({meta.get('data', '?')}), methods "
-    f"{', '.join(results.methods)}; seed {meta.get('seed')}; {len(skipped)} inputs skipped."
+    f"{', '.join(results.methods)}; seed {meta.get('seed')}; insertion from "
+    f"{INSERTION_START_NAMES.get(meta.get('insertion_start', 'blur'), meta.get('insertion_start'))}; "
+    f"{len(skipped)} inputs skipped."
 )
 summary = results.summary()
 st.dataframe(
