@@ -291,3 +291,22 @@ def test_causal_export_says_what_a_hierarchical_model_lacks(hier_dirs, image_fil
     assert "note: head_attribution left out" in res.stderr
     with np.load(tmp_path / "img0.npz", allow_pickle=False) as z:
         assert "head_ablation" in z.files and "head_attribution" not in z.files
+
+
+def test_export_gif_steps_through_the_blocks(tiny_models, tiny_dirs, image_files, tmp_path):
+    from vitviz.__main__ import main
+    from vitviz.figures.animation import BAND, gif_frames, view_stack
+
+    p = image_files[0]  # 40 x 30
+    export_images(tiny_models["vit"], [p], tmp_path / "a", gif="rollout")
+    gif = Image.open(tmp_path / "a" / f"{p.stem}_rollout.gif")
+    cap = capture(tiny_models["vit"], Image.open(p))
+    maps, labels = view_stack(cap, "rollout")
+    assert gif.n_frames == len(maps) == cap.num_blocks and gif.size == (40, 30 + BAND)
+    want = gif_frames(Image.open(p), maps, labels)
+    for i in range(gif.n_frames):
+        gif.seek(i)
+        assert np.abs(np.asarray(gif.convert("RGB"), float) - want[i]).mean() < 6  # 256 colours per frame
+    argv = ["export", "--model", str(tiny_dirs["vit"]), "--out", str(tmp_path / "b"), "--gif", "head"]
+    assert main([*argv, "--gif-head", "1", str(p)]) == 0
+    assert Image.open(tmp_path / "b" / f"{p.stem}_head.gif").n_frames == cap.num_blocks

@@ -42,6 +42,8 @@ def _export(args: argparse.Namespace) -> int:
             causal=args.causal,
             class_index=args.class_index,
             progress=bar.update,
+            gif=args.gif,
+            gif_head=args.gif_head,
         )
     report.failed[:0] = [(p, "no such file") for p in missing]
     print(f"wrote {len(report.written)} of {len(args.images)} images to {args.out}")
@@ -200,6 +202,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="C",
         help="with --causal: the class explained (default: the top-1)",
     )
+    ex.add_argument(
+        "--gif",
+        nargs="?",
+        const="rollout",
+        default=None,
+        choices=("rollout", "mean", "head"),
+        help="also write <stem>_<view>.gif stepping through the blocks: rollout up to each block (the default), "
+        "the mean of heads, or one head (--gif-head)",
+    )
+    ex.add_argument("--gif-head", type=int, default=0, metavar="H", help="with --gif head: the head shown")
     ex.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
     ex.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     ex.add_argument("--allow-pickle", action="store_true", help="accept pickle-only checkpoints (runs their code!)")

@@ -18,6 +18,7 @@ from vitviz.capture.causal import causal_arrays
 from vitviz.capture.run import Capture, capture_batch
 from vitviz.data.images import load_image
 from vitviz.errors import VitvizError
+from vitviz.figures.animation import gif_bytes, gif_frames, view_stack
 from vitviz.figures.overlay import fit_photo, overlay
 from vitviz.models.load import LoadedModel
 from vitviz.models.zeroshot import Labels, TextTower, ZeroShotError, encode_labels, score
@@ -164,6 +165,9 @@ def export_images(
     causal: bool = False,
     class_index: int | None = None,
     progress: Callable[[int], None] | None = None,
+    gif: str | None = None,
+    gif_head: int = 0,
+    gif_side: int = 512,
 ) -> ExportReport:
     """Write ``<stem>.npz`` and ``<stem>_rollout.png`` (``_attention.png`` where rollout is undefined) per image.
 
@@ -177,6 +181,11 @@ def export_images(
     explained class: ``class_index``, else the top-1), ``head_attribution``,
     ``mlp_attribution``, ``attribution_rest`` and ``explained_class``; keys a model does
     not support are left out and named in ``report.notes``.
+    ``gif``: also ``<stem>_<view>.gif``, the view stepping through the blocks
+    (:func:`vitviz.figures.animation.view_stack`: ``head`` (``gif_head``), ``mean`` or
+    ``rollout``; the query of ``query_xy`` where given), over the photo at most
+    ``gif_side`` px on its long side, one colour scale for all frames; where the view is
+    undefined the GIF is left out and the reason is in ``report.notes``.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -214,10 +223,34 @@ def export_images(
             name, grid_map = overlay_map(cap, arrays)
             photo = fit_photo(images[names.index(path)])  # the photo's own size, at most 2048 px on its long side
             overlay(photo, grid_map).save(out / f"{path.stem}_{name}.png")
+            if gif is not None:
+                _write_gif(
+                    out / f"{path.stem}_{gif}.gif",
+                    cap,
+                    images[names.index(path)],
+                    report,
+                    gif,
+                    gif_head,
+                    gif_side,
+                    None if query_xy is None else block_query(cap, 0, query_xy),
+                )
             report.written.append(target)
         if progress:
             progress(len(chunk))
     return report
+
+
+def _write_gif(
+    path: Path, cap: Capture, photo, report: ExportReport, view: str, head: int, side: int, query: int | None
+) -> None:
+    try:
+        maps, labels = view_stack(cap, view, head=head, query=query)
+    except ValueError as exc:
+        report.notes.setdefault(f"{view} GIF", str(exc))
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(gif_bytes(gif_frames(photo, maps, labels, max_side=side)))
+    os.replace(tmp, path)
 
 
 def print_failures(report: ExportReport) -> None:
