@@ -13,6 +13,14 @@ from vitviz.errors import VitvizError
 from vitviz.evaluate.results import Results, read_results
 from vitviz.text import md_plain, plotly_plain
 
+# What each insertion start is (files written before the choice existed started from blur).
+INSERTION_START_NAMES = {
+    "blur": "the blurred image",
+    "mean": "the image's mean colour",
+    "grey": "a fixed grey",
+    "noise": "seeded noise",
+}
+
 common.leave_folder_mode()
 ss = st.session_state
 if ss.pop("open_compare", False):
@@ -39,9 +47,11 @@ if "open_error" in ss:
     st.error(ss.pop("open_error"))
 st.header("A whole data set")
 st.caption(
-    "Results written by `python -m vitviz evaluate --model M --data FOLDER_OR_CSV --out RESULTS.parquet`: "
-    "per image and method the class explained, the deletion and insertion areas, and per image each head's "
-    "mean attention distance."
+    "Results written by `python -m vitviz evaluate --model M --data FOLDER_OR_CSV --out RESULTS.parquet "
+    "[--insertion-start blur|mean|grey|noise]`: per image and method the class explained, the deletion and "
+    "insertion areas, and per image each head's mean attention distance. Insertion starts from the image's mean "
+    "colour unless the run chose another start (blur keeps colour, so its curves are flat where colour is the "
+    "evidence)."
 )
 
 
@@ -95,9 +105,11 @@ if results.table.num_rows == 0:
         "on images the model can read, then upload its results."
     )
     st.stop()
+start = meta.get("insertion_start", "blur")
 st.caption(  # every field comes from the file: plain text
     f"**{md_plain(meta.get('model'))}** on {results.num_images} images ({md_plain(meta.get('data', '?'))}), methods "
-    f"{md_plain(', '.join(results.methods))}; seed {md_plain(meta.get('seed'))}; {len(skipped)} inputs skipped."
+    f"{md_plain(', '.join(results.methods))}; seed {md_plain(meta.get('seed'))}; insertion from "
+    f"{md_plain(INSERTION_START_NAMES.get(start, start))}; {len(skipped)} inputs skipped."
 )
 summary = results.summary()
 st.dataframe(

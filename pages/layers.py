@@ -3,13 +3,14 @@
 import numpy as np
 import streamlit as st
 
-from pages import common
+from pages import common, photo
 from vitviz import figures
 from vitviz.analysis import maps
 from vitviz.analysis.blocks import global_query, head_maps, row_map, select
 from vitviz.analysis.masks import mass_masks
 from vitviz.analysis.stats import SUMMARIES, summary_table
 from vitviz.errors import VitvizError
+from vitviz.figures.animation import view_stack
 from vitviz.text import plotly_plain
 
 cur = common.require_current()
@@ -123,6 +124,16 @@ else:
                 target = "the label's image-text score" if ranked.labels else "the class logit (before softmax)"
                 st.caption(f"Row of the {exp.readout}, for {target}. Choose it on the *Image & predictions* page.")
                 common.downloads(f"relevance_{exp.class_index}", "relevance", relevance=exp.patch_map())
+    photo.photo_panel(
+        "rollout",
+        [roll_map],
+        [f"Rollout of {cap.token_label(q_end, cap.blocks[end].stage)}, blocks {start}-{end}"],
+        index=0,
+        colorbar_title=f"rollout (raw, {precision})",
+        set_name="one map",
+        gif=lambda view: view_stack(cap, view),
+        gif_views=("rollout", "mean"),
+    )
 
 # DINO masks on the last block's global map
 last = cap.blocks[-1]

@@ -52,6 +52,7 @@ def test_the_last_local_run_shows_its_areas_distances_and_disagreements(last_res
     results = read_results(last_results)
     table = at.dataframe[0].value
     assert list(table["method"]) == [s.method for s in results.summary()]
+    assert any("insertion from the image's mean colour" in c.value for c in at.caption)  # the run's start
     rollout = next(s for s in results.summary() if s.method == "rollout")
     assert table.set_index("method").loc["rollout", "deletion area"].startswith(f"{rollout.deletion_mean:.3f}")
     figs = {el.proto.id: json.loads(el.proto.spec) for el in at.get("plotly_chart")}

@@ -67,6 +67,8 @@ def _export(args: argparse.Namespace) -> int:
             minus_index=minus_index,
             patch_from=args.patch_from,
             progress=bar.update,
+            gif=args.gif,
+            gif_head=args.gif_head,
         )
     report.failed[:0] = [(p, "no such file") for p in missing]
     print(f"wrote {len(report.written)} of {len(args.images)} images to {args.out}")
@@ -112,6 +114,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             progress=progress,
             ray_actors=args.actors,
             overwrite=args.overwrite,
+            insertion_start=args.insertion_start,
         )
     finally:
         if before is not None:
@@ -251,6 +254,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SOURCE",
         help="with --causal and one IMAGE: patch SOURCE's activations into IMAGE's run (patching_* arrays)",
     )
+    ex.add_argument(
+        "--gif",
+        nargs="?",
+        const="rollout",
+        default=None,
+        choices=("rollout", "mean", "head"),
+        help="also write <stem>_<view>.gif stepping through the blocks: rollout up to each block (the default), "
+        "the mean of heads, or one head (--gif-head)",
+    )
+    ex.add_argument("--gif-head", type=int, default=0, metavar="H", help="with --gif head: the head shown")
     ex.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
     ex.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     ex.add_argument("--allow-pickle", action="store_true", help="accept pickle-only checkpoints (runs their code!)")
@@ -301,6 +314,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--overwrite",
         action="store_true",
         help="replace an existing --out (and unfinished work) of other settings; without it such a run is refused",
+    )
+    ev.add_argument(
+        "--insertion-start",
+        default="mean",
+        choices=("blur", "mean", "grey", "noise"),
+        help="what the insertion curve starts from: the image blurred, its mean colour, a fixed grey, or "
+        "seeded noise (default: mean; blur keeps colour, so it is flat where colour is the evidence)",
     )
     ev.add_argument("--batch-size", type=int, default=20, help="perturbed images per forward pass")
     ev.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")

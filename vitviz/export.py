@@ -20,7 +20,8 @@ from vitviz.capture.targets import Target, targets_arrays
 from vitviz.cli_checks import unique_targets
 from vitviz.data.images import load_image
 from vitviz.errors import VitvizError
-from vitviz.figures.overlay import overlay
+from vitviz.figures.animation import gif_bytes, gif_frames, view_stack
+from vitviz.figures.overlay import fit_photo, overlay
 from vitviz.models.load import LoadedModel
 from vitviz.models.zeroshot import Labels, TextTower, ZeroShotError, encode_labels, score
 
@@ -164,8 +165,15 @@ def export_images(
     minus_index: int | None = None,
     patch_from: str | Path | None = None,
     progress: Callable[[int], None] | None = None,
+    gif: str | None = None,
+    gif_head: int = 0,
+    gif_side: int = 512,
 ) -> ExportReport:
     """Write ``<stem>.npz`` and ``<stem>_rollout.png`` (``_attention.png`` where rollout is undefined) per image.
+
+    The PNG is the map over the photo at the photo's own size, scaled down to at most
+    2048 px on its long side (:func:`vitviz.figures.overlay.fit_photo`), bilinear, 60 %
+    opacity, the map on its own min..max.
 
     Unreadable images are reported in ``failed`` and skipped; everything written
     before a failure stays. ``progress(n)`` is called after each ``n`` images.
@@ -180,6 +188,11 @@ def export_images(
     (:func:`vitviz.capture.patching.activation_patching`): ``patching_class``, ``patching_residual`` (L, T),
     ``patching_heads`` (L, H), ``patching_clean_logit``, ``patching_source_logit``,
     ``patching_residual_estimate``, ``patching_heads_estimate``.
+    ``gif``: also ``<stem>_<view>.gif``, the view stepping through the blocks
+    (:func:`vitviz.figures.animation.view_stack`: ``head`` (``gif_head``), ``mean`` or
+    ``rollout``; the query of ``query_xy`` where given), over the photo at most
+    ``gif_side`` px on its long side, one colour scale for all frames; where the view is
+    undefined the GIF is left out and the reason is in ``report.notes``.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -230,7 +243,19 @@ def export_images(
             target = out / f"{stem}.npz"
             _write_npz(target, arrays)
             name, grid_map = overlay_map(cap, arrays)
-            overlay(cap.image, grid_map).save(out / f"{stem}_{name}.png")
+            photo = fit_photo(images[names.index(path)])  # the photo's own size, at most 2048 px on its long side
+            overlay(photo, grid_map).save(out / f"{stem}_{name}.png")
+            if gif is not None:
+                _write_gif(
+                    out / f"{stem}_{gif}.gif",
+                    cap,
+                    images[names.index(path)],
+                    report,
+                    gif,
+                    gif_head,
+                    gif_side,
+                    None if query_xy is None else block_query(cap, 0, query_xy),
+                )
             report.written.append(target)
             if stem != path.stem:
                 report.renamed.append((str(path), target.name))
@@ -281,6 +306,19 @@ def _target_arrays(loaded, image, causal: dict, minus_index, scorer, size, sourc
                     notes[f"patching_{kind}"] = notes[f"patching_{kind}_estimate"] = p.notes[kind]
     arrays["_notes"] = notes
     return arrays
+
+
+def _write_gif(
+    path: Path, cap: Capture, photo, report: ExportReport, view: str, head: int, side: int, query: int | None
+) -> None:
+    try:
+        maps, labels = view_stack(cap, view, head=head, query=query)
+    except ValueError as exc:
+        report.notes.setdefault(f"{view} GIF", str(exc))
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(gif_bytes(gif_frames(photo, maps, labels, max_side=side)))
+    os.replace(tmp, path)
 
 
 def print_failures(report: ExportReport) -> None:

@@ -47,6 +47,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vitviz.evaluate.data import Dataset, Item, Skipped, read_dataset
+from vitviz.evaluate.faithfulness import DEFAULT_INSERTION_START, INSERTION_STARTS
 from vitviz.evaluate.results import (
     SCHEMA,
     SCHEMA_VERSION,
@@ -223,6 +224,7 @@ def _settings(config: RunConfig, dataset: Dataset) -> dict:
         "methods": list(config.methods),
         "size": config.to_dict()["size"],
         "seed": config.seed,
+        "insertion_start": config.insertion_start,
         "data": str(dataset.source.resolve()),
     }
 
@@ -297,6 +299,7 @@ def evaluate_dataset(
     chunk_seconds: float = 60.0,
     loaded: LoadedModel | None = None,
     ray_actors: int | None = None,
+    insertion_start: str = DEFAULT_INSERTION_START,
     overwrite: bool = False,
 ) -> RunReport:
     """Evaluate every image of ``data`` (folder or CSV) with ``methods`` and write ``out`` (module docstring).
@@ -320,6 +323,8 @@ def evaluate_dataset(
         raise EvaluateError(f"--batch-size must be at least 1, got {batch_size}")
     if ray_actors is not None and ray_actors < 1:
         raise EvaluateError(f"--actors must be at least 1, got {ray_actors}")
+    if insertion_start not in INSERTION_STARTS:
+        raise EvaluateError(f"unknown insertion start {insertion_start!r}; choose one of {', '.join(INSERTION_STARTS)}")
     out = Path(out)
     if out.is_dir():
         raise EvaluateError(f"--out '{out}' is a folder; give a file name such as results.parquet")
@@ -333,6 +338,7 @@ def evaluate_dataset(
         seed=seed,
         batch_size=batch_size,
         device=device,
+        insertion_start=insertion_start,
     )
     work = WorkDir(out)
     settings = _settings(config, dataset)
@@ -374,6 +380,7 @@ def evaluate_dataset(
         data=str(dataset.source),
         engine=engine,
         points=21,
+        insertion_start=insertion_start,
         skipped=[{"where": s.where, "reason": s.reason} for s in dataset.skipped + skipped],
         settings=settings,
     )

@@ -13,7 +13,7 @@ from PIL import Image
 from vitviz.analysis.stats import summary_table
 from vitviz.errors import VitvizError
 from vitviz.evaluate.data import Item, Skipped, load_item, scale_box
-from vitviz.evaluate.faithfulness import Perturbations
+from vitviz.evaluate.faithfulness import DEFAULT_INSERTION_START, Perturbations
 from vitviz.evaluate.results import image_seed, make_rows
 from vitviz.methods import get_method
 from vitviz.methods.base import Inputs
@@ -41,6 +41,7 @@ class RunConfig:
     seed: int = 0
     batch_size: int = 20
     device: str | None = None
+    insertion_start: str = DEFAULT_INSERTION_START
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -58,6 +59,7 @@ class RunConfig:
             seed=int(d.get("seed", 0)),
             batch_size=int(d.get("batch_size", 20)),
             device=d.get("device"),
+            insertion_start=d.get("insertion_start", "blur"),  # runs written before the choice used blur
         )
 
 
@@ -81,7 +83,9 @@ class Evaluator:
         cls = inputs.predicted_class()
         seed = image_seed(cfg.seed, item.image_id)
         maps = {m.name: m(inputs, class_index=cls, seed=seed) for m in self.methods}
-        pert = Perturbations(loaded, image, size=cfg.size, batch_size=cfg.batch_size)
+        pert = Perturbations(
+            loaded, image, size=cfg.size, batch_size=cfg.batch_size, insertion_start=cfg.insertion_start, seed=seed
+        )
         box = None if item.box is None else scale_box(item.box, image.size, pert.input_size)
         scored = pert.curves_many(list(maps.values()), class_index=cls, box=box)
         return make_rows(
