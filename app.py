@@ -11,7 +11,7 @@ import streamlit as st
 from pages import common
 from vitviz.data.images import read_image
 from vitviz.errors import VitvizError
-from vitviz.models.zeroshot import parse_labels
+from vitviz.models.zeroshot import parse_labels, vocabulary_warning
 
 common.leave_folder_mode()
 st.set_page_config(page_title="vitviz", page_icon=":material/visibility:", layout="wide")
@@ -102,6 +102,9 @@ def labels_ui() -> None:
         return
     for note in labels.notes:
         st.caption(note)
+    unknown = vocabulary_warning(model.text, labels, ss.model_name)
+    if unknown:
+        st.warning(unknown)
     st.caption(f"{len(labels.names)} labels, e.g. '{labels.prompts[0]}'.")
 
 

@@ -237,6 +237,19 @@ def test_labels_give_the_models_own_logits_per_image(modern_dirs, image_files, t
         assert "label_names" not in z.files and z["logits"].shape == (0,)
 
 
+def test_labels_the_tokenizer_does_not_know_are_a_warning(image_files, tmp_path):
+    res = _run_cli(
+        "export", "--model", "demo-clip", "--out", str(tmp_path), "--labels", "cat,dog,circle", str(image_files[0])
+    )
+    assert res.returncode == 0, res.stderr
+    warned = [ln for ln in res.stderr.splitlines() if ln.startswith("warning:")]
+    assert len(warned) == 1 and "does not know 'cat', 'dog'" in warned[0] and "'circle'" not in warned[0]
+    known = _run_cli(
+        "export", "--model", "demo-clip", "--out", str(tmp_path), "--labels", "circle,star", str(image_files[0])
+    )
+    assert known.returncode == 0 and "warning:" not in known.stderr
+
+
 def test_labels_on_a_model_without_a_text_tower_are_refused(tiny_dirs, image_files, tmp_path):
     res = _run_cli(
         "export", "--model", str(tiny_dirs["vit"]), "--out", str(tmp_path), "--labels", "cat", str(image_files[0])

@@ -18,7 +18,7 @@ def _export(args: argparse.Namespace) -> int:
 
     from vitviz.export import export_images, print_failures
     from vitviz.models.load import load_model
-    from vitviz.models.zeroshot import parse_labels
+    from vitviz.models.zeroshot import parse_labels, vocabulary_warning
 
     missing = [p for p in args.images if not Path(p).is_file()]
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, allow_pickle=args.allow_pickle)
@@ -28,6 +28,10 @@ def _export(args: argparse.Namespace) -> int:
         labels = parse_labels(args.labels, template)
         for note in labels.notes:
             print(f"note: {note}", file=sys.stderr)
+        if loaded.text is not None:
+            unknown = vocabulary_warning(loaded.text, labels, args.model)
+            if unknown:
+                print(f"warning: {unknown}", file=sys.stderr)
     size = None if args.size is None else (args.size[0] if len(args.size) == 1 else tuple(args.size))
     present = [p for p in args.images if p not in missing]
     with tqdm(total=len(present), unit="img", desc="export", file=sys.stderr) as bar:

@@ -158,3 +158,63 @@ def test_towers_of_different_widths_are_refused(tmp_path):
     model = SiglipModel(SiglipConfig(text_config=text, vision_config=vision))
     with pytest.raises(ModelLoadError, match="16-d embeddings and the image tower 32-d"):
         text_tower(model, str(tmp_path), {})
+
+
+def test_words_the_tokenizer_does_not_know_are_named():
+    from vitviz.models.load import load_model
+    from vitviz.models.zeroshot import unknown_words, vocabulary_warning
+
+    loaded = load_model("demo-clip")
+    labels = parse_labels("cat, dog, circle, red star", loaded.text.template)
+    # independent reference: the demo's vocabulary is vitviz.demo.clip.WORDS; "cat" and "dog" are not in it
+    from vitviz.demo.clip import WORDS
+
+    assert "cat" not in WORDS and "circle" in WORDS and "red" in WORDS
+    assert unknown_words(loaded.text, labels) == {"cat": ("cat",), "dog": ("dog",)}
+    msg = vocabulary_warning(loaded.text, labels, "demo-clip")
+    assert "'cat', 'dog':" in msg and "'circle'" not in msg
+    assert vocabulary_warning(loaded.text, parse_labels("circle, star", loaded.text.template), "demo-clip") == ""
+    # unknown words of the template are named too (not only the label's)
+    odd = parse_labels("circle", "a sketch of a {}.")
+    assert unknown_words(loaded.text, odd) == {"circle": ("sketch",)}
+    # the same id for two labels is what made the scores equal: the warning is the only signal
+    ids = [loaded.text.tokenizer(p)["input_ids"] for p in labels.prompts[:2]]
+    assert ids[0] == ids[1]
+
+
+def test_a_tokenizer_without_an_unknown_token_warns_of_nothing(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from vitviz.models.zeroshot import TextTower, unknown_words, vocabulary_warning
+
+    raw = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate("abcdefghijklmnopqrstuvwxyz .")}, merges=[]))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw)
+    assert tok.unk_token_id is None
+    tower = TextTower(tok, "longest", 16, "softmax", "{}")
+    labels = parse_labels("cat, zebra")
+    assert unknown_words(tower, labels) == {}
+    assert vocabulary_warning(tower, labels, "bpe") == ""
+
+
+def test_a_two_tower_folder_without_a_tokenizer_says_so(tmp_path):
+    from vitviz.models.load import load_model
+    from vitviz.models.zeroshot import text_tower_note
+
+    model, _ = _two_tower(tmp_path, "siglip")
+    for f in tmp_path.iterdir():
+        if "token" in f.name or f.name in ("vocab.json", "special_tokens_map.json"):
+            f.unlink()
+    assert text_tower(model, str(tmp_path), {}) is None
+    note = text_tower_note(model, "folder")
+    assert "tokenizer" in note and "zero-shot" in note and "backbone" not in note
+    from transformers import SiglipImageProcessor
+
+    SiglipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path))
+    assert not loaded.zero_shot and "tokenizer" in loaded.text_note
+    from vitviz.methods import why_unavailable
+
+    why = why_unavailable(loaded, "relevance")
+    assert "tokenizer" in why and "backbone without" not in why

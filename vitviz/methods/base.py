@@ -202,7 +202,7 @@ class Method:
             if note:
                 return f"{self.title} is not defined for {loaded.family.name}: {note}"
         if self.class_specific and not loaded.has_classifier:
-            return f"{self.title} explains a class logit, and '{loaded.name}' is a backbone without a classifier."
+            return f"{self.title} explains a class logit, and {loaded.no_classes}"
         return ""
 
     def describe(self, inputs: Inputs, seed: int) -> str:

@@ -40,6 +40,9 @@ __all__ = [
     "Scores",
     "parse_labels",
     "text_tower",
+    "text_tower_note",
+    "unknown_words",
+    "vocabulary_warning",
     "encode_labels",
     "score",
     "from_logits",
@@ -169,6 +172,57 @@ def text_tower(
         rule="sigmoid" if siglip else "softmax",
         template=_declared(source, "prompt_template") or DEFAULT_TEMPLATE,
         labels=_declared(source, "labels") or "",
+    )
+
+
+def text_tower_note(model: torch.nn.Module, source: str) -> str:
+    """Why a model with a text tower has no zero-shot labels (its folder has no tokenizer); "" when it has no text tower."""
+    if not hasattr(model, "get_text_features"):
+        return ""
+    return (
+        f"'{source}' has a text tower, but its folder has no tokenizer files (tokenizer.json, or the tokenizer's "
+        "vocabulary): zero-shot labels need the tokenizer. Copy the tokenizer files of the checkpoint it came from "
+        "into the folder; until then only the image tower's views work."
+    )
+
+
+def unknown_words(tower: TextTower, labels: Labels) -> dict[str, tuple[str, ...]]:
+    """Per label, the words of its prompt the tokenizer reads as its unknown token (labels without any are left out).
+
+    A word is the text the unknown token stands for, as the tokenizer cut it
+    (fast tokenizers' offsets); the template's words count too, since the text
+    tower reads the whole prompt. A tokenizer without an unknown token
+    (byte-level BPE, as CLIP's) knows every word: ``{}``.
+    """
+    tok = tower.tokenizer
+    unk = getattr(tok, "unk_token_id", None)
+    if unk is None:
+        return {}
+    found: dict[str, tuple[str, ...]] = {}
+    for name, prompt in zip(labels.names, labels.prompts, strict=True):
+        if getattr(tok, "is_fast", False):
+            enc = tok(prompt, add_special_tokens=False, return_offsets_mapping=True)
+            words = [prompt[a:b] for i, (a, b) in zip(enc["input_ids"], enc["offset_mapping"], strict=True) if i == unk]
+        else:  # slow tokenizers have no offsets: ask word by word
+            words = [w for w in prompt.split() if unk in tok(w, add_special_tokens=False)["input_ids"]]
+        words = [w for w in dict.fromkeys(words) if w.strip()]
+        if words:
+            found[name] = tuple(words)
+    return found
+
+
+def vocabulary_warning(tower: TextTower, labels: Labels, model_name: str) -> str:
+    """A warning naming the words of the prompts the model's tokenizer does not know ("" when it knows them all)."""
+    found = unknown_words(tower, labels)
+    if not found:
+        return ""
+    words = ", ".join(f"'{w}'" for w in dict.fromkeys(w for ws in found.values() for w in ws))
+    names = ", ".join(f"'{n}'" for n in found)
+    return (
+        f"{model_name}'s tokenizer does not know {words}: the text tower reads each as one unknown token, so "
+        f"the scores of {names} say nothing about {'that word' if words.count(',') == 0 else 'those words'} "
+        "(labels differing only there get the same score). Use words the model knows"
+        + (f", e.g. {tower.labels}." if tower.labels else ".")
     )
 
 
