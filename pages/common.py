@@ -109,6 +109,7 @@ DEFAULTS = {
     "fusion": "mean",
     "rollout_range": None,
     "discard": 0.0,
+    "relevance_from": 0,  # relevance through blocks k..L-1 (0: all blocks, MM-Explainability's start_layer=0)
     "tau": 0.6,
     "metric": "distance",
     "position": 0,
@@ -285,18 +286,23 @@ def get_relevance(
     image_bytes: bytes,
     prompt: str | None = None,
     label: str = "",
+    start_block: int = 0,
 ):
-    """Relevance for a class logit, or for a zero-shot label's score (``prompt``: the label's prompt)."""
+    """Relevance for a class logit, or for a zero-shot label's score (``prompt``: the label's prompt).
+
+    ``start_block``: relevance through blocks k..L-1 only (0: all blocks).
+    """
 
     def compute():
         loaded = get_model(model_name)
         image = read_image(image_bytes, max_bytes=upload_limit()).image
+        kw = {"size": size, "start_block": start_block}
         if prompt is None:
-            return in_queue(lambda: explain_classes(loaded, image, [class_index], size=size)[class_index])
+            return in_queue(lambda: explain_classes(loaded, image, [class_index], **kw)[class_index])
         target = label_target(loaded.family, loaded.model, get_label_embeddings(model_name, (prompt,))[0])
-        return in_queue(lambda: explain_targets(loaded, image, {class_index: (label, target)}, size=size)[class_index])
+        return in_queue(lambda: explain_targets(loaded, image, {class_index: (label, target)}, **kw)[class_index])
 
-    key = ("relevance", model_name, image_digest, size, class_index, prompt)
+    key = ("relevance", model_name, image_digest, size, class_index, prompt, start_block)
     return results_cache().get_or_compute(key, compute)
 
 

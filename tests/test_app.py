@@ -114,6 +114,32 @@ def test_layers_rollout_controls_change_the_rollout():
     assert "entropy" in _titled(at, "click a cell")["layout"]["title"]["text"]
 
 
+def test_relevance_start_block_on_the_layers_page():
+    from pathlib import Path
+
+    from PIL import Image
+
+    from vitviz.capture.gradients import explain_classes
+    from vitviz.models.load import load_model
+
+    at = _app("pages/layers.py")
+    _no_trouble(at)
+    assert any("through all blocks (the default)" in c.value for c in at.caption)
+    every = _decode(_titled(at, "Relevance for")["data"][1]["z"])
+    at.selectbox(key="_w_relevance_from").set_value(3).run()  # the demo ViT: blocks 0..3
+    _no_trouble(at)
+    assert any("through the last block (3) only" in c.value for c in at.caption)
+    fig = _titled(at, "Relevance for")
+    loaded = load_model("demo")
+    label = fig["layout"]["title"]["text"].split("'")[1]
+    cls = next(i for i, name in loaded.id2label.items() if name == label)
+    image = Image.open(Path(APP).parent / "assets" / "examples" / "demo-star.png").convert("RGB")
+    ref = explain_classes(loaded, image, [cls], start_block=3)[cls].patch_map()
+    got = _decode(fig["data"][1]["z"])
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-6)
+    assert not np.allclose(got, every)
+
+
 def test_positions_page_click_target_and_tile():
     at = _app("pages/positions.py")
     _no_trouble(at)

@@ -90,6 +90,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             device=args.device,
             progress=progress,
             ray_actors=args.actors,
+            relevance_from_block=args.relevance_from_block,
         )
     finally:
         if before is not None:
@@ -250,6 +251,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --engine ray: model actors (default: one per GPU, else one per CPU)",
     )
     ev.add_argument("--batch-size", type=int, default=20, help="perturbed images per forward pass")
+    ev.add_argument(
+        "--relevance-from-block",
+        type=int,
+        default=0,
+        metavar="K",
+        help="relevance runs through blocks K..last (default 0: all blocks, MM-Explainability's start_layer=0; "
+        "-1: the last block only, its CLIP notebook's default)",
+    )
     ev.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
     ev.set_defaults(func=_evaluate)
 

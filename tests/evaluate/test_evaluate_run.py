@@ -199,3 +199,24 @@ def test_results_have_the_schema(demo, demo_csv: Path, tmp_path: Path) -> None:
     assert res.table.schema.names == SCHEMA.names
     assert res.meta["methods"] == list(METHODS) and res.meta["seed"] == 3 and res.meta["engine"] == "local"
     assert res.meta["images"] == 1 and res.meta["size"] == SIZE
+
+
+def test_relevance_from_a_later_block_in_evaluate(demo, demo_csv: Path, tmp_path: Path, capsys) -> None:
+    from vitviz.methods import explain
+
+    out = tmp_path / "last.parquet"
+    args = ["evaluate", "--data", str(demo_csv), "--out", str(out), "--methods", "relevance", "--size", "48"]
+    assert main([*args, "--limit", "1", "--relevance-from-block", "-1"]) == 0
+    res = read_results(out)
+    assert res.meta["relevance_from_block"] == -1
+    item = read_dataset(demo_csv).items[0]
+    image = load_item(item)
+    row = pd.read_parquet(out).iloc[0]
+    ref = evaluate_methods(demo, image, ["relevance"], size=SIZE, box=scale_box(item.box, image.size, (SIZE, SIZE)))
+    last = explain(demo, image, "relevance", class_index=int(row["class_index"]), size=SIZE, from_block=-1)
+    every = explain(demo, image, "relevance", class_index=int(row["class_index"]), size=SIZE)
+    assert not np.allclose(last.values, every.values)
+    assert row["deletion_area"] != ref["relevance"].deletion_area  # the default (all blocks) scores another map
+    capsys.readouterr()
+    assert main([*args, "--limit", "1", "--relevance-from-block", "4"]) == 1  # the demo ViT has blocks 0..3
+    assert "0..3" in capsys.readouterr().err

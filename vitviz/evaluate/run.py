@@ -48,7 +48,7 @@ import pyarrow.parquet as pq
 from PIL import Image
 
 from vitviz.analysis.stats import summary_table
-from vitviz.errors import VitvizError
+from vitviz.errors import CaptureError, VitvizError
 from vitviz.evaluate.data import Dataset, Item, Skipped, load_item, read_dataset, scale_box
 from vitviz.evaluate.faithfulness import Perturbations
 from vitviz.evaluate.results import (
@@ -101,6 +101,7 @@ class RunConfig:
     seed: int = 0
     batch_size: int = 20
     device: str | None = None
+    relevance_from_block: int = 0  # relevance through blocks k..L-1 (0: all, MM-Explainability's start_layer=0)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -118,7 +119,14 @@ class RunConfig:
             seed=int(d.get("seed", 0)),
             batch_size=int(d.get("batch_size", 20)),
             device=d.get("device"),
+            relevance_from_block=int(d.get("relevance_from_block", 0)),
         )
+
+    def method(self, name: str):
+        """The method ``name`` with this run's options (relevance: ``from_block``)."""
+        if name == "relevance" and self.relevance_from_block:
+            return get_method(name, from_block=self.relevance_from_block)
+        return get_method(name)
 
 
 def resolve_methods(loaded: LoadedModel, methods: Sequence[str] | None) -> tuple[str, ...]:
@@ -149,7 +157,7 @@ class Evaluator:
     def __init__(self, config: RunConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
         self.loaded = loaded if loaded is not None else load_model(config.model, device=config.device)
-        self.methods = [get_method(m) for m in config.methods]
+        self.methods = [config.method(m) for m in config.methods]
 
     def evaluate_item(self, item: Item) -> list[dict]:
         """Read, check and evaluate one item (raises :class:`~vitviz.errors.VitvizError` for a bad image)."""
@@ -314,6 +322,7 @@ def _settings(config: RunConfig, dataset: Dataset) -> dict:
         "size": config.to_dict()["size"],
         "seed": config.seed,
         "data": str(dataset.source.resolve()),
+        **({"relevance_from_block": config.relevance_from_block} if config.relevance_from_block else {}),
     }
 
 
@@ -357,12 +366,15 @@ def evaluate_dataset(
     chunk_seconds: float = 60.0,
     loaded: LoadedModel | None = None,
     ray_actors: int | None = None,
+    relevance_from_block: int = 0,
 ) -> RunReport:
     """Evaluate every image of ``data`` (folder or CSV) with ``methods`` and write ``out`` (module docstring).
 
     ``engine``: ``local`` (this process, no Ray imported) or ``ray`` (``address``: an
     existing cluster, default a local one; ``ray_actors``: the actor pool size,
     default one per GPU, else one per CPU). ``progress(done, total)`` after each image.
+    ``relevance_from_block``: the relevance method runs through blocks k..L-1 (0, the
+    default: all blocks; -1: the last only).
     ``loaded``: a model already loaded by ``model`` (the local engine uses it; saves a
     load in tests). Raises :class:`EvaluateError`, :class:`~vitviz.evaluate.data.DataError`,
     :class:`~vitviz.methods.base.MethodError` or a model loading error before any image
@@ -390,7 +402,16 @@ def evaluate_dataset(
         seed=seed,
         batch_size=batch_size,
         device=device,
+        relevance_from_block=relevance_from_block,
     )
+    if relevance_from_block and "relevance" in config.methods:
+        from vitviz.capture.gradients import start_block_index
+
+        try:  # a block the model does not have is refused before any image
+            blocks = Inputs(loaded, Image.new("RGB", (8, 8)), size=size).capture.blocks
+            start_block_index([b.geometry for b in blocks], relevance_from_block)
+        except CaptureError as exc:
+            raise EvaluateError(str(exc)) from None
     work = WorkDir(out)
     work.open(_settings(config, dataset))
     done = work.done_ids()
@@ -425,6 +446,7 @@ def evaluate_dataset(
         size=config.to_dict()["size"],
         data=str(dataset.source),
         engine=engine,
+        relevance_from_block=relevance_from_block,
         points=21,
         skipped=[{"where": s.where, "reason": s.reason} for s in dataset.skipped + skipped],
     )
