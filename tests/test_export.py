@@ -218,6 +218,31 @@ def test_labels_give_the_models_own_logits_per_image(modern_dirs, image_files, t
         assert z["label_names"].tolist() == ["cat", "dog", "car"]
         np.testing.assert_allclose(z["logits"], own, rtol=1e-4, atol=1e-4)
         assert z["label_probabilities"].sum() == pytest.approx(1.0, abs=1e-5)  # CLIP: softmax over the labels
+        tokens, rel = z["label_tokens"], z["label_token_relevance"]
+        assert tokens.dtype.kind == "U" and tokens.shape == rel.shape and tokens.shape[0] == 3
+        assert tokens[0].tolist() == ["<bos>", "a", "photo", "of", "a", "cat", ".", "<eos>"]
+        assert np.isfinite(rel).all() and (rel >= 0).all()  # three prompts of one length: no padding
+    from vitviz.capture.run import capture
+    from vitviz.models.prompt_relevance import prompt_relevance
+    from vitviz.models.zeroshot import parse_labels
+
+    cap = capture(loaded, img)
+    words = prompt_relevance(loaded.model, loaded.text, cap.image_embedding, parse_labels("cat, dog,car"))
+    with np.load(out / "img0.npz", allow_pickle=False) as z:
+        np.testing.assert_allclose(z["label_token_relevance"], np.stack([w.relevance for w in words]), rtol=1e-5)
+    bad = _run_cli(
+        "export",
+        "--model",
+        str(modern_dirs["clip"]),
+        "--out",
+        str(tmp_path / "bad"),
+        "--labels",
+        "cat",
+        "--relevance-from-block",
+        "1",
+        str(image_files[0]),
+    )
+    assert bad.returncode == 1 and "0..0" in bad.stderr and "Traceback" not in bad.stderr  # a 1-block text tower
     as_is = _run_cli(
         "export",
         "--model",

@@ -46,6 +46,7 @@ def _export(args: argparse.Namespace) -> int:
             causal=args.causal,
             class_index=args.class_index,
             progress=bar.update,
+            relevance_from_block=args.relevance_from_block,
         )
     report.failed[:0] = [(p, "no such file") for p in missing]
     print(f"wrote {len(report.written)} of {len(args.images)} images to {args.out}")
@@ -203,6 +204,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="C",
         help="with --causal: the class explained (default: the top-1)",
+    )
+    ex.add_argument(
+        "--relevance-from-block",
+        type=int,
+        default=0,
+        metavar="K",
+        help="with --labels: prompt-word relevance runs through text blocks K..last (default 0: all blocks; "
+        "-1: the last only)",
     )
     ex.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
     ex.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))

@@ -20,6 +20,7 @@ from vitviz.data.images import load_image
 from vitviz.errors import VitvizError
 from vitviz.figures.overlay import overlay
 from vitviz.models.load import LoadedModel
+from vitviz.models.prompt_relevance import install_text_hooks, prompt_relevance, token_table
 from vitviz.models.zeroshot import Labels, TextTower, ZeroShotError, encode_labels, score
 
 __all__ = ["block_query", "capture_arrays", "overlay_map", "ExportReport", "export_images"]
@@ -44,22 +45,34 @@ class LabelScorer:
     text: np.ndarray  # (K, D)
     model: object = field(repr=False)
     tower: TextTower = field(repr=False)
+    start_block: int = 0  # prompt-word relevance through text blocks k..L-1 (0: all)
 
     @classmethod
-    def build(cls, loaded: LoadedModel, labels: Labels) -> LabelScorer:
+    def build(cls, loaded: LoadedModel, labels: Labels, start_block: int = 0) -> LabelScorer:
         if not loaded.zero_shot:
             raise ZeroShotError(
                 f"'{loaded.name}' has no text tower (or no tokenizer): --labels needs a CLIP- or SigLIP-style "
                 "two-tower checkpoint. Drop --labels to export it as a backbone."
             )
-        return cls(labels, encode_labels(loaded.model, loaded.text, labels), loaded.model, loaded.text)
+        scorer = cls(labels, encode_labels(loaded.model, loaded.text, labels), loaded.model, loaded.text, start_block)
+        n = install_text_hooks(loaded.model)
+        if not -n <= start_block < n:
+            raise ZeroShotError(
+                f"--relevance-from-block {start_block}: the text tower has {n} blocks, numbered 0..{n - 1} "
+                "(or -1 for the last block)."
+            )
+        return scorer
 
     def arrays(self, cap: Capture) -> dict[str, np.ndarray]:
         scores = score(self.model, self.tower, cap.image_embedding, self.text)
+        words = prompt_relevance(self.model, self.tower, cap.image_embedding, self.labels, start_block=self.start_block)
+        tokens, relevance = token_table(words)
         return {
             "label_names": np.array(self.labels.names, dtype=str),
             "logits": scores.logits,
             "label_probabilities": scores.probabilities.astype(np.float32),
+            "label_tokens": tokens,
+            "label_token_relevance": relevance,
         }
 
 
@@ -81,7 +94,10 @@ def capture_arrays(
     block has fewer heads. Plain one-grid ViTs also keep ``attentions`` (L, H, T, T).
     With ``labels`` (zero-shot models): ``label_names`` as given, ``logits`` the model's
     ``logits_per_image`` for their prompts in that order, ``label_probabilities`` by the
-    model's own rule.
+    model's own rule, ``label_tokens`` (K, T) each prompt's tokens as the tokenizer cut
+    them ("" past its end) and ``label_token_relevance`` (K, T) float32 their relevance
+    for that label's score (Chefer et al.'s text-side rule from the token the text tower
+    pools, raw; NaN past the end; :mod:`vitviz.models.prompt_relevance`).
     """
     first = cap.stages[0]
     arrays = {
@@ -164,6 +180,7 @@ def export_images(
     causal: bool = False,
     class_index: int | None = None,
     progress: Callable[[int], None] | None = None,
+    relevance_from_block: int = 0,
 ) -> ExportReport:
     """Write ``<stem>.npz`` and ``<stem>_rollout.png`` (``_attention.png`` where rollout is undefined) per image.
 
@@ -172,13 +189,14 @@ def export_images(
     ``causal``: also ``logit_lens``, ``head_ablation`` (zero knock-out effect on the
     explained class: ``class_index``, else the top-1), ``head_attribution``,
     ``mlp_attribution``, ``attribution_rest`` and ``explained_class``; keys a model does
-    not support are left out and named in ``report.notes``.
+    not support are left out and named in ``report.notes``. ``relevance_from_block``:
+    prompt-word relevance through text blocks k..L-1 (0: all; -1: the last only).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     report = ExportReport()
     sim = position_similarity(loaded.position_embeddings) if loaded.position_embeddings is not None else None
-    scorer = None if labels is None else LabelScorer.build(loaded, labels)  # refuses before any image is read
+    scorer = None if labels is None else LabelScorer.build(loaded, labels, relevance_from_block)  # before any image
     for chunk in _batches(list(paths), batch_size):
         images, names = [], []
         for p in chunk:

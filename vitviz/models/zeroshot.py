@@ -161,6 +161,9 @@ def text_tower(
             tokenizer = AutoTokenizer.from_pretrained(source, **hub_kwargs)
     except Exception:  # no tokenizer files: the image side still works, without typed labels
         return None
+    from vitviz.models.prompt_relevance import install_text_hooks
+
+    install_text_hooks(model)  # once, before the model is shared: prompt-word relevance reads the text attention
     config = model.config
     text_config = getattr(config, "text_config", config)
     siglip = hasattr(model, "logit_bias")
