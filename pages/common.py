@@ -306,6 +306,29 @@ def get_relevance(
     return results_cache().get_or_compute(key, compute)
 
 
+def get_prompt_relevance(
+    model_name: str,
+    image_digest: str,
+    size: tuple[int, int] | None,
+    image_embedding: np.ndarray,
+    label: str,
+    prompt: str,
+    start_block: int = 0,
+):
+    """Relevance of the prompt's tokens for one label's score on the session's image (text tower only)."""
+    from vitviz.models.prompt_relevance import prompt_relevance
+
+    def compute():
+        loaded = get_model(model_name)
+        one = Labels((label,), (prompt,), "{}")
+        return in_queue(
+            lambda: prompt_relevance(loaded.model, loaded.text, image_embedding, one, start_block=start_block)
+        )[0]
+
+    key = ("prompt_relevance", model_name, image_digest, size, prompt, start_block)
+    return results_cache().get_or_compute(key, compute)
+
+
 @st.cache_resource
 def label_cache() -> BoundedCache:
     """Text-tower embeddings per (model, prompt): editing one label encodes that prompt alone."""

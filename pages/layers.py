@@ -20,6 +20,22 @@ def _through(k: int, n: int) -> str:
     return f"the last block ({k}) only" if k == n - 1 else f"blocks {k}-{n - 1}"
 
 
+def prompt_words_ui(cur, label: str, prompt: str) -> None:
+    """The label's prompt, each token coloured by its relevance for the label's score (text tower, Chefer et al.)."""
+    try:
+        words = common.get_prompt_relevance(*cur.key, cur.cap.image_embedding, label, prompt)
+    except VitvizError as exc:
+        st.error(str(exc))
+        return
+    st.markdown(figures.token_relevance_html(words.tokens, words.relevance), unsafe_allow_html=True)
+    pooled = "its end-of-text token" if words.pooled is not None else "its last position (SigLIP pools padding)"
+    st.caption(
+        f"Prompt words for '{label}': relevance of each token (as the tokenizer cut it) for the label's score, "
+        f"Chefer et al.'s rule on the text tower's attention from {pooled}, through all text blocks; "
+        "darker = more relevant (hover for the raw value)."
+    )
+
+
 def open_head(data) -> None:
     ss.layer, ss.head = int(data[0]), int(data[1])
     ss.open_heads_page = True
@@ -147,6 +163,8 @@ else:
                     "Choose it on the *Image & predictions* page."
                 )
                 common.downloads(f"relevance_{exp.class_index}", "relevance", relevance=exp.patch_map())
+                if ranked.labels:
+                    prompt_words_ui(cur, known[cls], ranked.prompt(cls))
 
 # DINO masks on the last block's global map
 last = cap.blocks[-1]

@@ -350,6 +350,10 @@ def test_zero_shot_labels_change_without_a_new_capture(modern_dirs, monkeypatch)
     titles = " ".join(str(f["layout"].get("title", {}).get("text", "")) for f in _figures(at))
     assert "Relevance for 'red star'" in titles or "Relevance for 'bird'" in titles
     assert any("image-text score" in c.value for c in at.caption)
+    words = [m.value for m in at.markdown if "<span" in m.value]  # the prompt's tokens, coloured, escaped
+    assert len(words) == 1 and "&lt;bos&gt;" in words[0] and "&lt;eos&gt;" in words[0]
+    assert ">star<" in words[0] or ">bird<" in words[0]
+    assert any("Prompt words for" in c.value and "end-of-text token" in c.value for c in at.caption)
 
 
 def test_siglip_scores_are_sigmoids_and_bad_labels_are_a_message(modern_dirs):
