@@ -8,7 +8,8 @@ reruns), ``export``, ``browser``, ``zeroshot`` (CLIP ViT-B/16, SigLIP-base: over
 change; ``benchmarks/zeroshot.py``), ``causal`` (head importance in forward-equivalents, fast
 vs exact rank correlation on 50 demo images; ``benchmarks/causal.py``), ``faithfulness``
 (deletion + insertion of one ViT-B/16 image over one forward; ``benchmarks/faithfulness.py``),
-``evaluate`` (``python -m vitviz evaluate`` throughput, local vs Ray; ``benchmarks/evaluate.py``).
+``evaluate`` (``python -m vitviz evaluate`` throughput, local vs Ray; ``benchmarks/evaluate.py``),
+``headview`` (the instant head view in Chromium: input -> redraw, payload; ``benchmarks/headview.py``).
 With ``--sections``, the sections not run keep their figures from an existing ``--out`` file.
 
 Random weights throughout (speed does not depend on them). Every ratio compares
@@ -308,7 +309,17 @@ def browser(folder: Path) -> dict:
         proc.wait(timeout=20)
 
 
-SECTIONS = ("overhead", "interaction", "export", "browser", "zeroshot", "causal", "faithfulness", "evaluate")
+SECTIONS = (
+    "overhead",
+    "interaction",
+    "export",
+    "browser",
+    "zeroshot",
+    "causal",
+    "faithfulness",
+    "evaluate",
+    "headview",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -374,6 +385,10 @@ def main(argv: list[str] | None = None) -> int:
             from benchmarks import evaluate
 
             results["evaluate"] = evaluate.evaluate_throughput(40)
+        if "headview" in sections and Path("/usr/bin/chromium").exists():
+            from benchmarks import headview
+
+            results["headview"] = headview.head_view_timings(vit)
     results["peak_rss_MiB"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     out.write_text(json.dumps(results, indent=2))
     print_table(results)
@@ -435,6 +450,12 @@ def print_table(r: dict) -> None:
             f"evaluate, demo model, {ev['images']} images, {', '.join(ev['methods'])}: local "
             f"{ev['local']['steady_images_per_s']} img/s, Ray ({ev['ray_cpus']} CPUs) "
             f"{ev['ray']['steady_images_per_s']} img/s = {ev['ray_over_local']}x"
+        )
+    if hv := r.get("headview"):
+        print(
+            f"Instant head view, {hv['model']} in Chromium: input -> redraw median {hv['redraw_ms_median']} ms, "
+            f"p95 {hv['redraw_ms_p95']} ms; 16 pages at once p95 {hv['sessions16_redraw_ms_p95']} ms; "
+            f"page {hv['payload_MB']} MB (packed in {hv['pack_s']} s)"
         )
     print(f"Peak resident memory of the benchmark process: {r['peak_rss_MiB']} MiB")
 

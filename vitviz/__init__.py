@@ -27,6 +27,7 @@ from vitviz.errors import (
     VitvizError,
 )
 from vitviz.models.load import LoadedModel, load_model
+from vitviz.notebook import run, show
 
 __all__ = [
     "BudgetError",
@@ -54,4 +55,6 @@ __all__ = [
     "query_map",
     "read_image",
     "rollout_matrix",
+    "run",
+    "show",
 ]
