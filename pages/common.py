@@ -678,29 +678,42 @@ def get_knockable_blocks(model_name: str) -> tuple[int, ...]:
     return knockable_blocks(get_model(model_name))
 
 
-def get_method_maps(cur: Current, class_index: int) -> dict:
-    """Every explanation method's map of the session's image for one class (``vitviz.methods``): cached, queued."""
+def labelled_model(model: LoadedModel, labels: Labels | None) -> LoadedModel:
+    """The model whose classes are ``labels`` (zero-shot: each label's score is its logit), or the model itself."""
+    if labels is None:
+        return model
+    from vitviz.models.zeroshot import as_classifier
+
+    return as_classifier(model, labels, get_label_embeddings(model.name, labels.prompts))
+
+
+def get_method_maps(cur: Current, class_index: int, labels: Labels | None = None) -> dict:
+    """Every explanation method's map of the session's image for one class or label (``vitviz.methods``): cached, queued."""
     from vitviz.methods import explain_many
 
     def compute():
         image = read_image(cur.image_bytes, max_bytes=upload_limit()).image
-        return in_queue(lambda: explain_many(cur.model, image, class_index=class_index, size=cur.key[2]))
+        model = labelled_model(cur.model, labels)
+        return in_queue(lambda: explain_many(model, image, class_index=class_index, size=cur.key[2]))
 
-    return results_cache().get_or_compute(("methods", *cur.key, class_index), compute)
+    prompts = None if labels is None else labels.prompts
+    return results_cache().get_or_compute(("methods", *cur.key, class_index, prompts), compute)
 
 
-def get_curves(cur: Current, class_index: int, progress=None) -> dict:
+def get_curves(cur: Current, class_index: int, progress=None, labels: Labels | None = None) -> dict:
     """Deletion and insertion curves of every method (``vitviz.evaluate``), computed on request: cached, queued."""
     from vitviz.evaluate.faithfulness import Perturbations
 
     def compute():
         image = read_image(cur.image_bytes, max_bytes=upload_limit()).image
-        maps = get_method_maps(cur, class_index)
+        maps = get_method_maps(cur, class_index, labels)
+        model = labelled_model(cur.model, labels)
 
         def run():
-            perturb = Perturbations(cur.model, image, size=cur.key[2], batch_size=20)
+            perturb = Perturbations(model, image, size=cur.key[2], batch_size=20)
             return perturb.curves_many(list(maps.values()), progress=progress)
 
         return in_queue(run)
 
-    return results_cache().get_or_compute(("curves", *cur.key, class_index), compute)
+    prompts = None if labels is None else labels.prompts
+    return results_cache().get_or_compute(("curves", *cur.key, class_index, prompts), compute)

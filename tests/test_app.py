@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import app_tools
 import numpy as np
@@ -118,8 +119,6 @@ def test_layers_rollout_controls_change_the_rollout():
 
 
 def test_relevance_start_block_on_the_layers_page():
-    from pathlib import Path
-
     from PIL import Image
 
     from vitviz.capture.gradients import explain_classes
@@ -464,3 +463,35 @@ def test_compare_explanations_maps_then_curves_on_request(monkeypatch):
     at.switch_page("pages/heads.py").run()
     at.switch_page("pages/compare.py").run()  # back again: the curves come from the cache
     assert _titled(at, "Deletion and insertion curves") and len(calls) == 1
+
+
+def test_compare_explanations_with_zero_shot_labels(modern_dirs):
+    import torch
+    from PIL import Image
+
+    from vitviz.capture.run import input_size_for, preprocess
+    from vitviz.models.load import load_model
+
+    at = _app()
+    _choose_model(at, str(modern_dirs["clip"]))
+    at.text_area(key=f"labels_{modern_dirs['clip']}").input("cat, dog, car").run()
+    at.switch_page("pages/compare.py").run()
+    _no_trouble(at)
+    assert any("Zero-shot: the label's score" in c.value for c in at.caption)
+    tiles = [f for f in _figures(at) if f["layout"].get("annotations")]
+    assert "relevance" in [a["text"] for a in tiles[0]["layout"]["annotations"]]
+    next(b for b in at.button if b.label == "Compute the curves").click().run()
+    _no_trouble(at)
+    curves = _titled(at, "Deletion and insertion curves")
+    # deletion starts at the explained label's probability (softmax over the three labels, the model's own forward)
+    loaded = load_model(str(modern_dirs["clip"]))
+    image = Image.open(Path(APP).parent / "assets" / "examples" / "demo-star.png").convert("RGB")
+    pixels, _ = preprocess(loaded, [image], input_size_for(loaded, None, image.size))
+    tok = loaded.text.tokenizer(
+        [f"a photo of a {w}." for w in ("cat", "dog", "car")], padding=True, return_tensors="pt"
+    )
+    with torch.no_grad():
+        own = loaded.model(**tok, pixel_values=pixels, interpolate_pos_encoding=True).logits_per_image[0]
+    top = float(torch.softmax(own, 0).max())
+    deletion = next(d for d in curves["data"] if "deletion" in str(d.get("name", "")).lower() or d.get("y"))
+    assert _decode(deletion["y"])[0] == pytest.approx(top, abs=1e-4)

@@ -92,6 +92,8 @@ def _evaluate(args: argparse.Namespace) -> int:
             progress=progress,
             ray_actors=args.actors,
             relevance_from_block=args.relevance_from_block,
+            labels=args.labels,
+            template=args.template,
         )
     finally:
         if before is not None:
@@ -260,6 +262,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --engine ray: model actors (default: one per GPU, else one per CPU)",
     )
     ev.add_argument("--batch-size", type=int, default=20, help="perturbed images per forward pass")
+    ev.add_argument(
+        "--labels",
+        default=None,
+        help='zero-shot models: the labels each image is scored against, comma-separated ("circle,square,star"); '
+        "each image is explained for the label the model picks",
+    )
+    ev.add_argument(
+        "--template",
+        default=None,
+        help="with --labels: prompt template, {} is the label (default: the model's own, e.g. 'a photo of a {}.')",
+    )
     ev.add_argument(
         "--relevance-from-block",
         type=int,

@@ -64,6 +64,7 @@ from vitviz.evaluate.results import (
 from vitviz.methods import available_methods, get_method, why_unavailable
 from vitviz.methods.base import Inputs, MethodError
 from vitviz.models.load import LoadedModel, load_model
+from vitviz.models.zeroshot import Labels, LabelScores, as_classifier, parse_labels, vocabulary_warning
 
 __all__ = [
     "ENGINES",
@@ -102,10 +103,13 @@ class RunConfig:
     batch_size: int = 20
     device: str | None = None
     relevance_from_block: int = 0  # relevance through blocks k..L-1 (0: all, MM-Explainability's start_layer=0)
+    labels: tuple[str, ...] = ()  # zero-shot models: the labels each image is scored against (their texts)
+    template: str = "{}"  # the prompt template the labels go into
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["methods"] = list(self.methods)
+        d["labels"] = list(self.labels)
         d["size"] = list(self.size) if isinstance(self.size, tuple) else self.size
         return d
 
@@ -120,7 +124,16 @@ class RunConfig:
             batch_size=int(d.get("batch_size", 20)),
             device=d.get("device"),
             relevance_from_block=int(d.get("relevance_from_block", 0)),
+            labels=tuple(d.get("labels", ())),
+            template=d.get("template", "{}"),
         )
+
+    def label_set(self) -> Labels | None:
+        """The zero-shot labels as :class:`~vitviz.models.zeroshot.Labels` (None: the model's own classes)."""
+        if not self.labels:
+            return None
+        prompts = tuple(self.template.replace("{}", name, 1) for name in self.labels)
+        return Labels(self.labels, prompts, self.template)
 
     def method(self, name: str):
         """The method ``name`` with this run's options (relevance: ``from_block``)."""
@@ -131,6 +144,13 @@ class RunConfig:
 
 def resolve_methods(loaded: LoadedModel, methods: Sequence[str] | None) -> tuple[str, ...]:
     """The methods to run: all that apply (None) or those named, each checked; :class:`MethodError` says why not."""
+    if not loaded.has_classifier and loaded.zero_shot:
+        raise EvaluateError(
+            f"'{loaded.name}' is a zero-shot model: give the labels to score each image against with --labels "
+            '(e.g. --labels "cat,dog,car"), optionally with --template'
+        )
+    if not loaded.has_classifier and loaded.text_note:
+        raise EvaluateError(loaded.text_note)
     if not loaded.has_classifier:
         raise EvaluateError(
             f"'{loaded.name}' is a backbone without a classifier: deletion and insertion score class "
@@ -157,6 +177,8 @@ class Evaluator:
     def __init__(self, config: RunConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
         self.loaded = loaded if loaded is not None else load_model(config.model, device=config.device)
+        if config.labels and not isinstance(self.loaded.family, LabelScores):  # labels are the classes
+            self.loaded = as_classifier(self.loaded, config.label_set())
         self.methods = [config.method(m) for m in config.methods]
 
     def evaluate_item(self, item: Item) -> list[dict]:
@@ -323,6 +345,7 @@ def _settings(config: RunConfig, dataset: Dataset) -> dict:
         "seed": config.seed,
         "data": str(dataset.source.resolve()),
         **({"relevance_from_block": config.relevance_from_block} if config.relevance_from_block else {}),
+        **({"labels": list(config.labels), "template": config.template} if config.labels else {}),
     }
 
 
@@ -367,6 +390,8 @@ def evaluate_dataset(
     loaded: LoadedModel | None = None,
     ray_actors: int | None = None,
     relevance_from_block: int = 0,
+    labels: str | None = None,
+    template: str | None = None,
 ) -> RunReport:
     """Evaluate every image of ``data`` (folder or CSV) with ``methods`` and write ``out`` (module docstring).
 
@@ -374,7 +399,11 @@ def evaluate_dataset(
     existing cluster, default a local one; ``ray_actors``: the actor pool size,
     default one per GPU, else one per CPU). ``progress(done, total)`` after each image.
     ``relevance_from_block``: the relevance method runs through blocks k..L-1 (0, the
-    default: all blocks; -1: the last only).
+    default: all blocks; -1: the last only). ``labels`` (zero-shot models: text as typed,
+    comma-separated or one per line) and ``template`` (default: the model's own): each
+    image is scored against the label the model picks; ``class_label`` holds its text and
+    deletion and insertion follow that label's probability (softmax over the labels for
+    CLIP, its own sigmoid for SigLIP).
     ``loaded``: a model already loaded by ``model`` (the local engine uses it; saves a
     load in tests). Raises :class:`EvaluateError`, :class:`~vitviz.evaluate.data.DataError`,
     :class:`~vitviz.methods.base.MethodError` or a model loading error before any image
@@ -395,6 +424,16 @@ def evaluate_dataset(
     dataset = read_dataset(data, limit=limit)
     if loaded is None:
         loaded = load_model(model, device=device)
+    label_set, notes = None, []
+    if labels is not None:
+        if loaded.text is None:
+            raise EvaluateError(
+                loaded.text_note
+                or f"'{loaded.name}' has no text tower: --labels needs a CLIP- or SigLIP-style two-tower checkpoint"
+            )
+        label_set = parse_labels(labels, template if template is not None else loaded.text.template)
+        notes = [*label_set.notes, vocabulary_warning(loaded.text, label_set, loaded.name)]
+        loaded = as_classifier(loaded, label_set)
     config = RunConfig(
         model=model,
         methods=resolve_methods(loaded, methods),
@@ -403,6 +442,8 @@ def evaluate_dataset(
         batch_size=batch_size,
         device=device,
         relevance_from_block=relevance_from_block,
+        labels=label_set.names if label_set else (),
+        template=label_set.template if label_set else "{}",
     )
     if relevance_from_block and "relevance" in config.methods:
         from vitviz.capture.gradients import start_block_index
@@ -413,6 +454,7 @@ def evaluate_dataset(
         except CaptureError as exc:
             raise EvaluateError(str(exc)) from None
     work = WorkDir(out)
+    work.notes.extend(n for n in notes if n)
     work.open(_settings(config, dataset))
     done = work.done_ids()
     todo = [item for item in dataset.items if item.image_id not in done]
@@ -447,6 +489,7 @@ def evaluate_dataset(
         data=str(dataset.source),
         engine=engine,
         relevance_from_block=relevance_from_block,
+        **({"labels": list(config.labels), "template": config.template} if config.labels else {}),
         points=21,
         skipped=[{"where": s.where, "reason": s.reason} for s in dataset.skipped + skipped],
     )
