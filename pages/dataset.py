@@ -16,8 +16,11 @@ if ss.pop("open_compare", False):
     st.switch_page("pages/compare.py")
 
 
-def _open(path: str, model: str | None) -> None:
-    """An "Open" click (a callback: it runs before the sidebar is drawn, so the sidebar shows the new model)."""
+def _open(path: str, model: str | None, labels: list[str] | None = None, template: str | None = None) -> None:
+    """An "Open" click (a callback: it runs before the sidebar is drawn, so the sidebar shows the new model).
+
+    A zero-shot run (``labels`` in its metadata) opens with its labels and template in the sidebar.
+    """
     try:
         common.set_image(Path(path).read_bytes(), Path(path).name)
     except (OSError, VitvizError) as exc:
@@ -29,6 +32,8 @@ def _open(path: str, model: str | None) -> None:
         ss.labels_text = ss.template = None
         for key in ("model_pick", "model_text"):
             ss.pop(key, None)
+    if labels:
+        ss.labels_text, ss.template, ss.class_index = "\n".join(labels), template or "{}", None
     ss.open_compare = True
 
 
@@ -68,6 +73,12 @@ skipped = meta.get("skipped", [])
 st.caption(
     f"**{meta.get('model')}** on {results.num_images} images ({meta.get('data', '?')}), methods "
     f"{', '.join(results.methods)}; seed {meta.get('seed')}; {len(skipped)} inputs skipped."
+    + (
+        f" Zero-shot labels {', '.join(repr(x) for x in meta['labels'])} (template '{meta.get('template')}'): "
+        "each image was explained for the label the model picked."
+        if meta.get("labels")
+        else ""
+    )
 )
 summary = results.summary()
 st.dataframe(
@@ -131,7 +142,7 @@ for k in order:
             "Open",
             key=f"open_{image_id}",
             on_click=_open,
-            args=(paths[image_id], meta.get("model")),
+            args=(paths[image_id], meta.get("model"), meta.get("labels"), meta.get("template")),
             help="Show this image on the per-image pages (Compare explanations first)",
         )
 if public:
