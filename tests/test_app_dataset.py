@@ -83,7 +83,17 @@ def test_a_zero_shot_run_shows_its_labels_and_opens_with_them(tmp_path, monkeypa
     csv_path = write_dataset(tmp_path / "shapes", n=2, seed=5)
     out = tmp_path / "zs.parquet"
     labels = "circle,square,triangle,cross,star"
-    argv = ["evaluate", "--model", "demo-clip", "--data", str(csv_path), "--out", str(out), "--methods", "rollout,random"]
+    argv = [
+        "evaluate",
+        "--model",
+        "demo-clip",
+        "--data",
+        str(csv_path),
+        "--out",
+        str(out),
+        "--methods",
+        "rollout,random",
+    ]
     assert main([*argv, "--labels", labels]) == 0
     at = _page()
     at.button[0].click().run()

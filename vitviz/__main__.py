@@ -149,6 +149,14 @@ def _convert(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.arch == "open_clip":
+        from vitviz.zoo.open_clip import convert_open_clip
+
+        report = convert_open_clip(args.checkpoint, args.out)
+        for note in report.notes:
+            print(f"note: {note}", file=sys.stderr)
+        print(f"wrote {report.out} (an HF CLIP folder): load it with --model {report.out}")
+        return 0
     labels = None
     if args.labels:
         labels = [line.strip() for line in Path(args.labels).read_text().splitlines() if line.strip()]
@@ -287,7 +295,11 @@ def build_parser() -> argparse.ArgumentParser:
     cv = sub.add_parser(
         "convert", help="an official CCT / T2T-ViT / DAT checkpoint (.pth state dict) -> a folder vitviz loads"
     )
-    cv.add_argument("--arch", metavar="NAME", help="official model name, e.g. cct_14_7x2_224 (see --list)")
+    cv.add_argument(
+        "--arch",
+        metavar="NAME",
+        help="official model name, e.g. cct_14_7x2_224 (see --list), or open_clip (--checkpoint: an open_clip folder)",
+    )
     cv.add_argument("--checkpoint", metavar="FILE.pth", help="the authors' checkpoint (read with weights_only=True)")
     cv.add_argument("--out", metavar="FOLDER", help="the folder to write (must not exist or be empty)")
     cv.add_argument("--labels", metavar="FILE.txt", help="class names, one per line (default: LABEL_0, ...)")
