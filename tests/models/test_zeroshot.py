@@ -218,3 +218,20 @@ def test_a_two_tower_folder_without_a_tokenizer_says_so(tmp_path):
 
     why = why_unavailable(loaded, "relevance")
     assert "tokenizer" in why and "backbone without" not in why
+
+
+def test_siglip_label_embeddings_equal_get_text_features(tmp_path):
+    """encode_labels runs SigLIP's last text block for the pooled token only: the same numbers as the model's own."""
+    from vitviz.models.zeroshot import _pools_last
+
+    model, tok = _two_tower(tmp_path, "siglip")
+    model.set_attn_implementation("eager")
+    tower = text_tower(model, str(tmp_path), {})
+    assert _pools_last(model)
+    labels = parse_labels("cat, red car, a dog, star")
+    got = encode_labels(model, tower, labels, chunk=3)
+    ids = tok(list(labels.prompts), padding="max_length", max_length=16, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        own = model.get_text_features(input_ids=ids)
+        own = getattr(own, "pooler_output", own).numpy()
+    np.testing.assert_allclose(got, own, rtol=1e-5, atol=1e-6)
