@@ -11,7 +11,7 @@ import streamlit as st
 from pages import common
 from vitviz.data.images import read_image
 from vitviz.errors import VitvizError
-from vitviz.models.zeroshot import MAX_LABELS_TEXT, MAX_TEMPLATE_CHARS, parse_labels
+from vitviz.models.zeroshot import MAX_LABELS_TEXT, MAX_TEMPLATE_CHARS, parse_labels, vocabulary_warning
 from vitviz.text import md_plain
 
 common.leave_folder_mode()
@@ -131,6 +131,9 @@ def labels_ui() -> None:
         return
     for note in labels.notes:
         st.caption(md_plain(note))  # notes quote what the visitor typed
+    unknown = vocabulary_warning(model.text, labels, ss.model_name)
+    if unknown:
+        st.warning(md_plain(unknown))
     st.caption(f"{len(labels.names)} labels, e.g. '{md_plain(labels.prompts[0])}'.")
 
 

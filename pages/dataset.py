@@ -27,8 +27,11 @@ if ss.pop("open_compare", False):
     st.switch_page("pages/compare.py")
 
 
-def _open(path: str, model: str | None) -> None:
-    """An "Open" click (a callback: it runs before the sidebar is drawn, so the sidebar shows the new model)."""
+def _open(path: str, model: str | None, labels: list[str] | None = None, template: str | None = None) -> None:
+    """An "Open" click (a callback: it runs before the sidebar is drawn, so the sidebar shows the new model).
+
+    A zero-shot run (``labels`` in its metadata) opens with its labels and template in the sidebar.
+    """
     try:
         common.set_image(Path(path).read_bytes(), Path(path).name)
     except (OSError, VitvizError) as exc:
@@ -40,6 +43,8 @@ def _open(path: str, model: str | None) -> None:
         ss.labels_text = ss.template = None
         for key in ("model_pick", "model_text"):
             ss.pop(key, None)
+    if labels:
+        ss.labels_text, ss.template, ss.class_index = "\n".join(labels), template or "{}", None
     ss.open_compare = True
 
 
@@ -110,6 +115,12 @@ st.caption(  # every field comes from the file: plain text
     f"**{md_plain(meta.get('model'))}** on {results.num_images} images ({md_plain(meta.get('data', '?'))}), methods "
     f"{md_plain(', '.join(results.methods))}; seed {md_plain(meta.get('seed'))}; insertion from "
     f"{md_plain(INSERTION_START_NAMES.get(start, start))}; {len(skipped)} inputs skipped."
+    + (
+        f" Zero-shot labels {md_plain(', '.join(repr(x) for x in meta['labels']))} (template "
+        f"'{md_plain(meta.get('template'))}'): each image was explained for the label the model picked."
+        if meta.get("labels")
+        else ""
+    )
 )
 summary = results.summary()
 st.dataframe(
@@ -177,7 +188,7 @@ for k in order:
             "Open",
             key=f"open_{image_id}",
             on_click=_open,
-            args=(paths[image_id], meta.get("model")),
+            args=(paths[image_id], meta.get("model"), meta.get("labels"), meta.get("template")),
             help="Show this image on the per-image pages (Compare explanations first)",
         )
 if public:

@@ -23,6 +23,7 @@ from vitviz.errors import VitvizError
 from vitviz.figures.animation import gif_bytes, gif_frames, view_stack
 from vitviz.figures.overlay import fit_photo, overlay
 from vitviz.models.load import LoadedModel
+from vitviz.models.prompt_relevance import install_text_hooks, prompt_relevance, token_table
 from vitviz.models.zeroshot import Labels, TextTower, ZeroShotError, encode_labels, score
 
 __all__ = ["block_query", "capture_arrays", "overlay_map", "ExportReport", "export_images"]
@@ -47,22 +48,34 @@ class LabelScorer:
     text: np.ndarray  # (K, D)
     model: object = field(repr=False)
     tower: TextTower = field(repr=False)
+    start_block: int = 0  # prompt-word relevance through text blocks k..L-1 (0: all)
 
     @classmethod
-    def build(cls, loaded: LoadedModel, labels: Labels) -> LabelScorer:
+    def build(cls, loaded: LoadedModel, labels: Labels, start_block: int = 0) -> LabelScorer:
         if not loaded.zero_shot:
             raise ZeroShotError(
                 f"'{loaded.name}' has no text tower (or no tokenizer): --labels needs a CLIP- or SigLIP-style "
                 "two-tower checkpoint. Drop --labels to export it as a backbone."
             )
-        return cls(labels, encode_labels(loaded.model, loaded.text, labels), loaded.model, loaded.text)
+        scorer = cls(labels, encode_labels(loaded.model, loaded.text, labels), loaded.model, loaded.text, start_block)
+        n = install_text_hooks(loaded.model)
+        if not -n <= start_block < n:
+            raise ZeroShotError(
+                f"--relevance-from-block {start_block}: the text tower has {n} blocks, numbered 0..{n - 1} "
+                "(or -1 for the last block)."
+            )
+        return scorer
 
     def arrays(self, cap: Capture) -> dict[str, np.ndarray]:
         scores = score(self.model, self.tower, cap.image_embedding, self.text)
+        words = prompt_relevance(self.model, self.tower, cap.image_embedding, self.labels, start_block=self.start_block)
+        tokens, relevance = token_table(words)
         return {
             "label_names": np.array(self.labels.names, dtype=str),
             "logits": scores.logits,
             "label_probabilities": scores.probabilities.astype(np.float32),
+            "label_tokens": tokens,
+            "label_token_relevance": relevance,
         }
 
 
@@ -84,7 +97,10 @@ def capture_arrays(
     block has fewer heads. Plain one-grid ViTs also keep ``attentions`` (L, H, T, T).
     With ``labels`` (zero-shot models): ``label_names`` as given, ``logits`` the model's
     ``logits_per_image`` for their prompts in that order, ``label_probabilities`` by the
-    model's own rule.
+    model's own rule, ``label_tokens`` (K, T) each prompt's tokens as the tokenizer cut
+    them ("" past its end) and ``label_token_relevance`` (K, T) float32 their relevance
+    for that label's score (Chefer et al.'s text-side rule from the token the text tower
+    pools, raw; NaN past the end; :mod:`vitviz.models.prompt_relevance`).
     """
     first = cap.stages[0]
     arrays = {
@@ -168,6 +184,7 @@ def export_images(
     gif: str | None = None,
     gif_head: int = 0,
     gif_side: int = 512,
+    relevance_from_block: int = 0,
 ) -> ExportReport:
     """Write ``<stem>.npz`` and ``<stem>_rollout.png`` (``_attention.png`` where rollout is undefined) per image.
 
@@ -193,12 +210,13 @@ def export_images(
     ``rollout``; the query of ``query_xy`` where given), over the photo at most
     ``gif_side`` px on its long side, one colour scale for all frames; where the view is
     undefined the GIF is left out and the reason is in ``report.notes``.
+    ``relevance_from_block``: prompt-word relevance through text blocks k..L-1 (0: all; -1: the last only).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     report = ExportReport()
     sim = position_similarity(loaded.position_embeddings) if loaded.position_embeddings is not None else None
-    scorer = None if labels is None else LabelScorer.build(loaded, labels)  # refuses before any image is read
+    scorer = None if labels is None else LabelScorer.build(loaded, labels, relevance_from_block)  # before any image
     source = None if patch_from is None or not causal else load_image(patch_from)  # a bad source: before any image
     paths = list(paths)
     stems = unique_targets([Path(p).stem for p in paths])  # a/x.jpg, b/x.jpg -> x, x-1
