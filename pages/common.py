@@ -497,6 +497,12 @@ def require_current() -> Current:
     return cur
 
 
+def chart(fig, *, key: str, **kwargs):
+    """``st.plotly_chart`` without Streamlit's Plotly theme: the theme replaces a figure's own colour scale
+    (Inferno's near-black bottom rendered pink), so every figure is drawn with the scale it names."""
+    return st.plotly_chart(fig, key=key, theme=None, **kwargs)
+
+
 def clicked_point(event) -> list | None:
     """The ``customdata`` of the point a user clicked in a ``st.plotly_chart(on_select="rerun")`` figure."""
     try:

@@ -36,7 +36,7 @@ names = list(maps)
 tiles = np.stack([np.asarray(maps[m].values, np.float64) for m in names])
 scale = np.abs(tiles).reshape(len(names), -1).max(axis=1)
 tiles = tiles / np.where(scale > 0, scale, 1.0)[:, None, None]
-st.plotly_chart(
+common.chart(
     figures.small_multiples_figure(
         tiles.astype(np.float32),
         names,
@@ -78,7 +78,7 @@ else:
     else:
         bar.empty()
         curves = {r.method: (r.deletion, r.insertion) for r in results}
-        st.plotly_chart(figures.curves_figure(results[0].fractions, curves, target=name), key="curves")
+        common.chart(figures.curves_figure(results[0].fractions, curves, target=name), key="curves")
         rows = [
             {
                 "method": r.method,

@@ -87,10 +87,10 @@ st.caption("Mean ± standard error over the images; the random map is the floor.
 
 deletion = {m: results.method_rows(m).column("deletion_area").to_numpy() for m in results.methods}
 insertion = {m: results.method_rows(m).column("insertion_area").to_numpy() for m in results.methods}
-st.plotly_chart(figures.areas_figure(deletion, insertion), key="areas")
+common.chart(figures.areas_figure(deletion, insertion), key="areas")
 curves = results.mean_curves()
 any_method = next(iter(curves.values()))
-st.plotly_chart(
+common.chart(
     figures.curves_figure(any_method[0], {m: (c[1], c[2]) for m, c in curves.items()}, target="the explained class"),
     key="mean_curves",
 )
@@ -101,7 +101,7 @@ if dist.size:
     image_px = max(max(results.images().column(c).to_pylist()) for c in ("input_height", "input_width"))
     with np.errstate(all="ignore"):
         mean, spread = np.nanmean(dist, axis=0), np.nanstd(dist, axis=0)
-    st.plotly_chart(figures.distance_depth_figure(mean, image_px=image_px, spread=spread), key="distance_depth")
+    common.chart(figures.distance_depth_figure(mean, image_px=image_px, spread=spread), key="distance_depth")
     st.caption(
         f"Each point: one head's mean over {dist.shape[0]} images; bars: the standard deviation over them "
         "(the ViT paper's Figure 7 right averaged 128 images)."

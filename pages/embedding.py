@@ -15,7 +15,7 @@ pcs = common.get_patch_components(cap.model_name)
 if pcs is None:
     st.info(f"{cap.family} has no patch-embedding filters vitviz can show.")
 else:
-    st.plotly_chart(figures.patch_components_figure(pcs.components, pcs.explained_variance_ratio), key="components")
+    common.chart(figures.patch_components_figure(pcs.components, pcs.explained_variance_ratio), key="components")
     common.downloads(
         "patch_components",
         "components",
@@ -37,7 +37,7 @@ if stage.token_norms is None:
     st.info(f"{cap.family} gives no token states vitviz can measure at this stage.")
     st.stop()
 kinds = stage.prefix_kinds + ("patch",) * (stage.grid[0] * stage.grid[1])
-st.plotly_chart(figures.token_norms_figure(stage.token_norms, kinds), key="norms")
+common.chart(figures.token_norms_figure(stage.token_norms, kinds), key="norms")
 outliers = token_norm_outliers(stage.token_norms)
 layers, tokens = np.nonzero(outliers)
 if len(tokens):

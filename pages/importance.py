@@ -78,7 +78,7 @@ with left:
         else:
             bar.empty()
             title = "Fast estimate" if fast else "Effect of knocking out each head"
-            st.plotly_chart(
+            common.chart(
                 figures.layer_head_figure(
                     result.effects,
                     title=f"{title} on '{name}': click a cell to open that head",
@@ -117,7 +117,7 @@ with right:
         except (VitvizError, ValueError) as exc:
             st.error(str(exc))
         else:
-            st.plotly_chart(
+            common.chart(
                 figures.layer_head_figure(
                     attr.heads,
                     title=f"Direct contribution of each head to '{name}'",

@@ -42,7 +42,7 @@ for stage in cap.stages:
     )
     where = f"stage {stage.index + 1} ({stage.grid[0]} x {stage.grid[1]}): " if len(cap.stages) > 1 else ""
     st.subheader(f"{where}where {cap.token_label(q, stage.index)} looks, block by block ({ss.fusion} of heads)")
-    st.plotly_chart(
+    common.chart(
         figures.small_multiples_figure(
             tiles, [cap.block_label(b) for b in stage.blocks], colorbar_title=f"attention (raw, {precision})", cols=6
         ),
@@ -75,7 +75,7 @@ else:
     roll_map = row[rs.num_prefix :].reshape(rs.grid)
     left, right = st.columns(2)
     with left:
-        st.plotly_chart(
+        common.chart(
             figures.map_figure(
                 cap.image,
                 roll_map,
@@ -110,7 +110,7 @@ else:
             except VitvizError as exc:
                 st.error(str(exc))
             else:
-                st.plotly_chart(
+                common.chart(
                     figures.map_figure(
                         cap.image,
                         exp.patch_map(),
@@ -129,7 +129,7 @@ gq = global_query(last)
 st.subheader(f"DINO attention masks (last block, {cap.token_label(gq, last.stage)})")
 st.slider("Kept attention mass (tau)", 0.1, 1.0, step=0.05, **common.keep("tau"))
 masks = mass_masks(head_maps(last, gq).values, tau=ss.tau).astype(np.float32)
-st.plotly_chart(
+common.chart(
     figures.small_multiples_figure(
         masks,
         [f"head {h}" for h in range(last.num_heads)],
@@ -148,7 +148,7 @@ values = summary_table(cap.blocks, ss.metric)
 labels = [cap.block_label(b) for b in range(cap.num_blocks)]
 s1, s2 = st.columns(2)
 with s1:
-    st.plotly_chart(
+    common.chart(
         figures.layer_head_figure(
             values,
             title=f"{SUMMARIES[ss.metric]}: click a cell to open that head",
@@ -170,7 +170,7 @@ with s1:
         attention_entropy_normalised=summary_table(cap.blocks, "entropy_norm"),
     )
 with s2:
-    st.plotly_chart(
+    common.chart(
         figures.distance_depth_figure(
             summary_table(cap.blocks, "distance"),
             image_px=max(cap.input_size),
@@ -198,7 +198,7 @@ else:
         top = np.argsort(-final)[:5]
         probs = lens.probabilities()[:, top]
         names = [cur.model.id2label.get(int(c), f"class {c}") for c in top]
-        st.plotly_chart(figures.lens_figure(probs, names, lens.ranks(int(top[0])), target=names[0]), key="lens")
+        common.chart(figures.lens_figure(probs, names, lens.ranks(int(top[0])), target=names[0]), key="lens")
         st.caption(
             f"Each row: the residual stream after that block, through the model's final norm and head ({lens.readout}). "
             + (lens.note or "The last row is the model's own prediction.")

@@ -38,14 +38,14 @@ if info.tables:
     )
     left, right = st.columns([3, 2])
     with left:
-        st.plotly_chart(
+        common.chart(
             figures.position_similarity_figure(sim, g), key="position_grid", on_select="rerun", selection_mode="points"
         )
     with right:
         st.number_input("Position (row-major index)", 0, g[0] * g[1] - 1, **common.keep("position"))
         r, c = divmod(ss.position, g[1])
         tile = sim[ss.position].reshape(g)
-        st.plotly_chart(
+        common.chart(
             figures.map_figure(
                 None,
                 tile,
@@ -54,7 +54,7 @@ if info.tables:
                 colorbar_title="cosine similarity (raw)",
                 zmin=-1,
                 zmax=1,
-                colorscale=figures.SIMILARITY_SCALE,
+                colorscale=figures.rgb_scale(figures.SIMILARITY_SCALE),
                 marked=(r, c),
                 height=420,
             ),
@@ -68,7 +68,7 @@ if info.biases:
     bias = info.biases[b].bias
     w = (bias.shape[-1] + 1) // 2
     lim = float(np.abs(bias).max()) or 1.0
-    st.plotly_chart(
+    common.chart(
         figures.small_multiples_figure(
             bias,
             [f"head {h}" for h in range(bias.shape[0])],
@@ -76,7 +76,7 @@ if info.biases:
             cols=6,
             zmin=-lim,
             zmax=lim,
-            colorscale=figures.SIMILARITY_SCALE,
+            colorscale=figures.rgb_scale(figures.SIMILARITY_SCALE),
         ),
         key="bias_grid",
     )
