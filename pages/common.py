@@ -101,7 +101,8 @@ DEFAULTS = {
     "query_stage": 0,
     "show_windows": True,
     "direction": "where does it look?",
-    "class_index": None,
+    "class_index": None,  # None: the image's top-1
+    "class_pinned": False,  # True: a new image keeps the class (else it explains its own top-1)
     "knockout": [],  # heads knocked out on the Heads page: [block, head] pairs
     "knockout_mode": "mean",
     "labels_text": None,  # zero-shot models: what the user typed (None: the model's suggestion)
@@ -114,6 +115,23 @@ DEFAULTS = {
     "position": 0,
 }
 DIRECTIONS = ("where does it look?", "who looks at it?")
+# What belongs to a model and goes back to its default when the model changes: positions in its
+# blocks, heads and grids, its classes and labels, its knock-outs, computations asked of it.
+MODEL_STATE = (
+    "input_size",
+    "layer",
+    "head",
+    "query",
+    "query_stage",
+    "class_index",
+    "class_pinned",
+    "knockout",
+    "labels_text",
+    "template",
+    "rollout_range",
+    "position",
+)
+MODEL_REQUESTS = ("curves_wanted", "importance_wanted")  # "Compute ..." clicks; their Stop goes with the model
 
 
 @st.cache_resource(show_spinner=False)
@@ -408,13 +426,31 @@ def init_state() -> None:
         set_image((EXAMPLES / st.session_state.image_name).read_bytes(), st.session_state.image_name)
 
 
-def set_image(data: bytes, name: str, size: tuple[int, int] | None = None) -> None:
-    """Make ``data`` the session's image; its digest and (w, h) are kept so reruns never rehash or decode it."""
+def set_model(name: str) -> None:
+    """Make ``name`` the session's model; everything that belonged to the previous one goes back to its default."""
+    ss = st.session_state
+    ss.model_name = name
+    for key in MODEL_STATE:
+        ss[key] = DEFAULTS[key]
+    for key in MODEL_REQUESTS:
+        ss.pop(key, None)
+
+
+def set_image(data: bytes, name: str, size: tuple[int, int] | None = None, *, class_index: int | None = None) -> None:
+    """Make ``data`` the session's image; its digest and (w, h) are kept so reruns never rehash or decode it.
+
+    The explained class becomes ``class_index`` when given, else the new image's top-1 unless the
+    user pinned a class.
+    """
     if size is None:
         size = read_image(data, max_bytes=upload_limit()).image.size
     ss = st.session_state
     ss.image_bytes, ss.image_name, ss.image_digest, ss.image_wh = data, name, digest(data), size
     ss.query = None  # the model's default: CLS, else the pooled query
+    if class_index is not None:
+        ss.class_index = int(class_index)
+    elif not ss.get("class_pinned", False):
+        ss.class_index = None  # the new image's top-1
 
 
 def _copy(src: str, dst: str) -> None:

@@ -16,19 +16,25 @@ if ss.pop("open_compare", False):
     st.switch_page("pages/compare.py")
 
 
-def _open(path: str, model: str | None) -> None:
-    """An "Open" click (a callback: it runs before the sidebar is drawn, so the sidebar shows the new model)."""
+def _open(path: str, model: str | None, class_index: int | None = None) -> None:
+    """An "Open" click (a callback: it runs before the sidebar is drawn, so the sidebar shows the new model).
+
+    The pages then explain the class the results file explained for that image (when its model is shown).
+    """
     try:
-        common.set_image(Path(path).read_bytes(), Path(path).name)
-    except (OSError, VitvizError) as exc:
+        data = Path(path).read_bytes()
+    except OSError as exc:
         ss.open_error = f"{path} cannot be opened: {exc}"
         return
     if model and model != ss.model_name and model in common.model_options():
-        ss.model_name = model
-        ss.input_size = ss.layer = ss.query = ss.class_index = None
-        ss.labels_text = ss.template = None
+        common.set_model(model)
         for key in ("model_pick", "model_text"):
             ss.pop(key, None)
+    try:
+        common.set_image(data, Path(path).name, class_index=class_index if model == ss.model_name else None)
+    except VitvizError as exc:
+        ss.open_error = f"{path} cannot be opened: {exc}"
+        return
     ss.open_compare = True
 
 
@@ -111,6 +117,7 @@ st.subheader("Where the methods disagree most")
 methods = [m for m in results.methods if m != "random"]
 ids = results.images().column("image_id").to_pylist()
 paths = dict(zip(ids, results.images().column("path").to_pylist(), strict=True))
+explained = dict(zip(ids, results.images().column("class_index").to_pylist(), strict=True))
 areas = np.full((len(ids), len(methods)), np.nan)
 index = {i: k for k, i in enumerate(ids)}
 for j, m in enumerate(methods):
@@ -131,7 +138,7 @@ for k in order:
             "Open",
             key=f"open_{image_id}",
             on_click=_open,
-            args=(paths[image_id], meta.get("model")),
+            args=(paths[image_id], meta.get("model"), explained[image_id]),
             help="Show this image on the per-image pages (Compare explanations first)",
         )
 if public:

@@ -45,6 +45,11 @@ with right:
             format_func=names.get,
             **common.keep("class_index"),
         )
+        st.checkbox(
+            "Keep this class for the next images",
+            **common.keep("class_pinned"),
+            help="Unticked, a new image explains its own most probable class.",
+        )
     elif cur.model.zero_shot:
         st.info("Type labels in the sidebar to see how the image scores against them.")
     else:

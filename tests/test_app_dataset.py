@@ -76,3 +76,16 @@ def test_open_shows_that_image_on_compare_explanations(last_results):
     assert at.session_state.image_name in {Path(p).name for p in path}
     assert at.session_state.model_name == "demo"
     assert any("Which map can you trust?" in h.value for h in at.header)
+
+
+def test_open_explains_the_class_the_results_explained_for_that_image(last_results):
+    at = _page()
+    at.button[0].click().run()
+    images = read_results(last_results).images()
+    explained = dict(zip(images.column("image_id").to_pylist(), images.column("class_index").to_pylist(), strict=True))
+    opens = [b for b in at.button if b.label == "Open"]
+    image_id = opens[0].key.removeprefix("open_")
+    at.session_state["class_index"] = (explained[image_id] + 1) % 5  # an earlier image's class
+    opens[0].click().run()
+    no_trouble(at)
+    assert at.session_state.class_index == explained[image_id]
