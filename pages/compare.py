@@ -101,6 +101,11 @@ else:
         common.downloads(
             "faithfulness",
             "curves",
+            csv={
+                "fraction of patches": results[0].fractions,
+                **{f"{r.method} deletion (probability of '{name}')": r.deletion for r in results},
+                **{f"{r.method} insertion (probability of '{name}')": r.insertion for r in results},
+            },
             fractions=results[0].fractions,
             **{f"{r.method}_deletion": r.deletion for r in results},
             **{f"{r.method}_insertion": r.insertion for r in results},

@@ -6,6 +6,7 @@ import streamlit as st
 from pages import common
 from vitviz import figures
 from vitviz.analysis.embeddings import token_norm_outliers
+from vitviz.tables import long_table
 
 cur = common.require_current()
 cap = cur.cap
@@ -19,6 +20,12 @@ else:
     common.downloads(
         "patch_components",
         "components",
+        csv={
+            **long_table(pcs.components, ("component", "row", "col", "channel"), "filter weight (unit-norm component)"),
+            "explained variance of the component (fraction)": np.repeat(
+                pcs.explained_variance_ratio, pcs.components[0].size
+            ),
+        },
         explained_variance_ratio=pcs.explained_variance_ratio,
         components=pcs.components,
     )
@@ -47,4 +54,10 @@ if len(tokens):
     )
 else:
     st.caption("No token's norm exceeds 3x its block's median.")
-common.downloads("token_norms", "norms", token_norms=stage.token_norms)
+norms = long_table(stage.token_norms, ("after layer (0: embeddings)", "token"), "token norm (L2)")
+common.downloads(
+    "token_norms",
+    "norms",
+    csv={**norms, "token kind": np.asarray(kinds)[norms["token"]]},
+    token_norms=stage.token_norms,
+)

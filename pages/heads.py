@@ -8,6 +8,7 @@ from vitviz import figures
 from vitviz.analysis.blocks import head_maps, select, window_edges
 from vitviz.capture.record import POOLED
 from vitviz.errors import VitvizError
+from vitviz.tables import long_table
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
@@ -175,6 +176,7 @@ with side:
     common.downloads(
         f"block{ss.layer}_head{head}_token{query}",
         "heads",
+        csv=long_table(maps.values, ("head", "row", "col"), f"attention weight (raw, {cap.attention_precision})"),
         map=maps.values[head],
         all_heads=maps.values,
         attention=select(block, head=head),

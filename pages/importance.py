@@ -6,6 +6,7 @@ import streamlit as st
 from pages import common
 from vitviz import figures
 from vitviz.errors import VitvizError
+from vitviz.tables import long_table
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
@@ -104,7 +105,16 @@ with left:
                 st.caption(f"Cost: {result.forward_equivalents:.0f} forward-equivalents of work.")
             else:
                 st.caption("First order: it can miss effects that need a large change (compare with the exact table).")
-            common.downloads("head_importance", "importance", effects=result.effects)
+            common.downloads(
+                "head_importance",
+                "importance",
+                csv=long_table(
+                    result.effects,
+                    ("block", "head"),
+                    f"change of the logit of '{name}' (logits{', first-order estimate' if fast else ''})",
+                ),
+                effects=result.effects,
+            )
 with right:
     if notes["attribution"]:
         st.info(f"Direct logit attribution: {notes['attribution']}")
@@ -135,4 +145,17 @@ with right:
                 f"The logit {attr.logit:.3f} = heads {np.nansum(attr.heads):.3f} + MLPs {attr.mlps.sum():.3f} + "
                 f"embeddings and biases {attr.rest:.3f}, with the final norm's scale frozen at the image's value."
             )
-            common.downloads("head_attribution", "attribution", heads=attr.heads, mlps=attr.mlps)
+            heads_table = long_table(attr.heads, ("block", "head"), "direct contribution (logits)")
+            common.downloads(
+                "head_attribution",
+                "attribution",
+                csv={
+                    "block": np.concatenate([heads_table["block"], np.arange(len(attr.mlps))]),
+                    "part": [f"head {h}" for h in heads_table["head"]] + ["MLP"] * len(attr.mlps),
+                    f"direct contribution to the logit of '{name}' (logits)": np.concatenate(
+                        [heads_table["direct contribution (logits)"], attr.mlps]
+                    ),
+                },
+                heads=attr.heads,
+                mlps=attr.mlps,
+            )

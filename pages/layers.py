@@ -10,6 +10,7 @@ from vitviz.analysis.blocks import global_query, head_maps, row_map, select
 from vitviz.analysis.masks import mass_masks
 from vitviz.analysis.stats import SUMMARIES, summary_table
 from vitviz.errors import VitvizError
+from vitviz.tables import long_table
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
@@ -90,7 +91,13 @@ else:
                 f"On stage {st_idx + 1}'s grid: windows undone, reduced keys spread over the tokens they came from, "
                 "merged tokens averaged (ALGORITHMS.md). The row sums to 1."
             )
-        common.downloads("rollout", "rollout", rollout=roll_map, row=row)
+        common.downloads(
+            "rollout",
+            "rollout",
+            csv=long_table(roll_map, ("row", "col"), f"rollout weight (raw, {precision})"),
+            rollout=roll_map,
+            row=row,
+        )
     with right:
         ranked = common.classes(cur)
         if ranked is None:
@@ -121,7 +128,12 @@ else:
                 )
                 target = "the label's image-text score" if ranked.labels else "the class logit (before softmax)"
                 st.caption(f"Row of the {exp.readout}, for {target}. Choose it on the *Image & predictions* page.")
-                common.downloads(f"relevance_{exp.class_index}", "relevance", relevance=exp.patch_map())
+                common.downloads(
+                    f"relevance_{exp.class_index}",
+                    "relevance",
+                    csv=long_table(exp.patch_map(), ("row", "col"), f"relevance for '{exp.label}' (raw)"),
+                    relevance=exp.patch_map(),
+                )
 
 # DINO masks on the last block's global map
 last = cap.blocks[-1]
@@ -165,6 +177,11 @@ with s1:
     common.downloads(
         "summaries",
         "summaries",
+        csv={
+            **long_table(summary_table(cap.blocks, "distance"), ("block", "head"), SUMMARIES["distance"]),
+            SUMMARIES["entropy"]: summary_table(cap.blocks, "entropy").reshape(-1),
+            SUMMARIES["entropy_norm"]: summary_table(cap.blocks, "entropy_norm").reshape(-1),
+        },
         mean_attention_distance=summary_table(cap.blocks, "distance"),
         attention_entropy=summary_table(cap.blocks, "entropy"),
         attention_entropy_normalised=summary_table(cap.blocks, "entropy_norm"),
@@ -203,4 +220,13 @@ else:
             f"Each row: the residual stream after that block, through the model's final norm and head ({lens.readout}). "
             + (lens.note or "The last row is the model's own prediction.")
         )
-        common.downloads("logit_lens", "lens", logit_lens=lens.logits)
+        common.downloads(
+            "logit_lens",
+            "lens",
+            csv={
+                "residual stream after block (0: embeddings)": np.arange(len(probs)),
+                **{f"probability of '{n}'": probs[:, k] for k, n in enumerate(names)},
+                f"rank of '{names[0]}' (1 = top)": lens.ranks(int(top[0])),
+            },
+            logit_lens=lens.logits,
+        )

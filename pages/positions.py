@@ -5,6 +5,7 @@ import streamlit as st
 
 from pages import common
 from vitviz import figures
+from vitviz.tables import long_table
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
@@ -60,7 +61,12 @@ if info.tables:
             ),
             key="position_tile",
         )
-        common.downloads("position_similarity", "positions", similarity=sim)
+        common.downloads(
+            "position_similarity",
+            "positions",
+            csv=long_table(sim, ("position (row-major)", "other position (row-major)"), "cosine similarity"),
+            similarity=sim,
+        )
 
 if info.biases:
     st.subheader("Relative position bias")
@@ -85,6 +91,8 @@ if info.biases:
         f"centre is what the head adds to the attention logit of a key dy rows below and dx columns right of the "
         f"query, inside a {w} x {w} window."
     )
-    common.downloads(f"relative_bias_{b}", "bias", bias=bias)
+    offsets = long_table(bias, ("head", "dy", "dx"), "bias added to the attention logit (raw)")
+    offsets["dy"], offsets["dx"] = offsets["dy"] - (w - 1), offsets["dx"] - (w - 1)
+    common.downloads(f"relative_bias_{b}", "bias", csv=offsets, bias=bias)
 if info.note:
     st.caption(info.note)

@@ -6,6 +6,7 @@ One Streamlit server and one Chromium for the module (see tests/browser_tools.py
 from __future__ import annotations
 
 import io
+import time
 
 import pytest
 from browser_tools import (
@@ -79,5 +80,29 @@ def test_the_lowest_colour_of_a_map_is_its_own_scale_bottom(server, browser):
         rgb = _pixel(page, cell["x"], cell["y"])
         assert max(abs(a - b) for a, b in zip(rgb, (0, 0, 4), strict=True)) <= 6, (rgb, cell["colorscale"][:2])
         assert cell["opacity"] == 1
+    finally:
+        page.close()
+
+
+def test_two_quick_downloads_both_start(server, browser, tmp_path):
+    """22.1: a download used to rerun the page; a second click during that rerun started nothing."""
+    page = browser.new_page(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
+    got = []
+    page.on("download", lambda d: got.append(d))
+    try:
+        page.goto(f"{server}/heads")
+        wait_for_title(page, "head 0: where CLS looks", timeout=90)
+        settle(page)
+        page.get_by_role("button", name="Download NPZ").first.click()
+        page.wait_for_timeout(120)
+        page.get_by_role("button", name="Download CSV").first.click()
+        deadline = time.time() + 30
+        while len(got) < 2:
+            assert time.time() < deadline, [d.suggested_filename for d in got]
+            page.wait_for_timeout(200)
+        assert sorted(d.suggested_filename.rsplit(".", 1)[1] for d in got) == ["csv", "npz"]
+        saved = tmp_path / "map.csv"
+        next(d for d in got if d.suggested_filename.endswith(".csv")).save_as(saved)
+        assert saved.read_text().splitlines()[0].startswith('head,row,col,"attention weight (raw')
     finally:
         page.close()
