@@ -534,10 +534,20 @@ def require_current() -> Current:
     return cur
 
 
+# Plotly takes two clicks within ``doubleClickDelay`` (300 ms) for a double click, which clears the
+# selection: a user's second click 120 ms after the first was lost. Two clicks count as one double
+# click only within this many ms.
+DOUBLE_CLICK_MS = 60
+
+
 def chart(fig, *, key: str, **kwargs):
-    """``st.plotly_chart`` without Streamlit's Plotly theme: the theme replaces a figure's own colour scale
-    (Inferno's near-black bottom rendered pink), so every figure is drawn with the scale it names."""
-    return st.plotly_chart(fig, key=key, theme=None, **kwargs)
+    """``st.plotly_chart`` without Streamlit's Plotly theme, each quick click its own selection.
+
+    The theme replaces a figure's own colour scale (Inferno's near-black bottom rendered pink), so
+    every figure is drawn with the scale it names.
+    """
+    config = {"doubleClickDelay": DOUBLE_CLICK_MS, **kwargs.pop("config", {})}
+    return st.plotly_chart(fig, key=key, theme=None, config=config, **kwargs)
 
 
 def clicked_point(event) -> list | None:
