@@ -87,12 +87,7 @@ def model_ui() -> None:
                 ss.model_refusal = (f"{exc} Still using {ss.model_name}.", False)  # not loaded again on reruns
                 return
             status.update(label=f"Loaded {name}", state="complete")
-        ss.model_name = name
-        ss.input_size = None
-        ss.layer = None
-        ss.query = None
-        ss.class_index = None
-        ss.labels_text = ss.template = None  # the new model's own suggestion
+        common.set_model(name)  # its own blocks, classes, labels (its suggestion) and knock-outs
 
 
 def labels_ui() -> None:

@@ -43,7 +43,7 @@ names = list(maps)
 tiles = np.stack([np.asarray(maps[m].values, np.float64) for m in names])
 scale = np.abs(tiles).reshape(len(names), -1).max(axis=1)
 tiles = tiles / np.where(scale > 0, scale, 1.0)[:, None, None]
-st.plotly_chart(
+common.chart(
     figures.small_multiples_figure(
         tiles.astype(np.float32),
         names,
@@ -88,7 +88,7 @@ else:
     else:
         bar.empty()
         curves = {r.method: (r.deletion, r.insertion) for r in results}
-        st.plotly_chart(figures.curves_figure(results[0].fractions, curves, target=name), key="curves")
+        common.chart(figures.curves_figure(results[0].fractions, curves, target=name), key="curves")
         rows = [
             {
                 "method": r.method,
@@ -111,6 +111,11 @@ else:
         common.downloads(
             "faithfulness",
             "curves",
+            csv={
+                "fraction of patches": results[0].fractions,
+                **{f"{r.method} deletion (probability of '{name}')": r.deletion for r in results},
+                **{f"{r.method} insertion (probability of '{name}')": r.insertion for r in results},
+            },
             fractions=results[0].fractions,
             **{f"{r.method}_deletion": r.deletion for r in results},
             **{f"{r.method}_insertion": r.insertion for r in results},
