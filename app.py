@@ -210,6 +210,7 @@ pages = [
     st.Page("pages/importance.py", title="Head importance", icon=":material/science:"),
     st.Page("pages/patching.py", title="Activation patching", icon=":material/swap_horiz:"),
     st.Page("pages/compare.py", title="Compare explanations", icon=":material/compare:"),
+    st.Page("pages/side_by_side.py", title="Side by side", icon=":material/splitscreen:"),
     st.Page("pages/dataset.py", title="Data set", icon=":material/dataset:"),
     st.Page("pages/positions.py", title="Position embeddings", icon=":material/explore:"),
     st.Page("pages/embedding.py", title="Patch embedding & norms", icon=":material/extension:"),
