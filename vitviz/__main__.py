@@ -221,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="M1,M2",
         help="comma-separated methods (default: all that apply): attention, rollout, relevance, "
-        "gradcam, integrated_gradients, random",
+        "gradcam, integrated_gradients, attnlrp, random",
     )
     ev.add_argument("--limit", type=int, default=None, metavar="N", help="evaluate the first N images only")
     ev.add_argument("--size", type=int, nargs="+", metavar="PX", help="input size: one number (square) or H W")
