@@ -41,6 +41,7 @@ def _export(args: argparse.Namespace) -> int:
             labels=labels,
             causal=args.causal,
             class_index=args.class_index,
+            methods=None if args.methods is None else [m.strip() for m in args.methods.split(",") if m.strip()],
             progress=bar.update,
         )
     report.failed[:0] = [(p, "no such file") for p in missing]
@@ -197,7 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="C",
-        help="with --causal: the class explained (default: the top-1)",
+        help="with --causal or --methods: the class explained (default: the top-1)",
+    )
+    ex.add_argument(
+        "--methods",
+        default=None,
+        metavar="M1,M2",
+        help="also write method_<name>: explanation maps on the patch grid (e.g. attnlrp,rollout,relevance)",
     )
     ex.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
     ex.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))

@@ -163,6 +163,7 @@ def export_images(
     labels: Labels | None = None,
     causal: bool = False,
     class_index: int | None = None,
+    methods: Sequence[str] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> ExportReport:
     """Write ``<stem>.npz`` and ``<stem>_rollout.png`` (``_attention.png`` where rollout is undefined) per image.
@@ -173,7 +174,11 @@ def export_images(
     explained class: ``class_index``, else the top-1), ``head_attribution``,
     ``mlp_attribution``, ``attribution_rest`` and ``explained_class``; keys a model does
     not support are left out and named in ``report.notes``.
+    ``methods``: explanation methods (:mod:`vitviz.methods`, e.g. ``attnlrp``): ``method_<name>`` ``(gh, gw)``
+    float32, each method's raw map on the first stage's grid for ``method_class`` (``class_index``, else the
+    top-1); a method that does not apply is refused before any image is read.
     """
+    chosen = _methods(loaded, methods)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     report = ExportReport()
@@ -205,6 +210,8 @@ def export_images(
                 arrays.update(extra)
                 for key, reason in why.items():
                     report.notes.setdefault(key, reason)
+            if chosen:
+                arrays.update(_method_arrays(loaded, images[names.index(path)], chosen, size, class_index))
             target = out / f"{path.stem}.npz"
             _write_npz(target, arrays)
             name, grid_map = overlay_map(cap, arrays)
@@ -213,6 +220,28 @@ def export_images(
         if progress:
             progress(len(chunk))
     return report
+
+
+def _methods(loaded: LoadedModel, methods: Sequence[str] | None) -> list:
+    from vitviz.methods import MethodError, get_method
+
+    chosen = [get_method(m) for m in methods or ()]
+    for m in chosen:
+        why = m.unavailable(loaded)
+        if why:
+            raise MethodError(why)
+    return chosen
+
+
+def _method_arrays(loaded: LoadedModel, image, chosen: list, size, class_index: int | None) -> dict[str, np.ndarray]:
+    from vitviz.methods import Inputs
+
+    inputs = Inputs(loaded, image, size=size)
+    cls = class_index if class_index is not None else inputs.predicted_class()
+    arrays = {f"method_{m.name}": m(inputs, class_index=cls).values for m in chosen}
+    if cls is not None:
+        arrays["method_class"] = np.int64(cls)
+    return arrays
 
 
 def print_failures(report: ExportReport) -> None:
