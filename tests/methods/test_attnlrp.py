@@ -135,3 +135,25 @@ def test_unsupported_family_and_bad_targets_get_messages(vit):
     with pytest.raises(MethodError, match="one target"):
         relevance(vit, inputs.pixels(), inputs.input_size)
     assert np.isfinite(relevance(vit, inputs.pixels(), inputs.input_size, class_index=0).pixels).all()
+
+
+def test_threads_sharing_the_model_get_their_own_rules(vit):
+    import threading
+
+    inputs = Inputs(vit, random_image(6))
+    x, hw = inputs.pixels(), inputs.input_size
+    alone = {v: relevance(vit, x, hw, class_index=0, variant=v).pixels for v in ("cp", "attnlrp")}
+    got: dict = {}
+
+    def work(variant: str) -> None:
+        for _ in range(3):
+            got.setdefault(variant, []).append(relevance(vit, x, hw, class_index=0, variant=variant).pixels)
+
+    threads = [threading.Thread(target=work, args=(v,)) for v in ("cp", "attnlrp")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not np.allclose(alone["cp"], alone["attnlrp"])  # the two variants differ, so a mix-up would show
+    for v in ("cp", "attnlrp"):
+        assert len(got[v]) == 3 and all(np.allclose(g, alone[v], rtol=1e-5, atol=1e-8) for g in got[v])
