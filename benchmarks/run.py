@@ -8,7 +8,8 @@ reruns), ``export``, ``browser``, ``zeroshot`` (CLIP ViT-B/16, SigLIP-base: over
 change; ``benchmarks/zeroshot.py``), ``causal`` (head importance in forward-equivalents, fast
 vs exact rank correlation on 50 demo images; ``benchmarks/causal.py``), ``faithfulness``
 (deletion + insertion of one ViT-B/16 image over one forward; ``benchmarks/faithfulness.py``),
-``evaluate`` (``python -m vitviz evaluate`` throughput, local vs Ray; ``benchmarks/evaluate.py``).
+``evaluate`` (``python -m vitviz evaluate`` throughput, local vs Ray; ``benchmarks/evaluate.py``),
+``headview`` (the instant head view in Chromium: input -> redraw, payload; ``benchmarks/headview.py``).
 With ``--sections``, the sections not run keep their figures from an existing ``--out`` file.
 
 Random weights throughout (speed does not depend on them). Every ratio compares
@@ -227,6 +228,7 @@ SECTIONS = (
     "causal",
     "faithfulness",
     "evaluate",
+    "headview",
     "imports",
     "attnlrp",
 )
@@ -285,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
 
             results["causal"] = {
                 "head_importance_cost": causal.head_importance_cost(vit, runs=max(2, runs // 3)),
+                "one_run": causal.one_run_views(vit, runs=max(2, runs // 3)),
                 "fast_vs_exact": causal.fast_vs_exact_rank_correlation(50, mode="mean"),
             }
         if "faithfulness" in sections:
@@ -295,6 +298,10 @@ def main(argv: list[str] | None = None) -> int:
             from benchmarks import evaluate
 
             results["evaluate"] = evaluate.evaluate_throughput(40)
+        if "headview" in sections and Path("/usr/bin/chromium").exists():
+            from benchmarks import headview
+
+            results["headview"] = headview.head_view_timings(vit)
         if "imports" in sections:
             from benchmarks import imports
 
@@ -354,6 +361,12 @@ def print_table(r: dict) -> None:
             f"fast estimate {h['fast_forward_equivalents']}; fast vs exact Spearman over {f['images']} demo images: "
             f"mean {f['spearman_mean']}, median {f['spearman_median']}"
         )
+    if o := r.get("causal", {}).get("one_run"):
+        print(
+            f"Heads + Rollout + Relevance + lens + attribution + fast estimate of one image: "
+            f"{o['forwards_shared']} forward with one Run (was {o['forwards_separate']}), "
+            f"{o['shared_s']} s vs {o['separate_s']} s ({o['shared_over_separate']}x)"
+        )
     if f := r.get("faithfulness"):
         print(
             f"Deletion + insertion of one ViT-B/16 image: {f['curves_over_forward']}x one forward "
@@ -369,6 +382,12 @@ def print_table(r: dict) -> None:
         print(
             f"AttnLRP, ViT-B/16 at 224: {lrp['forward_equivalents']} forward-equivalents "
             f"({lrp['attnlrp_s']} s against a {lrp['forward_s']} s forward)"
+        )
+    if hv := r.get("headview"):
+        print(
+            f"Instant head view, {hv['model']} in Chromium: input -> redraw median {hv['redraw_ms_median']} ms, "
+            f"p95 {hv['redraw_ms_p95']} ms; 16 pages at once p95 {hv['sessions16_redraw_ms_p95']} ms; "
+            f"page {hv['payload_MB']} MB (packed in {hv['pack_s']} s)"
         )
     if im := r.get("imports"):
         from benchmarks.imports import print_rows

@@ -42,6 +42,8 @@ _LAZY = {
     "query_map": "vitviz.analysis.maps",
     "read_image": "vitviz.data.images",
     "rollout_matrix": "vitviz.analysis.rollout",
+    "run": "vitviz.notebook",
+    "show": "vitviz.notebook",
 }
 
 if TYPE_CHECKING:  # for type checkers and IDEs only; at run time the names come from __getattr__
@@ -63,6 +65,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs only; at run time the names come
         VitvizError,
     )
     from vitviz.models.load import LoadedModel, load_model
+    from vitviz.notebook import run, show
     from vitviz.record import Capture, Prediction
 
 __all__ = [
@@ -91,6 +94,8 @@ __all__ = [
     "query_map",
     "read_image",
     "rollout_matrix",
+    "run",
+    "show",
 ]
 
 

@@ -157,3 +157,20 @@ def test_threads_sharing_the_model_get_their_own_rules(vit):
     assert not np.allclose(alone["cp"], alone["attnlrp"])  # the two variants differ, so a mix-up would show
     for v in ("cp", "attnlrp"):
         assert len(got[v]) == 3 and all(np.allclose(g, alone[v], rtol=1e-5, atol=1e-8) for g in got[v])
+
+
+def test_label_targets_and_differences_through_the_method_interface():
+    from vitviz.capture.targets import Target
+
+    loaded = load_model("demo-clip", device="cpu")
+    labels = parse_labels("cat, dog, car")
+    image = random_image(7)
+    one = {k: explain(loaded, image, "attnlrp", target=Target.of_label(labels, k)).values for k in ("cat", "dog")}
+    diff = explain(loaded, image, "attnlrp", target=Target.of_label(labels, "cat", minus="dog"))
+    assert diff.target == "label 'cat' minus label 'dog'"
+    # gradient x input is linear in the explained value: the map of a difference is the difference of the maps
+    np.testing.assert_allclose(diff.values, one["cat"] - one["dog"], rtol=1e-4, atol=1e-6)
+    inputs = Inputs(loaded, image)
+    text = encode_labels(loaded.model, loaded.text, labels)
+    r = relevance(loaded, inputs.pixels(), inputs.input_size, label_embedding=text[0])
+    assert one["cat"].sum() == pytest.approx(r.pixels.sum(), rel=1e-4, abs=1e-6)

@@ -40,6 +40,7 @@ __all__ = [
     "run_forward",
     "capture",
     "capture_batch",
+    "captures_from",
 ]
 
 # What one capture may hold (attention of all layers and heads); VITVIZ_MEMORY_BUDGET_MB overrides 2 GiB.
@@ -281,16 +282,24 @@ def _capture_at(
     pixels, resized = preprocess(loaded, images, hw)
     call = Call(loaded.config, hw, len(images))
     rec = SummaryRecorder(loaded, call, attention_dtype, len(installed_sites(loaded.model)))
-    fam = loaded.family
     with torch.inference_mode():
         out = run_forward(loaded, pixels, rec)
+    return captures_from(loaded, rec, out, resized, hw, top_k)
+
+
+def captures_from(
+    loaded: LoadedModel, rec: SummaryRecorder, out, resized: np.ndarray, hw: tuple[int, int], top_k: int
+) -> list[Capture]:
+    """The frozen records of a forward ``out`` that ``rec`` summarised (one per image of the batch)."""
+    fam = loaded.family
+    with torch.no_grad():
         raw_logits = fam.logits(loaded.model, out) if loaded.has_classifier else None
-        logits = None if raw_logits is None else raw_logits.float().cpu().numpy()
+        logits = None if raw_logits is None else raw_logits.detach().float().cpu().numpy()
         embedding = fam.image_embedding(loaded.model, out)
-        embedding = None if embedding is None else embedding.float().cpu().numpy()
+        embedding = None if embedding is None else embedding.detach().float().cpu().numpy()
     geometries = [rec.geometries[i] for i in sorted(rec.geometries)]
     captures = []
-    for i in range(len(images)):
+    for i in range(len(resized)):
         blocks = tuple(
             Block(b, g, rec.arrays[b].attention[i], rec.arrays[b].fused[i], *rec.arrays[b].summaries[i])
             for b, g in enumerate(geometries)

@@ -38,9 +38,9 @@ one forward with a graph and one backward (about 3 forward-equivalents).
 
 Families: the ``transformers`` ViT, DeiT, DINOv2 and CLIP image towers (their attention runs
 through ``transformers``' attention interface, where the rules go in); elsewhere a
-:class:`MethodError` says so. Explained target: a class logit, or for a zero-shot model a
-label's score ``logit_scale * cos(image, text)`` with the image embedding's norm detached
-(the identity rule on the normalisation, as for LayerNorm).
+:class:`MethodError` says so. Explained target (:mod:`vitviz.capture.targets`): a class logit,
+a zero-shot label's score ``logit_scale * cos(image, text)`` with the image embedding's norm
+detached (the identity rule on the normalisation, as for LayerNorm), or the difference of two.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from vitviz.capture.targets import BoundTarget, Target
 from vitviz.methods.base import Inputs, Method, MethodError, pool_to_grid
 from vitviz.models.load import LoadedModel
 
@@ -214,11 +215,34 @@ class LrpResult:
     attention_calls: int
 
 
+def _label_scores(loaded: LoadedModel, out, text: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """Label scores ``(B, K)`` of the forward's output for text embeddings ``(K, D)``, the image embedding's
+    norm detached (identity rule on the normalisation): ``logit_scale.exp() * <img / |img|, t / |t|> (+ bias)``."""
+    model = loaded.model
+    emb = loaded.family.image_embedding(model, out)
+    if emb is None:
+        raise MethodError(f"'{loaded.name}' gives no image embedding to compare with a label")
+    unit = torch.as_tensor(np.asarray(text), dtype=emb.dtype, device=emb.device).reshape(-1, emb.shape[-1])
+    unit = unit / unit.norm(dim=-1, keepdim=True)
+    scale = model.logit_scale.detach().exp() if hasattr(model, "logit_scale") else 1.0
+    scores = scale * (emb / emb.norm(dim=-1, keepdim=True).detach()) @ unit.T
+    bias = getattr(model, "logit_bias", None)
+    return scores + bias.detach() if isinstance(bias, torch.Tensor) else scores
+
+
+def _text_of(loaded: LoadedModel, target: Target) -> np.ndarray:
+    from vitviz.models.zeroshot import Labels, encode_labels
+
+    labels = Labels(target.labels, target.prompts or target.labels, "{}")
+    return encode_labels(loaded.model, loaded.text, labels)
+
+
 def relevance(
     loaded: LoadedModel,
     pixels: torch.Tensor,
     hw: tuple[int, int],
     *,
+    target: Target | BoundTarget | None = None,
     class_index: int | None = None,
     label_embedding: np.ndarray | torch.Tensor | None = None,
     variant: Variant = "attnlrp",
@@ -226,17 +250,29 @@ def relevance(
 ) -> LrpResult:
     """AttnLRP relevance of one normalised image ``pixels`` ``(1, 3, h, w)`` (module docstring).
 
-    Target: ``class_index`` of a classifier, or ``label_embedding`` ``(D,)`` (a text embedding of a
-    zero-shot model: the label's score with the image embedding's norm detached). ``ledger``: also
-    add up the relevance the softmaxes absorb (:attr:`LrpResult.softmax_absorbed`).
+    What is explained (one of): ``target`` (a class, a zero-shot label, or the difference of two:
+    :class:`~vitviz.capture.targets.Target`), ``class_index`` of a classifier, or ``label_embedding``
+    ``(D,)`` (a text embedding of a zero-shot model). Label scores are computed with the image
+    embedding's norm detached. ``ledger``: also add up the relevance the softmaxes absorb
+    (:attr:`LrpResult.softmax_absorbed`).
     """
     why = unsupported(loaded)
     if why:
         raise MethodError(why)
     if variant not in _IMPLEMENTATION:
         raise MethodError(f"unknown AttnLRP variant {variant!r}; choose attnlrp or cp")
-    if (class_index is None) == (label_embedding is None):
-        raise MethodError("AttnLRP explains one target: give a class index or a label embedding")
+    if sum(t is not None for t in (target, class_index, label_embedding)) != 1:
+        raise MethodError("AttnLRP explains one target: give a target, a class index or a label embedding")
+    if isinstance(target, BoundTarget):
+        target = target.target
+    if class_index is not None:
+        target = Target.of_class(int(class_index))
+    text = label_embedding
+    if label_embedding is not None:
+        target = Target.of_label(["label"], 0)
+    elif target.is_label:
+        target.check(loaded)
+        text = _text_of(loaded, target)
     _register()
     rules = dataclasses.replace(loaded, model=_rule_copy(loaded.model, variant))
     fam = loaded.family
@@ -246,27 +282,21 @@ def relevance(
         x = pixels.detach().clone().requires_grad_(True)
         with torch.enable_grad(), fam.running(loaded.model):
             out = fam.forward(rules.model, fam.model_inputs(rules, x, hw))
-            if class_index is not None:
-                logits = fam.logits(rules.model, out)
-                if logits is None:
-                    raise MethodError(f"'{loaded.name}' has no class logits: give a label embedding instead")
-                target = logits[0, int(class_index)]
+            if text is None:
+                scores = fam.logits(rules.model, out)
+                if scores is None:
+                    raise MethodError(f"'{loaded.name}' has no class logits: give a zero-shot label instead")
             else:
-                emb = fam.image_embedding(rules.model, out)
-                if emb is None:
-                    raise MethodError(f"'{loaded.name}' gives no image embedding to compare with a label")
-                text = torch.as_tensor(np.asarray(label_embedding), dtype=emb.dtype, device=emb.device)
-                text = text / text.norm()
-                scale = loaded.model.logit_scale.detach().exp() if hasattr(loaded.model, "logit_scale") else 1.0
-                target = scale * (emb[0] / emb[0].norm().detach()) @ text
-            target.backward()
+                scores = _label_scores(rules, out, text)
+            value = target.select(scores)[0]
+            value.backward()
     finally:
         _CALL.reset(token)
     if call.attention_calls == 0:
         raise MethodError(f"AttnLRP's rules never ran in '{loaded.name}': its attention bypasses the interface")
     absorbed = float(sum(t.item() for t in call.ledger)) if call.ledger is not None else None
     rel = (x.detach() * x.grad).double()[0].cpu().numpy()
-    return LrpResult(rel, float(target.detach()), absorbed, call.attention_calls)
+    return LrpResult(rel, float(value.detach()), absorbed, call.attention_calls)
 
 
 class AttnLRP(Method):
@@ -282,12 +312,12 @@ class AttnLRP(Method):
             raise ValueError(f"variant must be attnlrp or cp, got {variant!r}")
         self.variant = variant
 
-    def unavailable(self, loaded: LoadedModel) -> str:
-        return unsupported(loaded) or super().unavailable(loaded)
+    def unavailable(self, loaded: LoadedModel, target: Target | None = None) -> str:
+        return unsupported(loaded) or super().unavailable(loaded, target)
 
     def describe(self, inputs: Inputs, seed: int) -> str:
         return self.definition if self.variant == "attnlrp" else f"{self.definition}; CP-LRP inside attention"
 
-    def compute(self, inputs: Inputs, class_index: int | None, seed: int) -> np.ndarray:
-        r = relevance(inputs.loaded, inputs.pixels(), inputs.input_size, class_index=class_index, variant=self.variant)
+    def compute(self, inputs: Inputs, target: BoundTarget | None, seed: int) -> np.ndarray:
+        r = relevance(inputs.loaded, inputs.pixels(), inputs.input_size, target=target, variant=self.variant)
         return pool_to_grid(r.pixels.sum(axis=0), inputs.grid)

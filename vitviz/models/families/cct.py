@@ -43,6 +43,7 @@ class Cct(Family):
     """Compact Convolutional Transformer: convolutional tokenizer, global blocks, sequence pooling."""
 
     name = "CCT"
+    projection_paths = ("self_attn.proj",)
     model_types = ("cct",)
 
     def patch_size(self, config) -> int:

@@ -128,6 +128,7 @@ class Cvt(Family):
     """CvT: three stages of global attention over strided, convolutionally reduced keys."""
 
     name = "CvT"
+    projection_paths = ("attention.output.dense",)
     model_types = ("cvt",)
     hierarchical = True
 
