@@ -174,3 +174,23 @@ def test_label_targets_and_differences_through_the_method_interface():
     text = encode_labels(loaded.model, loaded.text, labels)
     r = relevance(loaded, inputs.pixels(), inputs.input_size, label_embedding=text[0])
     assert one["cat"].sum() == pytest.approx(r.pixels.sum(), rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.parametrize("key", ["deit", "dinov2"])
+def test_deit_and_dinov2_classifiers_conserve_too(key, tmp_path):
+    from conftest import TINY
+
+    if key == "deit":
+        folder = save_tiny("deit", tmp_path / key)
+    else:  # a DINOv2 with a classifier (layer scales on the residual branches)
+        config = tf.Dinov2Config(**{**TINY, "patch_size": 4}, num_labels=3)
+        torch.manual_seed(0)
+        tf.Dinov2ForImageClassification(config).save_pretrained(tmp_path / key)
+        tf.ViTImageProcessorPil(size={"height": 32, "width": 32}).save_pretrained(tmp_path / key)
+        folder = tmp_path / key
+    loaded = load_model(str(folder), device="cpu")
+    _zero_additive(loaded.model)
+    _check_conservation(loaded, class_index=1)
+    swiglu = load_model(str(folder), device="cpu")
+    swiglu.config.use_swiglu_ffn = True  # a config flag only: the message is what is checked
+    assert "SwiGLU" in METHODS["attnlrp"].unavailable(swiglu)

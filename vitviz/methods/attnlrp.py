@@ -8,10 +8,10 @@ towers. So its rules are implemented here the way ``lxt``'s efficient mode does 
 module tree that shares every parameter with the loaded model (the shared model is never
 changed, so sessions running it meanwhile see nothing).
 
-Rules (paper's equation numbers):
+Rules (equation numbers as ``lxt`` cites the paper):
 
 * linear layers, the patch convolution, residual additions, layer scales: LRP-epsilon with
-  epsilon -> 0 (Eq. 4), which under gradient x input is the plain gradient; biases (and the
+  epsilon -> 0, which under gradient x input is the plain gradient; biases (and the
   CLS token and position embeddings, additive constants) absorb their share;
 * element-wise non-linearities (GELU, quick GELU): the identity rule (Eq. 9), backward
   ``g_in = (f(x) / x) g_out`` so that ``x g_in = f(x) g_out``;
@@ -21,7 +21,7 @@ Rules (paper's equation numbers):
   the relevance to each factor (``lxt``: the gradient of query and key divided by 4, of the
   value by 2; here the attention matrix, query, key and value are each divided by 2 at the
   product that uses them: the same gradients);
-* softmax: gradient x input (Eq. 13; the paper's rule, whose missing part is the softmax's
+* softmax: gradient x input (the paper's softmax rule, whose missing part is the softmax's
   own bias term). ``variant="cp"``: CP-LRP inside attention (Ali et al. 2022), as ``lxt`` does
   for vision models: the attention matrix is a constant (query and key detached), so ``A v``
   is linear in ``v`` and all of its relevance goes to the value.
@@ -195,6 +195,8 @@ def _rule_copy(model: torch.nn.Module, variant: Variant) -> torch.nn.Module:
 def unsupported(loaded: LoadedModel) -> str:
     """Why AttnLRP does not apply to ``loaded`` ("" when it does)."""
     kind = getattr(loaded.config, "model_type", "?")
+    if getattr(loaded.config, "use_swiglu_ffn", False):
+        return f"AttnLRP has no rule here for the SwiGLU feed-forward of '{loaded.name}' (its gate is not a module)."
     if kind not in SUPPORTED_MODEL_TYPES:
         return (
             f"AttnLRP is implemented for the ViT, DeiT, DINOv2 and CLIP image towers; '{loaded.name}' is "
