@@ -8,6 +8,7 @@ from vitviz import figures
 from vitviz.analysis.blocks import head_maps, select, window_edges
 from vitviz.errors import VitvizError
 from vitviz.record import POOLED
+from vitviz.text import md_plain
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
@@ -234,9 +235,13 @@ else:
                 )
                 top_changed = after[0].index != ranked.ranked[0].index
                 st.caption(
-                    f"Logit of '{name}': {ko.clean_logits[cls]:.3f} -> {ko.logits[cls]:.3f} "
+                    f"Logit of '{md_plain(name)}': {ko.clean_logits[cls]:.3f} -> {ko.logits[cls]:.3f} "
                     f"(effect {ko.effect[cls]:+.3f}). "
-                    + (f"The top class changes to '{after[0].label}'." if top_changed else "The top class stays.")
+                    + (
+                        f"The top class changes to '{md_plain(after[0].label)}'."
+                        if top_changed
+                        else "The top class stays."
+                    )
                 )
             with right:
                 first = min(b for b, _ in chosen)

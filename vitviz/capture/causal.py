@@ -871,17 +871,20 @@ def causal_arrays(
     cancel: CancelCheck | None = None,
     label_embeddings: np.ndarray | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
+    minus_index: int | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """One clean run, then every analysis defined for the model, as arrays for ``export --causal``.
 
     Keys: ``explained_class`` () int64; ``logit_lens`` (L + 1, C) float32; ``head_ablation`` (L, H) float32, the
     *zero* knock-out effect on the explained class; ``head_attribution`` (L, H), ``mlp_attribution`` (L,),
     ``attribution_rest`` () float64. A key whose analysis is not defined is left out, and the second dict says
-    why (same key).
+    why (same key). ``minus_index``: explain ``logit[c] - logit[minus_index]`` instead (effects and parts are
+    linear in the logits: each is the class's value minus the other's); ``logit_lens`` keeps every class.
     """
     notes = causal_notes(loaded)
     clean = _clean_run(loaded, image, size, budget_bytes, label_embeddings)
     c = _class_index(clean.logits, class_index)
+    m = None if minus_index is None else _class_index(clean.logits, minus_index)
     arrays: dict[str, np.ndarray] = {"explained_class": np.asarray(c, np.int64)}
     why: dict[str, str] = {}
     try:
@@ -889,7 +892,12 @@ def causal_arrays(
     except NotDefined as exc:
         why["logit_lens"] = str(exc)
     try:
-        arrays["head_ablation"] = _importance(clean, c, "zero", True, None, progress, cancel, budget_bytes).effects
+        imp = _importance(clean, c, "zero", True, None, progress, cancel, budget_bytes)
+        arrays["head_ablation"] = imp.effects
+        if m is not None:
+            clean_np = imp.clean_logits
+            diff = imp.logits[..., c] - imp.logits[..., m] - (clean_np[c] - clean_np[m])
+            arrays["head_ablation"] = diff.astype(np.float32)
     except NotDefined as exc:
         why["head_ablation"] = str(exc)
     if notes["attribution"] or not clean.replayable:
@@ -901,9 +909,13 @@ def causal_arrays(
         except NotDefined as exc:
             why.update(dict.fromkeys(("head_attribution", "mlp_attribution", "attribution_rest"), str(exc)))
         else:
-            arrays["head_attribution"] = att.heads
-            arrays["mlp_attribution"] = att.mlps
-            arrays["attribution_rest"] = np.asarray(att.rest, np.float64)
+            heads, mlps, rest = att.heads, att.mlps, att.rest
+            if m is not None:
+                other = _attribution(clean, m)
+                heads, mlps, rest = heads - other.heads, mlps - other.mlps, rest - other.rest
+            arrays["head_attribution"] = heads
+            arrays["mlp_attribution"] = mlps
+            arrays["attribution_rest"] = np.asarray(rest, np.float64)
     return arrays, why
 
 

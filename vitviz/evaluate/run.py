@@ -227,6 +227,36 @@ def _settings(config: RunConfig, dataset: Dataset) -> dict:
     }
 
 
+_COMPARED = ("model", "methods", "size", "seed")  # what a results file written before `settings` existed says
+
+
+def _refuse_other_results(out: Path, settings: dict) -> None:
+    """Refuse to replace a finished results file ``out`` written with other settings (or not by vitviz)."""
+    if not out.exists():
+        return
+    from vitviz.evaluate.results import META_KEY
+
+    try:
+        meta = json.loads((pq.read_schema(out).metadata or {})[META_KEY])
+    except (OSError, KeyError, ValueError, TypeError, pa.ArrowException):
+        meta = None
+    if not isinstance(meta, dict):
+        raise EvaluateError(
+            f"--out '{out}' exists and is not vitviz results; choose another --out, or add --overwrite to replace it."
+        )
+    before = meta.get("settings")
+    if not isinstance(before, dict):  # older files: the fields they have
+        before = {**settings, "model": meta.get("model_source"), "methods": meta.get("methods")}
+        before.update({k: meta.get(k) for k in ("size", "seed")})
+    keys = [k for k in settings if k != "schema_version"]
+    diff = [f"{k}: {before.get(k)!r} then, {settings[k]!r} now" for k in keys if before.get(k) != settings[k]]
+    if diff:
+        raise EvaluateError(
+            f"--out '{out}' holds finished results of other settings ({'; '.join(diff)}). Choose another --out, "
+            "or add --overwrite to replace them."
+        )
+
+
 def _assemble(work: WorkDir, dataset: Dataset, config: RunConfig, meta: dict) -> int:
     """Write the results file from the parts: data set order, method order, one row per (image, method)."""
     table = work.read_parts()
@@ -267,12 +297,15 @@ def evaluate_dataset(
     chunk_seconds: float = 60.0,
     loaded: LoadedModel | None = None,
     ray_actors: int | None = None,
+    overwrite: bool = False,
 ) -> RunReport:
     """Evaluate every image of ``data`` (folder or CSV) with ``methods`` and write ``out`` (module docstring).
 
     ``engine``: ``local`` (this process, no Ray imported) or ``ray`` (``address``: an
     existing cluster, default a local one; ``ray_actors``: the actor pool size,
     default one per GPU, else one per CPU). ``progress(done, total)`` after each image.
+    An existing ``out`` (finished results) or unfinished work of other settings is refused
+    unless ``overwrite``; with the same settings the run resumes (or is redone) as before.
     ``loaded``: a model already loaded by ``model`` (the local engine uses it; saves a
     load in tests). Raises :class:`EvaluateError`, :class:`~vitviz.evaluate.data.DataError`,
     :class:`~vitviz.methods.base.MethodError` or a model loading error before any image
@@ -302,7 +335,12 @@ def evaluate_dataset(
         device=device,
     )
     work = WorkDir(out)
-    work.open(_settings(config, dataset))
+    settings = _settings(config, dataset)
+    if overwrite:
+        work.remove()  # unfinished work of other settings goes; the results file is replaced at the end
+    else:
+        _refuse_other_results(out, settings)
+    work.open(settings)
     done = work.done_ids()
     todo = [item for item in dataset.items if item.image_id not in done]
     total = len(dataset.items)
@@ -337,6 +375,7 @@ def evaluate_dataset(
         engine=engine,
         points=21,
         skipped=[{"where": s.where, "reason": s.reason} for s in dataset.skipped + skipped],
+        settings=settings,
     )
     evaluated = _assemble(work, dataset, config, meta)
     all_skipped = dataset.skipped + skipped
