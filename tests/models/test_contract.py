@@ -89,8 +89,9 @@ def test_every_family_keeps_the_contract(every_family, key):
             assert block_name(points, site.index, part) in points
         parts = fam.block_parts(site)
         assert isinstance(parts, BlockParts)
-        if not parts.unknown:  # a block the adapter fully declares has both parts
+        if not parts.unknown:  # a block the adapter fully declares has both parts, and its two norms
             assert isinstance(parts.projection, torch.nn.Linear) and isinstance(parts.mlp, torch.nn.Module)
+            assert all(isinstance(n, torch.nn.Module) for n in parts.norms), (key, parts.norms)
         if parts.mlp is not None:
             assert block_name(points, site.index, "mlp.out") in points
 
