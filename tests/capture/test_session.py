@@ -82,6 +82,11 @@ def test_heads_rollout_relevance_and_causal_share_one_forward(demo_model):
     assert count.n == 1 and again is run and run.has_graph
     assert why == {} and est.effects.shape == arrays["head_ablation"].shape
 
+    from vitviz.methods import Inputs
+
+    with Counter(loaded.model) as count:  # the explanation methods' inputs read the Run's capture too
+        assert Inputs(loaded, img).capture is cap
+    assert count.n == 0
     with Counter(loaded.model) as count:  # the references below run their own forwards
         ref = capture(loaded, img)
         ref_rel = _reference_relevance(loaded, img, c)

@@ -191,6 +191,10 @@ class Run:
         inp, out, _, _ = self._blocks[site]
         return _detached(inp), _detached(out)
 
+    def has_block(self, site: int) -> bool:
+        """Whether block ``site``'s tokens and call arguments were recorded."""
+        return site in self._blocks
+
     def block_call(self, site: int) -> tuple[tuple, dict]:
         """The arguments the model called block ``site`` with (for replays)."""
         _, _, args, kwargs = self._blocks[site]
