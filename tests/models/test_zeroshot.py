@@ -187,3 +187,20 @@ def test_label_text_is_capped_with_a_note_and_parsed_in_one_pass():
 def test_notes_stay_few_however_many_labels_are_cut():
     labels = parse_labels("\n".join([f"{i} " + "y" * 200 for i in range(40)]))
     assert len(labels.notes) == 8 and labels.notes[-1] == "33 more notes like these."
+
+
+def test_the_command_line_caps_labels_and_says_so(tmp_path, capsys):
+    """Issue 23.2, CLI: `export --labels` goes through the same caps, each with a note on stderr."""
+    from PIL import Image
+
+    from vitviz.__main__ import main
+
+    image = tmp_path / "img.png"
+    Image.new("RGB", (40, 30), (200, 30, 30)).save(image)
+    labels = ",".join(["cat", "dog"] * 2000)  # 15,999 characters, 2 distinct labels
+    assert main(["export", "--model", "demo-clip", "--out", str(tmp_path / "out"), "--labels", labels, str(image)]) == 0
+    err = capsys.readouterr().err
+    assert "note: The labels text is 15,999 characters long; only the first 10,000 were read." in err
+    assert "note: Repeated labels are scored once: 'cat' 1,250 times, 'dog' 1,250 times." in err
+    with np.load(tmp_path / "out" / "img.npz", allow_pickle=False) as z:
+        assert z["label_probabilities"].shape == (2,)
