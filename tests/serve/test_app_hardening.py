@@ -19,6 +19,7 @@ def _reset_server_caches() -> None:
     for fn in (common.serve_settings, common.model_cache, common.forward_queue, common.vetted_requests):
         fn.clear()
     common.hub_downloads.clear()
+    common.hub_online.clear()
 
 
 @pytest.fixture()
