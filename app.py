@@ -210,6 +210,7 @@ pages = [
     st.Page("pages/heads.py", title="Heads", icon=":material/grid_view:"),
     st.Page("pages/layers.py", title="Layers & rollout", icon=":material/layers:"),
     st.Page("pages/importance.py", title="Head importance", icon=":material/science:"),
+    st.Page("pages/patching.py", title="Activation patching", icon=":material/swap_horiz:"),
     st.Page("pages/compare.py", title="Compare explanations", icon=":material/compare:"),
     st.Page("pages/dataset.py", title="Data set", icon=":material/dataset:"),
     st.Page("pages/positions.py", title="Position embeddings", icon=":material/explore:"),

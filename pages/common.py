@@ -30,7 +30,6 @@ from vitviz.analysis.rollout import capture_rollout
 from vitviz.cache import BoundedCache
 from vitviz.capture import run as vcapture
 from vitviz.capture.gradients import explain_classes, explain_targets
-from vitviz.capture.record import POOLED, Prediction
 from vitviz.capture.run import predictions_from_logits
 from vitviz.data.images import configure as configure_images
 from vitviz.data.images import read_image
@@ -48,6 +47,7 @@ from vitviz.models.zeroshot import (
     rank,
     score,
 )
+from vitviz.record import POOLED, Prediction
 from vitviz.serve import (
     ForwardQueue,
     ModelCache,
@@ -269,12 +269,16 @@ def capture_cache() -> BoundedCache:
 def get_capture(
     model_name: str, image_digest: str, size: tuple[int, int] | None, image_bytes: bytes
 ) -> vcapture.Capture:
-    """The capture of the session's image: one forward pass per (model, image, size), in the server's queue."""
+    """The capture of the session's image: one forward pass per (model, image, size), in the server's queue.
+
+    It is the capture of the image's Run (``vitviz.capture.session``), so the causal views and relevance of the
+    same image read that forward instead of making their own."""
+    from vitviz.capture.session import get_run
 
     def compute() -> vcapture.Capture:
         image = read_image(image_bytes, max_bytes=upload_limit()).image
         model = get_model(model_name)
-        return in_queue(lambda: vcapture.capture(model, image, size=size))
+        return in_queue(lambda: get_run(model, image, size=size).capture)
 
     return capture_cache().get_or_compute((model_name, image_digest, size), compute)
 
@@ -733,3 +737,31 @@ def get_curves(cur: Current, class_index: int, progress=None) -> dict:
         return in_queue(run)
 
     return results_cache().get_or_compute(("curves", *cur.key, class_index), compute)
+
+
+def target_ui(ranked: Classes, *, key: str, default: int | None = None):
+    """The explained target: a class (or zero-shot label), optionally minus another; a ``Target``.
+
+    ``ranked``: :func:`classes` of the session's image; ``default``: the class first shown (the top-1).
+    """
+    from vitviz.capture.targets import Target
+
+    names = {p.index: p.label for p in ranked.ranked}
+    order = [p.index for p in ranked.ranked]
+    first = default if default in names else order[0]
+    what = "Label" if ranked.labels is not None else "Class"
+    c1, c2 = st.columns(2)
+    index = c1.selectbox(what, order, index=order.index(first), format_func=names.get, key=f"{key}_index")
+    others = [None, *(i for i in order if i != index)]
+    minus = c2.selectbox(
+        f"…minus {what.lower()}",
+        others,
+        format_func=lambda i: "(none)" if i is None else names[i],
+        key=f"{key}_minus",
+        help=f"Explain the difference of two scores: {what.lower()} A's minus {what.lower()} B's (before softmax).",
+    )
+    if minus == index:
+        minus = None
+    if ranked.labels is not None:
+        return Target.of_label(ranked.labels, index, minus)
+    return Target.of_class(index, minus)

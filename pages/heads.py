@@ -3,11 +3,11 @@
 import numpy as np
 import streamlit as st
 
-from pages import common
+from pages import common, instant
 from vitviz import figures
 from vitviz.analysis.blocks import head_maps, select, window_edges
-from vitviz.capture.record import POOLED
 from vitviz.errors import VitvizError
+from vitviz.record import POOLED
 from vitviz.text import md_plain
 
 cur = common.require_current()
@@ -15,6 +15,8 @@ cap, ss = cur.cap, st.session_state
 
 st.header("Attention heads")
 common.clamp_state(cap)
+if instant.draw(cur):
+    st.stop()
 stage_now = cap.blocks[ss.layer].stage
 common.take_click("head_map", lambda data: common.click_query(cap, stage_now, data))
 common.take_click("head_grid", lambda data: ss.update(head=int(data[0])))

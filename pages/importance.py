@@ -48,7 +48,15 @@ method = c1.radio(
     help="Exact: every head knocked out alone, in batches. Fast: the logit's gradient times the change a knock-out "
     "makes, for all heads at once from one forward and one backward pass.",
 )
-c2.radio("Replaced by", ["mean", "zero"], **common.keep("knockout_mode"), horizontal=True)
+c2.radio(
+    "Replaced by",
+    ["mean", "zero"],
+    **common.keep("knockout_mode"),
+    horizontal=True,
+    help="What a knocked-out head's output z_h (its slice of the output projection's input) becomes, at every "
+    "token: mean = its mean over this image's tokens (not a data-set mean); zero = 0, which also removes the "
+    "head's value bias (ViT-Prisma folds it into the output bias and keeps it). The output projection's bias stays.",
+)
 fast = method.startswith("fast")
 key = ("importance", *cur.key, cls, ss.knockout_mode, fast)
 st.caption(

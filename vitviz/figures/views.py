@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from vitviz.capture.run import Prediction
+from vitviz.record import Prediction
 from vitviz.text import plotly_plain
 
 __all__ = [

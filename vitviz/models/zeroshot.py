@@ -169,7 +169,7 @@ def text_tower(
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            tokenizer = AutoTokenizer.from_pretrained(source, **hub_kwargs)
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **hub_kwargs)
     except Exception:  # no tokenizer files: the image side still works, without typed labels
         return None
     config = model.config
@@ -288,8 +288,8 @@ def label_target(family, model: torch.nn.Module, text_embedding: np.ndarray):
 
 
 def rank(scores: Scores, names: Sequence[str]):
-    """Every label as a :class:`~vitviz.capture.record.Prediction`, most probable first (ties: given order)."""
-    from vitviz.capture.record import Prediction
+    """Every label as a :class:`~vitviz.record.Prediction`, most probable first (ties: given order)."""
+    from vitviz.record import Prediction
 
     order = np.argsort(-scores.probabilities, kind="stable")
     return tuple(Prediction(int(i), names[i], float(scores.probabilities[i]), float(scores.logits[i])) for i in order)
