@@ -58,12 +58,14 @@ class DecodeBudget:
             raise ValueError("a decode budget needs a positive size and a wait of 0 s or more")
         self.total, self.wait_s = int(total_bytes), float(wait_s)
         self.used = 0
-        self.peak = 0  # the most ever held at once (for tests and logs)
+        self.peak = 0  # the most held at once since the last resize (for tests and logs)
         self._cond = threading.Condition()
 
     def resize(self, total_bytes: int, wait_s: float | None = None) -> None:
+        """A new size (and wait); ``peak`` starts again from what is held now."""
         with self._cond:
             self.total = int(total_bytes)
+            self.peak = self.used
             if wait_s is not None:
                 self.wait_s = float(wait_s)
             self._cond.notify_all()
