@@ -9,6 +9,7 @@ from vitviz.capture.patching import activation_patching, patch_lens
 from vitviz.data.images import read_image
 from vitviz.errors import VitvizError
 from vitviz.figures.patching import patching_grid_figure
+from vitviz.text import md_plain, plotly_plain
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
@@ -41,12 +42,12 @@ if upload is not None:
     try:
         read_image(upload.getvalue(), max_bytes=common.upload_limit())
     except VitvizError as exc:
-        st.error(f"{upload.name}: {exc} The example is used as the source.")
+        st.error(f"{md_plain(upload.name)}: {exc} The example is used as the source.")
     else:
         source_bytes, source_name = upload.getvalue(), upload.name
 source_digest = common.digest(source_bytes)
 target = common.target_ui(ranked, key="patch_target")
-st.caption(f"Source: **{source_name}**; measured: **{target.name(cur.model.id2label)}**.")
+st.caption(f"Source: **{md_plain(source_name)}**; measured: **{md_plain(target.name(cur.model.id2label))}**.")
 
 
 def get_patching(exact: bool, progress=None):
@@ -182,7 +183,7 @@ else:
         figures.map_figure(
             cap.image,
             lens[layer],
-            title=f"Per-patch lens, layer {layer}: {target.name(cur.model.id2label)}",
+            title=f"Per-patch lens, layer {layer}: {plotly_plain(target.name(cur.model.id2label))}",
             colorbar_title="score (raw)",
         ),
         key="patch_lens_map",
