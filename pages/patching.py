@@ -39,10 +39,17 @@ upload = c2.file_uploader(
 )
 source_bytes, source_name = (common.EXAMPLES / pick).read_bytes(), pick
 if upload is not None:
-    try:
-        read_image(upload.getvalue(), max_bytes=common.upload_limit())
-    except VitvizError as exc:
-        st.error(f"{md_plain(upload.name)}: {exc} The example is used as the source.")
+    seen = ss.get("patch_upload_seen")
+    if seen is None or seen[0] != upload.file_id:  # each file is judged (and counted as an upload) once
+        try:
+            common.session_limits().uploads.acquire()  # public mode: the same limit as the sidebar's uploads
+            read_image(upload.getvalue(), max_bytes=common.upload_limit())
+            seen = (upload.file_id, None)
+        except VitvizError as exc:
+            seen = (upload.file_id, f"{md_plain(upload.name)}: {exc} The example is used as the source.")
+        ss.patch_upload_seen = seen
+    if seen[1]:
+        st.error(seen[1])
     else:
         source_bytes, source_name = upload.getvalue(), upload.name
 source_digest = common.digest(source_bytes)
