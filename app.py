@@ -11,7 +11,7 @@ import streamlit as st
 from pages import common
 from vitviz.data.images import read_image
 from vitviz.errors import VitvizError
-from vitviz.models.zeroshot import MAX_LABELS_TEXT, MAX_TEMPLATE_CHARS, parse_labels
+from vitviz.models.zeroshot import MAX_LABELS_TEXT, MAX_TEMPLATE_CHARS, parse_labels, vocabulary_warning
 from vitviz.text import md_plain
 
 common.leave_folder_mode()
@@ -87,12 +87,7 @@ def model_ui() -> None:
                 ss.model_refusal = (f"{exc} Still using {ss.model_name}.", False)  # not loaded again on reruns
                 return
             status.update(label=f"Loaded {name}", state="complete")
-        ss.model_name = name
-        ss.input_size = None
-        ss.layer = None
-        ss.query = None
-        ss.class_index = None
-        ss.labels_text = ss.template = None  # the new model's own suggestion
+        common.set_model(name)  # its own blocks, classes, labels (its suggestion) and knock-outs
 
 
 def labels_ui() -> None:
@@ -131,6 +126,9 @@ def labels_ui() -> None:
         return
     for note in labels.notes:
         st.caption(md_plain(note))  # notes quote what the visitor typed
+    unknown = vocabulary_warning(model.text, labels, ss.model_name)
+    if unknown:
+        st.warning(md_plain(unknown))
     st.caption(f"{len(labels.names)} labels, e.g. '{md_plain(labels.prompts[0])}'.")
 
 
