@@ -394,3 +394,55 @@ def test_evaluate_cli_refuses_a_foreign_out_file(tmp_path, capsys):
     line = _one_line_error(_cli(capsys, *args), 1)
     assert "not vitviz results" in line and out.read_text() == "my own notes"
     assert _cli(capsys, *args, "--overwrite").returncode == 0
+
+
+# -- 10. evaluate --data opens regular files only, size checked first ---------------------------------
+
+
+@pytest.fixture
+def alarm():
+    """Fail instead of hanging: a blocked open or an endless read raises after 60 s."""
+    import signal
+
+    def stop(signum, frame):
+        raise TimeoutError("blocked: evaluate read something it should not have")
+
+    before = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, before)
+
+
+def test_evaluate_folder_reads_regular_files_only(demo, tmp_path, alarm, one_thread):
+    import os
+
+    from vitviz.evaluate.run import evaluate_dataset
+
+    data = tmp_path / "data"
+    data.mkdir()
+    random_image(1, (48, 48)).save(data / "a.png")
+    os.mkfifo(data / "fifo.png")
+    (data / "zero.png").symlink_to("/dev/zero")
+    with open(data / "huge.png", "wb") as fh:  # sparse: 201 MB on paper, nothing on disk
+        fh.truncate(201 * 2**20)
+    (data / "link.png").symlink_to(data / "a.png")  # a link to a regular file is read
+    report = evaluate_dataset("demo", data, tmp_path / "r.parquet", methods=("random",), size=48, loaded=demo)
+    assert report.evaluated == 2
+    why = {Path(s.where).name: s.reason for s in report.skipped}
+    assert set(why) == {"fifo.png", "zero.png", "huge.png"}
+    assert "FIFO" in why["fifo.png"] and "device" in why["zero.png"] and "201 MB" in why["huge.png"]
+
+
+def test_evaluate_csv_rows_naming_a_fifo_or_a_device_are_skipped(tmp_path, alarm):
+    import os
+
+    from vitviz.evaluate.data import read_csv
+
+    os.mkfifo(tmp_path / "f.png")
+    random_image(1, (48, 48)).save(tmp_path / "a.png")
+    (tmp_path / "l.csv").write_text("file,label\na.png,x\nf.png,y\n/dev/zero,z\n")
+    ds = read_csv(tmp_path / "l.csv")
+    assert [i.image_id for i in ds.items] == ["a.png"]
+    assert [s.where for s in ds.skipped] == ["l.csv:3", "l.csv:4"]
+    assert "FIFO" in ds.skipped[0].reason and "device" in ds.skipped[1].reason
