@@ -10,6 +10,7 @@ from vitviz.analysis.blocks import global_query, head_maps, row_map, select
 from vitviz.analysis.masks import mass_masks
 from vitviz.analysis.stats import SUMMARIES, summary_table
 from vitviz.errors import VitvizError
+from vitviz.text import plotly_plain
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
@@ -114,7 +115,7 @@ else:
                     figures.map_figure(
                         cap.image,
                         exp.patch_map(),
-                        title=f"Relevance for '{exp.label}' (Chefer et al. 2021)",
+                        title=f"Relevance for '{plotly_plain(exp.label)}' (Chefer et al. 2021)",
                         colorbar_title="relevance (raw)",
                     ),
                     key="relevance_map",

@@ -39,6 +39,19 @@ def _export(args: argparse.Namespace) -> int:
         for note in labels.notes:
             print(f"note: {note}", file=sys.stderr)
     check_against_model(loaded, size, args.class_index, labels=labels)
+    if args.class_minus is not None:
+        check_against_model(loaded, size, args.class_minus, labels=labels)
+    class_index, minus_index = args.class_index, args.class_minus
+    if args.label is not None:
+        for text in (args.label, args.label_minus):
+            if text is not None and text not in labels.names:
+                print(
+                    f"{PROG} export: error: --label {text!r} is not one of --labels ({', '.join(labels.names)})",
+                    file=sys.stderr,
+                )
+                return 2
+        class_index = labels.names.index(args.label)
+        minus_index = None if args.label_minus is None else labels.names.index(args.label_minus)
     present = [p for p in args.images if p not in missing]
     with tqdm(total=len(present), unit="img", desc="export", file=sys.stderr) as bar:
         report = export_images(
@@ -50,7 +63,9 @@ def _export(args: argparse.Namespace) -> int:
             query_xy=args.query_xy,
             labels=labels,
             causal=args.causal,
-            class_index=args.class_index,
+            class_index=class_index,
+            minus_index=minus_index,
+            patch_from=args.patch_from,
             progress=bar.update,
         )
     report.failed[:0] = [(p, "no such file") for p in missing]
@@ -210,6 +225,32 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="C",
         help="with --causal: the class explained (default: the top-1)",
     )
+    ex.add_argument(
+        "--class-minus",
+        dest="class_minus",
+        type=int,
+        default=None,
+        metavar="C2",
+        help="with --causal: explain logit[C] - logit[C2] (C: --class, else the top-1)",
+    )
+    ex.add_argument(
+        "--label",
+        default=None,
+        metavar="TEXT",
+        help="with --causal, zero-shot models: the label explained (one of --labels; default: the top-1)",
+    )
+    ex.add_argument(
+        "--label-minus",
+        default=None,
+        metavar="TEXT",
+        help="with --causal and --label: explain score[--label] - score[TEXT] (one of --labels)",
+    )
+    ex.add_argument(
+        "--patch-from",
+        default=None,
+        metavar="SOURCE",
+        help="with --causal and one IMAGE: patch SOURCE's activations into IMAGE's run (patching_* arrays)",
+    )
     ex.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
     ex.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     ex.add_argument("--allow-pickle", action="store_true", help="accept pickle-only checkpoints (runs their code!)")
@@ -309,10 +350,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _export_usage(args: argparse.Namespace) -> str:
+    """What is wrong with an ``export`` command line's target and patching options ("" when nothing)."""
+    if args.patch_from is not None and not args.causal:
+        return "--patch-from needs --causal (patching is a causal analysis)"
+    if args.patch_from is not None and len(args.images) != 1:
+        return f"--patch-from patches one source into one target image; {len(args.images)} images were given"
+    if args.class_minus is not None and not args.causal:
+        return "--class-minus needs --causal"
+    if args.label_minus is not None and args.label is None:
+        return "--label-minus needs --label"
+    if args.label is not None:
+        if args.labels is None:
+            return "--label needs --labels (the label must be one of them)"
+        if args.class_index is not None or args.class_minus is not None:
+            return "give either --class/--class-minus (a classifier) or --label (a zero-shot model), not both"
+        if not args.causal:
+            return "--label needs --causal"
+    if args.class_minus is not None and args.class_minus == args.class_index:
+        return "--class-minus must differ from --class"
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "batch_size", 1) < 1:
         print(f"{PROG}: error: --batch-size must be at least 1", file=sys.stderr)
+        return 2
+    why = _export_usage(args) if args.command == "export" else ""
+    if why:
+        print(f"{PROG} export: error: {why}", file=sys.stderr)
         return 2
     try:
         return args.func(args)

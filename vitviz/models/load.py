@@ -19,12 +19,13 @@ from urllib.parse import urlparse
 import numpy as np
 import torch
 
-from vitviz.capture.hooks import install
-from vitviz.capture.record import PositionInfo
-from vitviz.demo import bundled
 from vitviz.errors import CaptureError, ModelLoadError
+from vitviz.models.bundled import bundled
 from vitviz.models.families import Family, family_for
+from vitviz.models.hooks import install
+from vitviz.models.points import install_points
 from vitviz.models.zeroshot import TextTower, text_tower
+from vitviz.record import PositionInfo
 
 __all__ = ["LoadedModel", "DEMO_NAME", "load_model", "pick_device", "resolve_source", "parse_model_name"]
 
@@ -474,10 +475,8 @@ def load_model(
         patch_weights=weights,
         text=text,
     )
-    from vitviz.capture.causal import install_causal_hooks  # here, not lazily: never while others run the model
-
-    try:
-        install_causal_hooks(loaded)
+    try:  # here, not lazily: never while others run the model
+        install_points(loaded)  # the named hook points (vitviz.models.points): idle outside a call
     except (ValueError, RuntimeError, CaptureError) as exc:
         raise ModelLoadError(f"'{name}' does not have the layout of a {family.name} model: {exc}") from None
     return loaded
