@@ -24,6 +24,7 @@ from vitviz.models.bundled import bundled
 from vitviz.models.families import Family, family_for
 from vitviz.models.hooks import install
 from vitviz.models.points import install_points
+from vitviz.models.weights_index import INDEX, index_problem
 from vitviz.models.zeroshot import TextTower, text_tower
 from vitviz.record import PositionInfo
 
@@ -168,6 +169,16 @@ def _check_local_weights(folder: Path, allow_pickle: bool) -> bool:
     if not (folder / "config.json").is_file():
         raise ModelLoadError(f"'{folder}' has no config.json: point to a folder written by save_pretrained.")
     if any((folder / f).is_file() for f in _SAFE_WEIGHTS):
+        index = folder / INDEX
+        if index.is_file():
+            try:
+                why = index_problem(index.read_text(encoding="utf-8"), {p.name for p in folder.glob("*.safetensors")})
+            except (OSError, UnicodeDecodeError):
+                why = "that cannot be read"
+            if why is not None:
+                raise ModelLoadError(
+                    f"'{folder}' has a weights index ({INDEX}) {why}; vitviz loads only its own files."
+                )
         return True
     if any((folder / f).is_file() for f in _PICKLE_WEIGHTS):
         if allow_pickle:
