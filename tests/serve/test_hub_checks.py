@@ -154,3 +154,11 @@ def test_without_hub_ids_the_message_never_says_whether_an_id_exists(tmp_path):
         assert fake.calls == []  # the hub is not even asked
         messages.add((str(err.value), err.value.reason))
     assert len(messages) == 1
+
+
+def test_a_hub_config_naming_code_is_refused_before_any_weight(tmp_path):
+    fake = _repo(tmp_path, {**VIT_BASE, "auto_map": {"AutoConfig": "evil.EvilConfig"}})
+    with pytest.raises(PolicyError) as err:
+        vet_model_request("someone/evil", OPEN, hub=fake.hub())
+    assert err.value.reason == "remote_code" and "auto_map" in str(err.value)
+    assert [c for c in fake.calls if c[0] == "download"] == [("download", "config.json")]

@@ -37,6 +37,10 @@ CONFIG_TOO_LARGE = (
     "'{name}' has a config.json that asks for {what} = {value}, more than this server allows ({limit}). "
     "Choose a smaller checkpoint, or a model from the list."
 )
+REMOTE_CODE = (
+    "'{name}' needs code of its own to load (auto_map in its config.json), and this server never runs a "
+    "checkpoint's code. Choose a model from the list."
+)
 BAD_INDEX = (
     "'{name}' has a weights index (model.safetensors.index.json) {detail}. This server loads only the weights "
     "of the repository itself. Choose a model from the list."

@@ -125,7 +125,7 @@ class PolicyError(VitvizError):
 
     Reasons: ``empty``, ``path``, ``hub_id``, ``not_found``, ``unreachable``, ``no_config``,
     ``bad_config``, ``unsupported``, ``no_weights``, ``unknown_size``, ``too_large``,
-    ``pickle``, ``download``, ``config_too_large``, ``bad_index``.
+    ``pickle``, ``download``, ``config_too_large``, ``bad_index``, ``remote_code``.
     """
 
     def __init__(self, message: str, reason: str) -> None:
@@ -302,6 +302,8 @@ def _model_type(repo: str, revision: str | None, settings: ServeSettings, hub: H
     model_type = config.get("model_type") if isinstance(config, dict) else None
     if not isinstance(model_type, str) or not model_type:
         raise PolicyError(BAD_CONFIG.format(name=repo, detail="it names no model_type"), "bad_config")
+    if "auto_map" in config:  # code shipped with the checkpoint: never downloaded, never run
+        raise PolicyError(hub_checks.REMOTE_CODE.format(name=repo), "remote_code")
     problem = hub_checks.config_problem(config, settings.model_memory_bytes)  # before any weight is downloaded
     if problem is not None:
         what, value, limit = problem
