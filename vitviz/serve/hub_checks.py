@@ -28,6 +28,7 @@ __all__ = [
     "DEFAULT_LIMITS",
     "CONFIG_TOO_LARGE",
     "BAD_INDEX",
+    "REMOTE_CODE",
     "INDEX",
     "config_problem",
     "index_problem",
