@@ -8,6 +8,7 @@ message that says how to fix it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -248,6 +249,20 @@ def _refuse_remote_code(name: str, files: list[Path]) -> None:
             )
 
 
+@contextlib.contextmanager
+def _quiet_transformers():
+    """transformers' own load report (coloured, many lines) off while loading: vitviz says what matters itself
+    (:func:`_refuse_incomplete`). Process-wide; two loads at once may leave it at errors only."""
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(before)
+
+
 _SHOWN = 3  # keys named in a message
 _MAX_MISSING_SHARE = 0.01  # of the parameters; a missing layer is refused whatever its share
 _LAYER_KEY = re.compile(r"\.\d+\.")  # ...layer.7.attention...: a weight of one of the repeated blocks
@@ -436,7 +451,7 @@ def load_model(
     family = family_for(config)  # raises UnsupportedModelError before any weights load
 
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _quiet_transformers():
             warnings.simplefilter("ignore")
             model, info = _auto_class(config).from_pretrained(
                 source,
