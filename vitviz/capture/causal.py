@@ -116,7 +116,7 @@ Mechanics
 Nothing here rewrites the model, and nothing here runs its own hooks: every analysis
 reads the image's clean :class:`~vitviz.capture.session.Run` (one forward, shared
 with the Heads, Rollout and Relevance views; ``get_run`` caches it) and edits it by
-the named points of :mod:`vitviz.capture.points`. A knock-out of head h in block l
+the named points of :mod:`vitviz.models.points`. A knock-out of head h in block l
 is the edit ``Edit("blocks.{l}.attn.z", "zero" | "mean", heads=(h,))``; head importance
 batches copies, each with its own edit (``rows``). Replays from the cached residual
 (:meth:`Run.edited`) call the model's own block modules with the arguments the
@@ -137,13 +137,13 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitviz.capture.points import _ACTIVE, Edit, active, block_name, install_points
 from vitviz.capture.run import DEFAULT_BUDGET_BYTES, check_budget, input_size_for
 from vitviz.capture.session import NoScores, Run, Scorer, get_run, scorer_for
 from vitviz.errors import CaptureError, VitvizError
 from vitviz.models.families.base import ReadoutHead
 from vitviz.models.hooks import Site, installed_sites
 from vitviz.models.load import LoadedModel
+from vitviz.models.points import _ACTIVE, Edit, active, block_name, install_points
 
 __all__ = [
     "KnockoutMode",
@@ -297,13 +297,13 @@ class Attribution:
         return float(np.nansum(self.heads) + self.mlps.sum() + self.rest)
 
 
-# --- hooks: the named points of vitviz.capture.points ----------------------------------------------
+# --- hooks: the named points of vitviz.models.points ----------------------------------------------
 
 _PLAN = _ACTIVE  # this context's point state (records and edits); None outside a call
 
 
 def install_causal_hooks(loaded: LoadedModel) -> tuple[torch.nn.Linear | None, ...]:
-    """Install the model's named hook points once (:func:`vitviz.capture.points.install_points`) and return each
+    """Install the model's named hook points once (:func:`vitviz.models.points.install_points`) and return each
     block's per-head output projection (None for blocks without one, or whose projection the forward never
     calls as a module). Idle unless a call in the current context sets a state. Safe to call at load time
     (recommended) or lazily (the first causal call does it)."""

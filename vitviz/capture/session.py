@@ -4,7 +4,7 @@ One forward pass fills, at once:
 
 * ``capture``: the frozen record (:class:`~vitviz.record.Capture`) the Heads,
   Rollout and Stats views read, exactly as :func:`vitviz.capture.run.capture` gives it;
-* every named point (:mod:`vitviz.capture.points`): the residual stream at each
+* every named point (:mod:`vitviz.models.points`): the residual stream at each
   block's input and output, each block's heads' outputs ``z`` (``blocks.{i}.attn.z``,
   ``(1, T, H * d)``), each MLP's output, the attention patterns;
 * the scores: class logits, or a zero-shot model's label scores for the given label
@@ -14,7 +14,7 @@ One forward pass fills, at once:
   derive from it with a backward pass and no second forward.
 
 A second forward exists only when something is edited: :meth:`Run.edited` applies
-:class:`~vitviz.capture.points.Edit` s (``"mean"`` there means this image's token
+:class:`~vitviz.models.points.Edit` s (``"mean"`` there means this image's token
 mean at the point in the clean run) and, for one-grid ViTs with a readout head,
 reuses the clean prefix: only blocks from the first edited one on run again, with
 the arguments the model passed them in the clean run.
@@ -38,7 +38,6 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitviz.capture.points import Edit, Points, active, block_name, install_points
 from vitviz.capture.run import (
     DEFAULT_BUDGET_BYTES,
     SummaryRecorder,
@@ -52,6 +51,7 @@ from vitviz.errors import BudgetError, CaptureError
 from vitviz.models.families.base import Call, ReadoutHead
 from vitviz.models.hooks import Site, installed_sites
 from vitviz.models.load import LoadedModel
+from vitviz.models.points import Edit, Points, active, block_name, install_points
 from vitviz.record import Capture, Geometry
 
 __all__ = [
