@@ -81,7 +81,11 @@ def overhead(kind: str, folder: Path, runs: int, *, arch: str | None = None, ima
     import transformers
 
     loaded = load_model(str(folder))
-    plain = getattr(transformers, arch or MODELS[kind][0]).from_pretrained(folder, attn_implementation="sdpa").eval()
+    plain = (
+        getattr(transformers, arch or MODELS[kind][0])
+        .from_pretrained(folder, attn_implementation="sdpa", trust_remote_code=False)
+        .eval()
+    )
     plain.to(loaded.device)
     rng = np.random.default_rng(0)
     image = Image.fromarray(rng.integers(0, 256, (480, 640, 3), dtype=np.uint8))

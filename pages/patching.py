@@ -120,7 +120,7 @@ if res is not None:
     block = st.slider("Block drawn on the image", 0, res.shape[0] - 1, res.shape[0] - 1, key="patch_block")
     with left:
         cols = [f"{k} {t}" for t, k in enumerate(shown.token_kinds)]
-        st.plotly_chart(
+        common.chart(
             patching_grid_figure(
                 res,
                 clean=shown.clean,
@@ -136,7 +136,7 @@ if res is not None:
     with right:
         row = res[block, shown.num_prefix :].reshape(shown.grid) - shown.clean
         span = float(np.nanmax(np.abs(row))) or 1.0
-        st.plotly_chart(
+        common.chart(
             figures.map_figure(
                 cap.image,
                 row,
@@ -149,7 +149,7 @@ if res is not None:
             key="patch_row_map",
         )
 if heads is not None:
-    st.plotly_chart(
+    common.chart(
         patching_grid_figure(
             heads,
             clean=shown.clean,
@@ -178,7 +178,7 @@ except (VitvizError, ValueError) as exc:
     st.info(str(exc))
 else:
     layer = st.slider("Layer (0 = embeddings)", 0, lens.shape[0] - 1, lens.shape[0] - 1, key="patch_lens_layer")
-    st.plotly_chart(
+    common.chart(
         figures.map_figure(
             cap.image,
             lens[layer],

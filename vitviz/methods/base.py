@@ -207,7 +207,7 @@ class Method:
                 return f"{self.title} is not defined for {loaded.family.name}: {note}"
         label_ok = target is not None and target.is_label and getattr(loaded, "zero_shot", False)
         if self.class_specific and not loaded.has_classifier and not label_ok:
-            return f"{self.title} explains a class logit, and '{loaded.name}' is a backbone without a classifier."
+            return f"{self.title} explains a class logit, and {loaded.no_classes}"
         return ""
 
     def describe(self, inputs: Inputs, seed: int) -> str:
