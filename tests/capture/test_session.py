@@ -159,6 +159,9 @@ def test_patch_from_another_run(tiny_models):
 def test_backbone_runs_without_scores(tiny_models):
     run = S.get_run(tiny_models["dino"], random_image(8))
     assert run.scores.numel() == 0 and run.capture.logits is None
+    pattern = run.activation("blocks.1.attn.pattern")  # the probabilities the forward used, raw layout
+    assert run.has("blocks.1.attn.pattern") and pattern.shape == (1, 4, 17, 17)
+    np.testing.assert_allclose(pattern[0].numpy(), run.capture.blocks[1].attention, atol=1e-3)  # float16 record
     assert run.activation("blocks.1.out").shape == (1, 17, 32)
     with pytest.raises(ValueError, match="no hook point"):
         run.activation("blocks.9.out")
