@@ -10,8 +10,8 @@ import torch
 from conftest import random_image
 
 from vitviz.capture import session as S
-from vitviz.capture.points import Edit
 from vitviz.capture.run import capture, input_size_for, preprocess
+from vitviz.models.points import Edit
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -297,7 +297,7 @@ class Attribution:
         return float(np.nansum(self.heads) + self.mlps.sum() + self.rest)
 
 
-# --- hooks: the named points of vitviz.capture.points ----------------------------------------------
+# --- hooks: the named points of vitviz.models.points ----------------------------------------------
 
 _PLAN = _ACTIVE  # this context's point state (records and edits); None outside a call
 
