@@ -7,6 +7,7 @@ from pages import common
 from vitviz import figures
 from vitviz.errors import VitvizError
 from vitviz.methods import METHODS, why_unavailable
+from vitviz.text import md_plain
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
@@ -24,7 +25,7 @@ labels = ranked.labels  # zero-shot: every method explains the label's score, an
 cls = ss.class_index if ss.class_index in {p.index for p in ranked.ranked} else ranked.ranked[0].index
 name = next(p.label for p in ranked.ranked if p.index == cls)
 what = "label" if labels else "class"
-st.caption(f"Explained: **{name}** (pick another {what} on *Image & predictions*).")
+st.caption(f"Explained: **{md_plain(name)}** (pick another {what} on *Image & predictions*).")
 if labels:
     st.caption(f"Zero-shot: the label's score and its probability ({ranked.legend}) take the place of a class.")
 model = common.labelled_model(cur.model, labels)
@@ -42,7 +43,7 @@ names = list(maps)
 tiles = np.stack([np.asarray(maps[m].values, np.float64) for m in names])
 scale = np.abs(tiles).reshape(len(names), -1).max(axis=1)
 tiles = tiles / np.where(scale > 0, scale, 1.0)[:, None, None]
-st.plotly_chart(
+common.chart(
     figures.small_multiples_figure(
         tiles.astype(np.float32),
         names,
@@ -87,7 +88,7 @@ else:
     else:
         bar.empty()
         curves = {r.method: (r.deletion, r.insertion) for r in results}
-        st.plotly_chart(figures.curves_figure(results[0].fractions, curves, target=name), key="curves")
+        common.chart(figures.curves_figure(results[0].fractions, curves, target=name), key="curves")
         rows = [
             {
                 "method": r.method,
@@ -110,6 +111,11 @@ else:
         common.downloads(
             "faithfulness",
             "curves",
+            csv={
+                "fraction of patches": results[0].fractions,
+                **{f"{r.method} deletion (probability of '{name}')": r.deletion for r in results},
+                **{f"{r.method} insertion (probability of '{name}')": r.insertion for r in results},
+            },
             fractions=results[0].fractions,
             **{f"{r.method}_deletion": r.deletion for r in results},
             **{f"{r.method}_insertion": r.insertion for r in results},

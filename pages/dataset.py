@@ -1,5 +1,6 @@
 """Data set: results of `python -m vitviz evaluate` over many images: areas per method, head distances, disagreements."""
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -7,8 +8,18 @@ import streamlit as st
 
 from pages import common
 from vitviz import figures
+from vitviz.cache import BoundedCache
 from vitviz.errors import VitvizError
-from vitviz.evaluate.results import read_results
+from vitviz.evaluate.results import Results, read_results
+from vitviz.text import md_plain, plotly_plain
+
+# What each insertion start is (files written before the choice existed started from blur).
+INSERTION_START_NAMES = {
+    "blur": "the blurred image",
+    "mean": "the image's mean colour",
+    "grey": "a fixed grey",
+    "noise": "seeded noise",
+}
 
 common.leave_folder_mode()
 ss = st.session_state
@@ -16,24 +27,34 @@ if ss.pop("open_compare", False):
     st.switch_page("pages/compare.py")
 
 
-def _open(path: str, model: str | None, labels: list[str] | None = None, template: str | None = None) -> None:
+def _open(
+    path: str,
+    model: str | None,
+    class_index: int | None = None,
+    labels: list[str] | None = None,
+    template: str | None = None,
+) -> None:
     """An "Open" click (a callback: it runs before the sidebar is drawn, so the sidebar shows the new model).
 
+    The pages then explain the class the results file explained for that image (when its model is shown).
     A zero-shot run (``labels`` in its metadata) opens with its labels and template in the sidebar.
     """
     try:
-        common.set_image(Path(path).read_bytes(), Path(path).name)
-    except (OSError, VitvizError) as exc:
+        data = Path(path).read_bytes()
+    except OSError as exc:
         ss.open_error = f"{path} cannot be opened: {exc}"
         return
     if model and model != ss.model_name and model in common.model_options():
-        ss.model_name = model
-        ss.input_size = ss.layer = ss.query = ss.class_index = None
-        ss.labels_text = ss.template = None
+        common.set_model(model)
         for key in ("model_pick", "model_text"):
             ss.pop(key, None)
     if labels:
-        ss.labels_text, ss.template, ss.class_index = "\n".join(labels), template or "{}", None
+        ss.labels_text, ss.template = "\n".join(labels), template or "{}"
+    try:
+        common.set_image(data, Path(path).name, class_index=class_index if model == ss.model_name else None)
+    except VitvizError as exc:
+        ss.open_error = f"{path} cannot be opened: {exc}"
+        return
     ss.open_compare = True
 
 
@@ -41,21 +62,44 @@ if "open_error" in ss:
     st.error(ss.pop("open_error"))
 st.header("A whole data set")
 st.caption(
-    "Results written by `python -m vitviz evaluate --model M --data FOLDER_OR_CSV --out RESULTS.parquet`: "
-    "per image and method the class explained, the deletion and insertion areas, and per image each head's "
-    "mean attention distance."
+    "Results written by `python -m vitviz evaluate --model M --data FOLDER_OR_CSV --out RESULTS.parquet "
+    "[--insertion-start blur|mean|grey|noise]`: per image and method the class explained, the deletion and "
+    "insertion areas, and per image each head's mean attention distance. Insertion starts from the image's mean "
+    "colour unless the run chose another start (blur keeps colour, so its curves are flat where colour is the "
+    "evidence)."
 )
 
 
-@st.cache_data(max_entries=4, show_spinner=False)
-def _read(data: bytes | str):
-    return read_results(data)
+@st.cache_resource(show_spinner=False)
+def _results_files() -> BoundedCache:
+    """Results files read, server-wide, bounded in bytes (``results_cache_mb``); read-only Arrow tables."""
+    settings = common.serve_settings()
+    return BoundedCache(
+        max_entries=16, max_bytes=int(settings.results_cache_mb * 2**20), size_of=lambda r: r.table.nbytes
+    )
+
+
+def _read(data: bytes | str) -> Results:
+    """A results file through the server's limits (checked from its footer) and its byte-bounded cache."""
+    if isinstance(data, bytes):
+        key = hashlib.sha256(data).hexdigest()
+    else:  # the last local run: read again when the file changed
+        key = ("path", data, Path(data).stat().st_mtime_ns if Path(data).is_file() else None)
+    limits = common.serve_settings().results_limits
+    return _results_files().get_or_compute(key, lambda: read_results(data, limits))
 
 
 source = st.file_uploader("Results file (.parquet)", type=["parquet"], key="results_upload")
 last = common.last_results_path()
 if source is not None:
-    ss.results_source = source.getvalue()
+    if source.file_id != ss.get("results_seen"):  # a new file: counts as an upload (public mode limit)
+        ss.results_seen = source.file_id
+        try:
+            common.session_limits().results_uploads.acquire()
+        except VitvizError as exc:
+            st.error(str(exc))
+            st.stop()
+        ss.results_source = source.getvalue()
 elif last is not None:
     st.button(f"Open the last local run ({last.name})", on_click=lambda: ss.update(results_source=str(last)))
 if ss.get("results_source") is None:
@@ -70,12 +114,20 @@ except VitvizError as exc:
 
 meta = results.meta
 skipped = meta.get("skipped", [])
-st.caption(
-    f"**{meta.get('model')}** on {results.num_images} images ({meta.get('data', '?')}), methods "
-    f"{', '.join(results.methods)}; seed {meta.get('seed')}; {len(skipped)} inputs skipped."
+if results.table.num_rows == 0:
+    st.info(
+        f"This results file holds no results ({len(skipped)} inputs skipped). Run `python -m vitviz evaluate` "
+        "on images the model can read, then upload its results."
+    )
+    st.stop()
+start = meta.get("insertion_start", "blur")
+st.caption(  # every field comes from the file: plain text
+    f"**{md_plain(meta.get('model'))}** on {results.num_images} images ({md_plain(meta.get('data', '?'))}), methods "
+    f"{md_plain(', '.join(results.methods))}; seed {md_plain(meta.get('seed'))}; insertion from "
+    f"{md_plain(INSERTION_START_NAMES.get(start, start))}; {len(skipped)} inputs skipped."
     + (
-        f" Zero-shot labels {', '.join(repr(x) for x in meta['labels'])} (template '{meta.get('template')}'): "
-        "each image was explained for the label the model picked."
+        f" Zero-shot labels {md_plain(', '.join(repr(x) for x in meta['labels']))} (template "
+        f"'{md_plain(meta.get('template'))}'): each image was explained for the label the model picked."
         if meta.get("labels")
         else ""
     )
@@ -96,13 +148,15 @@ st.dataframe(
 )
 st.caption("Mean ± standard error over the images; the random map is the floor.")
 
-deletion = {m: results.method_rows(m).column("deletion_area").to_numpy() for m in results.methods}
-insertion = {m: results.method_rows(m).column("insertion_area").to_numpy() for m in results.methods}
-st.plotly_chart(figures.areas_figure(deletion, insertion), key="areas")
+deletion = {plotly_plain(m): results.method_rows(m).column("deletion_area").to_numpy() for m in results.methods}
+insertion = {plotly_plain(m): results.method_rows(m).column("insertion_area").to_numpy() for m in results.methods}
+common.chart(figures.areas_figure(deletion, insertion), key="areas")
 curves = results.mean_curves()
 any_method = next(iter(curves.values()))
-st.plotly_chart(
-    figures.curves_figure(any_method[0], {m: (c[1], c[2]) for m, c in curves.items()}, target="the explained class"),
+common.chart(
+    figures.curves_figure(
+        any_method[0], {plotly_plain(m): (c[1], c[2]) for m, c in curves.items()}, target="the explained class"
+    ),
     key="mean_curves",
 )
 
@@ -112,7 +166,7 @@ if dist.size:
     image_px = max(max(results.images().column(c).to_pylist()) for c in ("input_height", "input_width"))
     with np.errstate(all="ignore"):
         mean, spread = np.nanmean(dist, axis=0), np.nanstd(dist, axis=0)
-    st.plotly_chart(figures.distance_depth_figure(mean, image_px=image_px, spread=spread), key="distance_depth")
+    common.chart(figures.distance_depth_figure(mean, image_px=image_px, spread=spread), key="distance_depth")
     st.caption(
         f"Each point: one head's mean over {dist.shape[0]} images; bars: the standard deviation over them "
         "(the ViT paper's Figure 7 right averaged 128 images)."
@@ -122,6 +176,7 @@ st.subheader("Where the methods disagree most")
 methods = [m for m in results.methods if m != "random"]
 ids = results.images().column("image_id").to_pylist()
 paths = dict(zip(ids, results.images().column("path").to_pylist(), strict=True))
+explained = dict(zip(ids, results.images().column("class_index").to_pylist(), strict=True))
 areas = np.full((len(ids), len(methods)), np.nan)
 index = {i: k for k, i in enumerate(ids)}
 for j, m in enumerate(methods):
@@ -135,14 +190,16 @@ public = common.serve_settings().public
 for k in order:
     image_id = ids[k]
     cols = st.columns([3, 4, 1])
-    cols[0].markdown(f"`{image_id}`")
-    cols[1].caption(", ".join(f"{m} {areas[k, j]:.2f}" for j, m in enumerate(methods)) + f" (range {spread[k]:.2f})")
+    cols[0].markdown(md_plain(image_id))
+    cols[1].caption(
+        ", ".join(f"{md_plain(m)} {areas[k, j]:.2f}" for j, m in enumerate(methods)) + f" (range {spread[k]:.2f})"
+    )
     if not public:
         cols[2].button(
             "Open",
             key=f"open_{image_id}",
             on_click=_open,
-            args=(paths[image_id], meta.get("model"), meta.get("labels"), meta.get("template")),
+            args=(paths[image_id], meta.get("model"), explained[image_id], meta.get("labels"), meta.get("template")),
             help="Show this image on the per-image pages (Compare explanations first)",
         )
 if public:

@@ -6,6 +6,8 @@ import streamlit as st
 from pages import common
 from vitviz import figures
 from vitviz.errors import VitvizError
+from vitviz.tables import long_table
+from vitviz.text import md_plain, plotly_plain
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
@@ -47,10 +49,20 @@ method = c1.radio(
     help="Exact: every head knocked out alone, in batches. Fast: the logit's gradient times the change a knock-out "
     "makes, for all heads at once from one forward and one backward pass.",
 )
-c2.radio("Replaced by", ["mean", "zero"], **common.keep("knockout_mode"), horizontal=True)
+c2.radio(
+    "Replaced by",
+    ["mean", "zero"],
+    **common.keep("knockout_mode"),
+    horizontal=True,
+    help="What a knocked-out head's output z_h (its slice of the output projection's input) becomes, at every "
+    "token: mean = its mean over this image's tokens (not a data-set mean); zero = 0, which also removes the "
+    "head's value bias (ViT-Prisma folds it into the output bias and keeps it). The output projection's bias stays.",
+)
 fast = method.startswith("fast")
 key = ("importance", *cur.key, cls, ss.knockout_mode, fast)
-st.caption(f"Explained: **{name}** (pick another on *Image & predictions*); effects on its logit, before softmax.")
+st.caption(
+    f"Explained: **{md_plain(name)}** (pick another on *Image & predictions*); effects on its logit, before softmax."
+)
 
 left, right = st.columns(2)
 with left:
@@ -78,10 +90,10 @@ with left:
         else:
             bar.empty()
             title = "Fast estimate" if fast else "Effect of knocking out each head"
-            st.plotly_chart(
+            common.chart(
                 figures.layer_head_figure(
                     result.effects,
-                    title=f"{title} on '{name}': click a cell to open that head",
+                    title=f"{title} on '{plotly_plain(name)}': click a cell to open that head",
                     colorbar_title="change of the logit",
                     marked=(ss.layer, ss.head),
                     row_labels=labels,
@@ -104,7 +116,16 @@ with left:
                 st.caption(f"Cost: {result.forward_equivalents:.0f} forward-equivalents of work.")
             else:
                 st.caption("First order: it can miss effects that need a large change (compare with the exact table).")
-            common.downloads("head_importance", "importance", effects=result.effects)
+            common.downloads(
+                "head_importance",
+                "importance",
+                csv=long_table(
+                    result.effects,
+                    ("block", "head"),
+                    f"change of the logit of '{name}' (logits{', first-order estimate' if fast else ''})",
+                ),
+                effects=result.effects,
+            )
 with right:
     if notes["attribution"]:
         st.info(f"Direct logit attribution: {notes['attribution']}")
@@ -117,10 +138,10 @@ with right:
         except (VitvizError, ValueError) as exc:
             st.error(str(exc))
         else:
-            st.plotly_chart(
+            common.chart(
                 figures.layer_head_figure(
                     attr.heads,
-                    title=f"Direct contribution of each head to '{name}'",
+                    title=f"Direct contribution of each head to '{plotly_plain(name)}'",
                     colorbar_title="share of the logit",
                     marked=(ss.layer, ss.head),
                     row_labels=labels,
@@ -135,4 +156,17 @@ with right:
                 f"The logit {attr.logit:.3f} = heads {np.nansum(attr.heads):.3f} + MLPs {attr.mlps.sum():.3f} + "
                 f"embeddings and biases {attr.rest:.3f}, with the final norm's scale frozen at the image's value."
             )
-            common.downloads("head_attribution", "attribution", heads=attr.heads, mlps=attr.mlps)
+            heads_table = long_table(attr.heads, ("block", "head"), "direct contribution (logits)")
+            common.downloads(
+                "head_attribution",
+                "attribution",
+                csv={
+                    "block": np.concatenate([heads_table["block"], np.arange(len(attr.mlps))]),
+                    "part": [f"head {h}" for h in heads_table["head"]] + ["MLP"] * len(attr.mlps),
+                    f"direct contribution to the logit of '{name}' (logits)": np.concatenate(
+                        [heads_table["direct contribution (logits)"], attr.mlps]
+                    ),
+                },
+                heads=attr.heads,
+                mlps=attr.mlps,
+            )

@@ -11,8 +11,8 @@ import streamlit as st
 import streamlit.components.v1 as components
 
 from pages import common
-from vitviz.capture.record import POOLED
 from vitviz.figures.headview import HeadViewData, HeadViewTooLarge, head_view_data, head_view_html, head_view_problem
+from vitviz.record import POOLED
 
 KEY = "instant_heads"
 

@@ -52,6 +52,7 @@ def test_the_last_local_run_shows_its_areas_distances_and_disagreements(last_res
     results = read_results(last_results)
     table = at.dataframe[0].value
     assert list(table["method"]) == [s.method for s in results.summary()]
+    assert any("insertion from the image's mean colour" in c.value for c in at.caption)  # the run's start
     rollout = next(s for s in results.summary() if s.method == "rollout")
     assert table.set_index("method").loc["rollout", "deletion area"].startswith(f"{rollout.deletion_mean:.3f}")
     figs = {el.proto.id: json.loads(el.proto.spec) for el in at.get("plotly_chart")}
@@ -106,3 +107,16 @@ def test_a_zero_shot_run_shows_its_labels_and_opens_with_them(tmp_path, monkeypa
     assert at.session_state.labels_text.split("\n") == labels.split(",")
     assert any("Which map can you trust?" in h.value for h in at.header)
     assert any("Zero-shot: the label's score" in c.value for c in at.caption)
+
+
+def test_open_explains_the_class_the_results_explained_for_that_image(last_results):
+    at = _page()
+    at.button[0].click().run()
+    images = read_results(last_results).images()
+    explained = dict(zip(images.column("image_id").to_pylist(), images.column("class_index").to_pylist(), strict=True))
+    opens = [b for b in at.button if b.label == "Open"]
+    image_id = opens[0].key.removeprefix("open_")
+    at.session_state["class_index"] = (explained[image_id] + 1) % 5  # an earlier image's class
+    opens[0].click().run()
+    no_trouble(at)
+    assert at.session_state.class_index == explained[image_id]

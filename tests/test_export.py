@@ -11,6 +11,7 @@ from vitviz.analysis.rollout import rollout_matrix
 from vitviz.analysis.stats import attention_entropy, mean_attention_distance
 from vitviz.capture.run import capture
 from vitviz.export import capture_arrays, export_images
+from vitviz.figures.overlay import photo_overlay
 
 REQUIRED = {
     "attentions",
@@ -69,7 +70,18 @@ def test_export_writes_npz_and_png_per_image(tiny_models, image_files, tmp_path)
             assert set(z.files) >= REQUIRED
             assert z["logits"].shape == (3,)
             assert z["rollout"].shape == tuple(z["grid"])
-        assert Image.open(out / f"{p.stem}_rollout.png").size == (32, 32)
+        png = Image.open(out / f"{p.stem}_rollout.png")
+        assert png.size == Image.open(p).size  # the photo's own size, not the model input's 32 x 32
+        with np.load(out / f"{p.stem}.npz", allow_pickle=False) as z:
+            expected = photo_overlay(np.asarray(Image.open(p).convert("RGB")), z["rollout"], opacity=0.6)
+        np.testing.assert_array_equal(np.asarray(png.convert("RGB")), expected)
+
+
+def test_export_overlay_is_at_most_2048_px_on_the_long_side(tiny_models, tmp_path):
+    big = tmp_path / "big.png"
+    random_image(7, size=(3000, 1000)).save(big)
+    export_images(tiny_models["vit"], [big], tmp_path / "out")
+    assert Image.open(tmp_path / "out" / "big_rollout.png").size == (2048, 683)  # 1000 * 2048 / 3000 = 682.7
 
 
 def test_batched_equals_one_at_a_time(tiny_models, image_files, tmp_path):
@@ -317,3 +329,22 @@ def test_causal_export_says_what_a_hierarchical_model_lacks(hier_dirs, image_fil
     assert "note: head_attribution left out" in res.stderr
     with np.load(tmp_path / "img0.npz", allow_pickle=False) as z:
         assert "head_ablation" in z.files and "head_attribution" not in z.files
+
+
+def test_export_gif_steps_through_the_blocks(tiny_models, tiny_dirs, image_files, tmp_path):
+    from vitviz.__main__ import main
+    from vitviz.figures.animation import BAND, gif_frames, view_stack
+
+    p = image_files[0]  # 40 x 30
+    export_images(tiny_models["vit"], [p], tmp_path / "a", gif="rollout")
+    gif = Image.open(tmp_path / "a" / f"{p.stem}_rollout.gif")
+    cap = capture(tiny_models["vit"], Image.open(p))
+    maps, labels = view_stack(cap, "rollout")
+    assert gif.n_frames == len(maps) == cap.num_blocks and gif.size == (40, 30 + BAND)
+    want = gif_frames(Image.open(p), maps, labels)
+    for i in range(gif.n_frames):
+        gif.seek(i)
+        assert np.abs(np.asarray(gif.convert("RGB"), float) - want[i]).mean() < 6  # 256 colours per frame
+    argv = ["export", "--model", str(tiny_dirs["vit"]), "--out", str(tmp_path / "b"), "--gif", "head"]
+    assert main([*argv, "--gif-head", "1", str(p)]) == 0
+    assert Image.open(tmp_path / "b" / f"{p.stem}_head.gif").n_frames == cap.num_blocks

@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     import plotly.graph_objects as go
     from PIL import Image
 
-    from vitviz.capture.record import Capture
     from vitviz.models.load import LoadedModel
+    from vitviz.record import Capture
 
 __all__ = ["VIEWS", "HeadView", "NotebookRun", "run", "show"]
 

@@ -19,7 +19,7 @@ from vitviz.data.shapes import write_dataset
 from vitviz.evaluate import evaluate_methods
 from vitviz.evaluate.data import load_item, read_dataset, scale_box
 from vitviz.evaluate.results import SCHEMA, image_seed, read_results
-from vitviz.evaluate.run import EvaluateError, Evaluator, RunConfig, WorkDir, evaluate_dataset
+from vitviz.evaluate.run import EvaluateError, Evaluator, RunConfig, WorkDir, _settings, evaluate_dataset
 from vitviz.methods import MethodError
 from vitviz.models.load import load_model
 
@@ -200,6 +200,30 @@ def test_results_have_the_schema(demo, demo_csv: Path, tmp_path: Path) -> None:
     assert res.table.schema.names == SCHEMA.names
     assert res.meta["methods"] == list(METHODS) and res.meta["seed"] == 3 and res.meta["engine"] == "local"
     assert res.meta["images"] == 1 and res.meta["size"] == SIZE
+    assert res.meta["insertion_start"] == "mean"  # the default (README: blur is flat on the demo shapes)
+
+
+def test_insertion_start_is_a_setting_recorded_in_the_results(demo, demo_csv: Path, tmp_path: Path) -> None:
+    item = read_dataset(demo_csv).items[0]
+    image, seed = load_item(item), image_seed(3, item.image_id)
+    rows = Evaluator(RunConfig("demo", ("rollout",), size=SIZE, seed=3, insertion_start="noise"), demo).evaluate_item(
+        item
+    )
+    ref = evaluate_methods(demo, image, ["rollout"], size=SIZE, seed=seed, insertion_start="noise")["rollout"]
+    assert rows[0]["insertion_area"] == ref.insertion_area and rows[0]["deletion_area"] == ref.deletion_area
+    out = tmp_path / "grey.parquet"
+    args = ["evaluate", "--data", str(demo_csv), "--out", str(out), "--methods", "random", "--size", "48"]
+    assert main([*args, "--limit", "1", "--insertion-start", "grey"]) == 0
+    assert read_results(out).meta["insertion_start"] == "grey"
+    with pytest.raises(EvaluateError, match="unknown insertion start 'black'"):
+        _run(demo, demo_csv, tmp_path / "b.parquet", insertion_start="black")
+    # an unfinished run keeps its start: another start does not mix its rows in
+    blur = RunConfig("demo", METHODS, size=SIZE, seed=3, insertion_start="blur")
+    WorkDir(tmp_path / "u.parquet").open(_settings(blur, read_dataset(demo_csv)))
+    with pytest.raises(EvaluateError, match="insertion_start: 'blur' then, 'mean' now"):
+        _run(demo, demo_csv, tmp_path / "u.parquet")
+    with pytest.raises(SystemExit):
+        main([*args, "--insertion-start", "black"])
 
 
 def test_relevance_from_a_later_block_in_evaluate(demo, demo_csv: Path, tmp_path: Path, capsys) -> None:
