@@ -18,7 +18,7 @@ if ranked is None:
     st.info(
         "Deletion and insertion follow the probability of a class or label: type labels in the sidebar."
         if cur.model.zero_shot
-        else "Deletion and insertion follow the probability of a class: they need a classifier."
+        else cur.model.text_note or "Deletion and insertion follow the probability of a class: they need a classifier."
     )
     st.stop()
 labels = ranked.labels  # zero-shot: every method explains the label's score, and the curves follow its probability

@@ -127,7 +127,8 @@ else:
             st.info(
                 "Label-specific relevance needs labels: type them in the sidebar."
                 if cur.model.zero_shot
-                else "Class-specific relevance needs a classifier; this checkpoint is a backbone."
+                else cur.model.text_note
+                or "Class-specific relevance needs a classifier; this checkpoint is a backbone."
             )
         else:
             known = {p.index: p.label for p in ranked.ranked}

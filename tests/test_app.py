@@ -392,6 +392,9 @@ def test_labels_the_tokenizer_does_not_know_are_named_and_a_missing_tokenizer_sa
     _no_trouble(at)
     assert any("no tokenizer files" in w.value and "zero-shot" in w.value for w in at.warning)
     assert not any("backbone without" in i.value for i in at.info)
+    at.switch_page("pages/layers.py").run()
+    _no_trouble(at)
+    assert any("no tokenizer files" in i.value for i in at.info) and not any("backbone" in i.value for i in at.info)
 
 
 def test_knock_out_a_head_on_the_heads_page():

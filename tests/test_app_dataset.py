@@ -120,3 +120,16 @@ def test_open_explains_the_class_the_results_explained_for_that_image(last_resul
     opens[0].click().run()
     no_trouble(at)
     assert at.session_state.class_index == explained[image_id]
+
+
+def test_a_run_with_the_random_baseline_alone_opens(tmp_path, monkeypatch):
+    monkeypatch.setenv("VITVIZ_HOME", str(tmp_path / "home"))
+    csv_path = write_dataset(tmp_path / "shapes", n=2, seed=7)
+    out = tmp_path / "random.parquet"
+    argv = ["evaluate", "--data", str(csv_path), "--out", str(out), "--methods", "random", "--size", "48"]
+    assert main(argv) == 0
+    at = _page()
+    at.button[0].click().run()
+    no_trouble(at)
+    assert list(at.dataframe[0].value["method"]) == ["random"]
+    assert any("only the random baseline" in c.value for c in at.caption)

@@ -59,7 +59,7 @@ class LabelScorer:
             )
         scorer = cls(labels, encode_labels(loaded.model, loaded.text, labels), loaded.model, loaded.text, start_block)
         n = install_text_hooks(loaded.model)
-        if not -n <= start_block < n:
+        if n and not -n <= start_block < n:
             raise ZeroShotError(
                 f"--relevance-from-block {start_block}: the text tower has {n} blocks, numbered 0..{n - 1} "
                 "(or -1 for the last block)."
@@ -68,15 +68,17 @@ class LabelScorer:
 
     def arrays(self, cap: Capture) -> dict[str, np.ndarray]:
         scores = score(self.model, self.tower, cap.image_embedding, self.text)
-        words = prompt_relevance(self.model, self.tower, cap.image_embedding, self.labels, start_block=self.start_block)
-        tokens, relevance = token_table(words)
-        return {
+        arrays = {
             "label_names": np.array(self.labels.names, dtype=str),
             "logits": scores.logits,
             "label_probabilities": scores.probabilities.astype(np.float32),
-            "label_tokens": tokens,
-            "label_token_relevance": relevance,
         }
+        if install_text_hooks(self.model):  # a text tower whose attention vitviz reads (CLIP, SigLIP)
+            words = prompt_relevance(
+                self.model, self.tower, cap.image_embedding, self.labels, start_block=self.start_block
+            )
+            arrays["label_tokens"], arrays["label_token_relevance"] = token_table(words)
+        return arrays
 
 
 def capture_arrays(

@@ -101,7 +101,7 @@ def prompt_relevance(
         kwargs = {"input_ids": ids}
         if tower.padding != "max_length" and "attention_mask" in enc:
             kwargs["attention_mask"] = enc["attention_mask"].to(device)
-        real = int(enc["attention_mask"][0].sum()) if "attention_mask" in enc else ids.shape[1]
+        real = len(tower.tokenizer(prompt, truncation=True, max_length=tower.max_length)["input_ids"])  # no padding
         recorded: list[torch.Tensor] = []
         token = _ACTIVE.set(recorded)
         try:

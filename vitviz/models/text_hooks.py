@@ -25,7 +25,8 @@ def _text_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     layers = getattr(getattr(text, "encoder", None), "layers", None)
     if layers is None:
         return []
-    return [layer.self_attn for layer in layers]
+    attns = [getattr(layer, "self_attn", None) for layer in layers]
+    return [] if any(a is None for a in attns) else attns  # a layout vitviz does not know: no prompt relevance
 
 
 def install_text_hooks(model: torch.nn.Module) -> int:
