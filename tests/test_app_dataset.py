@@ -77,3 +77,33 @@ def test_open_shows_that_image_on_compare_explanations(last_results):
     assert at.session_state.image_name in {Path(p).name for p in path}
     assert at.session_state.model_name == "demo"
     assert any("Which map can you trust?" in h.value for h in at.header)
+
+
+def test_a_zero_shot_run_shows_its_labels_and_opens_with_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("VITVIZ_HOME", str(tmp_path / "home"))
+    csv_path = write_dataset(tmp_path / "shapes", n=2, seed=5)
+    out = tmp_path / "zs.parquet"
+    labels = "circle,square,triangle,cross,star"
+    argv = [
+        "evaluate",
+        "--model",
+        "demo-clip",
+        "--data",
+        str(csv_path),
+        "--out",
+        str(out),
+        "--methods",
+        "rollout,random",
+    ]
+    assert main([*argv, "--labels", labels]) == 0
+    at = _page()
+    at.button[0].click().run()
+    no_trouble(at)
+    assert any("Zero-shot labels 'circle', 'square'" in c.value for c in at.caption)
+    assert set(at.dataframe[0].value["method"]) == {"rollout", "random"}
+    next(b for b in at.button if b.label == "Open").click().run()
+    no_trouble(at)
+    assert at.session_state.model_name == "demo-clip"
+    assert at.session_state.labels_text.split("\n") == labels.split(",")
+    assert any("Which map can you trust?" in h.value for h in at.header)
+    assert any("Zero-shot: the label's score" in c.value for c in at.caption)

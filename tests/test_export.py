@@ -230,6 +230,31 @@ def test_labels_give_the_models_own_logits_per_image(modern_dirs, image_files, t
         assert z["label_names"].tolist() == ["cat", "dog", "car"]
         np.testing.assert_allclose(z["logits"], own, rtol=1e-4, atol=1e-4)
         assert z["label_probabilities"].sum() == pytest.approx(1.0, abs=1e-5)  # CLIP: softmax over the labels
+        tokens, rel = z["label_tokens"], z["label_token_relevance"]
+        assert tokens.dtype.kind == "U" and tokens.shape == rel.shape and tokens.shape[0] == 3
+        assert tokens[0].tolist() == ["<bos>", "a", "photo", "of", "a", "cat", ".", "<eos>"]
+        assert np.isfinite(rel).all() and (rel >= 0).all()  # three prompts of one length: no padding
+    from vitviz.capture.run import capture
+    from vitviz.models.prompt_relevance import prompt_relevance
+    from vitviz.models.zeroshot import parse_labels
+
+    cap = capture(loaded, img)
+    words = prompt_relevance(loaded.model, loaded.text, cap.image_embedding, parse_labels("cat, dog,car"))
+    with np.load(out / "img0.npz", allow_pickle=False) as z:
+        np.testing.assert_allclose(z["label_token_relevance"], np.stack([w.relevance for w in words]), rtol=1e-5)
+    bad = _run_cli(
+        "export",
+        "--model",
+        str(modern_dirs["clip"]),
+        "--out",
+        str(tmp_path / "bad"),
+        "--labels",
+        "cat",
+        "--relevance-from-block",
+        "1",
+        str(image_files[0]),
+    )
+    assert bad.returncode == 1 and "0..0" in bad.stderr and "Traceback" not in bad.stderr  # a 1-block text tower
     as_is = _run_cli(
         "export",
         "--model",
@@ -247,6 +272,19 @@ def test_labels_give_the_models_own_logits_per_image(modern_dirs, image_files, t
     assert plain.returncode == 0, plain.stderr
     with np.load(tmp_path / "bb" / "img0.npz", allow_pickle=False) as z:  # without --labels: a backbone
         assert "label_names" not in z.files and z["logits"].shape == (0,)
+
+
+def test_labels_the_tokenizer_does_not_know_are_a_warning(image_files, tmp_path):
+    res = _run_cli(
+        "export", "--model", "demo-clip", "--out", str(tmp_path), "--labels", "cat,dog,circle", str(image_files[0])
+    )
+    assert res.returncode == 0, res.stderr
+    warned = [ln for ln in res.stderr.splitlines() if ln.startswith("warning:")]
+    assert len(warned) == 1 and "does not know 'cat', 'dog'" in warned[0] and "'circle'" not in warned[0]
+    known = _run_cli(
+        "export", "--model", "demo-clip", "--out", str(tmp_path), "--labels", "circle,star", str(image_files[0])
+    )
+    assert known.returncode == 0 and "warning:" not in known.stderr
 
 
 def test_labels_on_a_model_without_a_text_tower_are_refused(tiny_dirs, image_files, tmp_path):

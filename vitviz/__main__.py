@@ -7,6 +7,14 @@ import signal
 import sys
 from pathlib import Path
 
+from vitviz.cli_checks import (
+    UsageError,
+    check_against_model,
+    check_output_folder,
+    input_size,
+    query_point,
+    read_labels_file,
+)
 from vitviz.errors import VitvizError
 
 # How the user called us, for messages: the installed command or the module.
@@ -18,8 +26,10 @@ def _export(args: argparse.Namespace) -> int:
 
     from vitviz.export import export_images, print_failures
     from vitviz.models.load import load_model
-    from vitviz.models.zeroshot import parse_labels
+    from vitviz.models.zeroshot import parse_labels, vocabulary_warning
 
+    size = input_size(args.size)
+    check_output_folder(args.out)
     missing = [p for p in args.images if not Path(p).is_file()]
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, allow_pickle=args.allow_pickle)
     labels = None
@@ -28,7 +38,24 @@ def _export(args: argparse.Namespace) -> int:
         labels = parse_labels(args.labels, template)
         for note in labels.notes:
             print(f"note: {note}", file=sys.stderr)
-    size = None if args.size is None else (args.size[0] if len(args.size) == 1 else tuple(args.size))
+        if loaded.text is not None:
+            unknown = vocabulary_warning(loaded.text, labels, args.model)
+            if unknown:
+                print(f"warning: {unknown}", file=sys.stderr)
+    check_against_model(loaded, size, args.class_index, labels=labels)
+    if args.class_minus is not None:
+        check_against_model(loaded, size, args.class_minus, labels=labels)
+    class_index, minus_index = args.class_index, args.class_minus
+    if args.label is not None:
+        for text in (args.label, args.label_minus):
+            if text is not None and text not in labels.names:
+                print(
+                    f"{PROG} export: error: --label {text!r} is not one of --labels ({', '.join(labels.names)})",
+                    file=sys.stderr,
+                )
+                return 2
+        class_index = labels.names.index(args.label)
+        minus_index = None if args.label_minus is None else labels.names.index(args.label_minus)
     present = [p for p in args.images if p not in missing]
     with tqdm(total=len(present), unit="img", desc="export", file=sys.stderr) as bar:
         report = export_images(
@@ -40,10 +67,13 @@ def _export(args: argparse.Namespace) -> int:
             query_xy=args.query_xy,
             labels=labels,
             causal=args.causal,
-            class_index=args.class_index,
+            class_index=class_index,
+            minus_index=minus_index,
+            patch_from=args.patch_from,
             progress=bar.update,
             gif=args.gif,
             gif_head=args.gif_head,
+            relevance_from_block=args.relevance_from_block,
         )
     report.failed[:0] = [(p, "no such file") for p in missing]
     print(f"wrote {len(report.written)} of {len(args.images)} images to {args.out}")
@@ -57,7 +87,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from vitviz.evaluate.run import evaluate_dataset, print_report
 
     methods = None if args.methods is None else [m.strip() for m in args.methods.split(",") if m.strip()]
-    size = None if args.size is None else (args.size[0] if len(args.size) == 1 else tuple(args.size))
+    size = input_size(args.size)
     bar = None
 
     def progress(done: int, total: int) -> None:
@@ -88,7 +118,11 @@ def _evaluate(args: argparse.Namespace) -> int:
             device=args.device,
             progress=progress,
             ray_actors=args.actors,
+            overwrite=args.overwrite,
             insertion_start=args.insertion_start,
+            relevance_from_block=args.relevance_from_block,
+            labels=args.labels,
+            template=args.template,
         )
     finally:
         if before is not None:
@@ -144,9 +178,18 @@ def _convert(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    check_output_folder(args.out, must_be_empty=True, create=False)
+    if args.arch == "open_clip":
+        from vitviz.zoo.open_clip import convert_open_clip
+
+        report = convert_open_clip(args.checkpoint, args.out)
+        for note in report.notes:
+            print(f"note: {note}", file=sys.stderr)
+        print(f"wrote {report.out} (an HF CLIP folder): load it with --model {report.out}")
+        return 0
     labels = None
     if args.labels:
-        labels = [line.strip() for line in Path(args.labels).read_text().splitlines() if line.strip()]
+        labels = read_labels_file(args.labels)
     out = convert(args.arch, args.checkpoint, args.out, labels=labels)
     print(f"wrote {out} (model.safetensors, config.json, preprocessor_config.json): load it with --model {out}")
     return 0
@@ -154,10 +197,9 @@ def _convert(args: argparse.Namespace) -> int:
 
 def _xy(text: str) -> tuple[float, float]:
     try:
-        x, y = (float(v) for v in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected X,Y in pixels of the model input, got {text!r}") from None
-    return x, y
+        return query_point(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _app(args: argparse.Namespace) -> int:
@@ -203,6 +245,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --causal: the class explained (default: the top-1)",
     )
     ex.add_argument(
+        "--class-minus",
+        dest="class_minus",
+        type=int,
+        default=None,
+        metavar="C2",
+        help="with --causal: explain logit[C] - logit[C2] (C: --class, else the top-1)",
+    )
+    ex.add_argument(
+        "--label",
+        default=None,
+        metavar="TEXT",
+        help="with --causal, zero-shot models: the label explained (one of --labels; default: the top-1)",
+    )
+    ex.add_argument(
+        "--label-minus",
+        default=None,
+        metavar="TEXT",
+        help="with --causal and --label: explain score[--label] - score[TEXT] (one of --labels)",
+    )
+    ex.add_argument(
+        "--patch-from",
+        default=None,
+        metavar="SOURCE",
+        help="with --causal and one IMAGE: patch SOURCE's activations into IMAGE's run (patching_* arrays)",
+    )
+    ex.add_argument(
         "--gif",
         nargs="?",
         const="rollout",
@@ -212,6 +280,14 @@ def build_parser() -> argparse.ArgumentParser:
         "the mean of heads, or one head (--gif-head)",
     )
     ex.add_argument("--gif-head", type=int, default=0, metavar="H", help="with --gif head: the head shown")
+    ex.add_argument(
+        "--relevance-from-block",
+        type=int,
+        default=0,
+        metavar="K",
+        help="with --labels: prompt-word relevance runs through text blocks K..last (default 0: all blocks; "
+        "-1: the last only)",
+    )
     ex.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
     ex.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     ex.add_argument("--allow-pickle", action="store_true", help="accept pickle-only checkpoints (runs their code!)")
@@ -259,6 +335,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --engine ray: model actors (default: one per GPU, else one per CPU)",
     )
     ev.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --out (and unfinished work) of other settings; without it such a run is refused",
+    )
+    ev.add_argument(
         "--insertion-start",
         default="mean",
         choices=("blur", "mean", "grey", "noise"),
@@ -266,13 +347,36 @@ def build_parser() -> argparse.ArgumentParser:
         "seeded noise (default: mean; blur keeps colour, so it is flat where colour is the evidence)",
     )
     ev.add_argument("--batch-size", type=int, default=20, help="perturbed images per forward pass")
+    ev.add_argument(
+        "--labels",
+        default=None,
+        help='zero-shot models: the labels each image is scored against, comma-separated ("circle,square,star"); '
+        "each image is explained for the label the model picks",
+    )
+    ev.add_argument(
+        "--template",
+        default=None,
+        help="with --labels: prompt template, {} is the label (default: the model's own, e.g. 'a photo of a {}.')",
+    )
+    ev.add_argument(
+        "--relevance-from-block",
+        type=int,
+        default=0,
+        metavar="K",
+        help="relevance runs through blocks K..last (default 0: all blocks, MM-Explainability's start_layer=0; "
+        "-1: the last block only, its CLIP notebook's default)",
+    )
     ev.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
     ev.set_defaults(func=_evaluate)
 
     cv = sub.add_parser(
         "convert", help="an official CCT / T2T-ViT / DAT checkpoint (.pth state dict) -> a folder vitviz loads"
     )
-    cv.add_argument("--arch", metavar="NAME", help="official model name, e.g. cct_14_7x2_224 (see --list)")
+    cv.add_argument(
+        "--arch",
+        metavar="NAME",
+        help="official model name, e.g. cct_14_7x2_224 (see --list), or open_clip (--checkpoint: an open_clip folder)",
+    )
     cv.add_argument("--checkpoint", metavar="FILE.pth", help="the authors' checkpoint (read with weights_only=True)")
     cv.add_argument("--out", metavar="FOLDER", help="the folder to write (must not exist or be empty)")
     cv.add_argument("--labels", metavar="FILE.txt", help="class names, one per line (default: LABEL_0, ...)")
@@ -313,13 +417,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _export_usage(args: argparse.Namespace) -> str:
+    """What is wrong with an ``export`` command line's target and patching options ("" when nothing)."""
+    if args.patch_from is not None and not args.causal:
+        return "--patch-from needs --causal (patching is a causal analysis)"
+    if args.patch_from is not None and len(args.images) != 1:
+        return f"--patch-from patches one source into one target image; {len(args.images)} images were given"
+    if args.class_minus is not None and not args.causal:
+        return "--class-minus needs --causal"
+    if args.label_minus is not None and args.label is None:
+        return "--label-minus needs --label"
+    if args.label is not None:
+        if args.labels is None:
+            return "--label needs --labels (the label must be one of them)"
+        if args.class_index is not None or args.class_minus is not None:
+            return "give either --class/--class-minus (a classifier) or --label (a zero-shot model), not both"
+        if not args.causal:
+            return "--label needs --causal"
+    if args.class_minus is not None and args.class_minus == args.class_index:
+        return "--class-minus must differ from --class"
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "batch_size", 1) < 1:
         print(f"{PROG}: error: --batch-size must be at least 1", file=sys.stderr)
         return 2
+    why = _export_usage(args) if args.command == "export" else ""
+    if why:
+        print(f"{PROG} export: error: {why}", file=sys.stderr)
+        return 2
     try:
         return args.func(args)
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
     except VitvizError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,13 +14,16 @@ from vitviz.analysis.blocks import global_query, head_maps
 from vitviz.analysis.embeddings import position_similarity
 from vitviz.analysis.rollout import capture_rollout
 from vitviz.analysis.stats import summary_table
-from vitviz.capture.causal import causal_arrays
+from vitviz.capture.causal import NotDefined, causal_arrays
 from vitviz.capture.run import Capture, capture_batch
+from vitviz.capture.targets import Target, targets_arrays
+from vitviz.cli_checks import unique_targets
 from vitviz.data.images import load_image
 from vitviz.errors import VitvizError
 from vitviz.figures.animation import gif_bytes, gif_frames, view_stack
 from vitviz.figures.overlay import fit_photo, overlay
 from vitviz.models.load import LoadedModel
+from vitviz.models.prompt_relevance import install_text_hooks, prompt_relevance, token_table
 from vitviz.models.zeroshot import Labels, TextTower, ZeroShotError, encode_labels, score
 
 __all__ = ["block_query", "capture_arrays", "overlay_map", "ExportReport", "export_images"]
@@ -45,22 +48,34 @@ class LabelScorer:
     text: np.ndarray  # (K, D)
     model: object = field(repr=False)
     tower: TextTower = field(repr=False)
+    start_block: int = 0  # prompt-word relevance through text blocks k..L-1 (0: all)
 
     @classmethod
-    def build(cls, loaded: LoadedModel, labels: Labels) -> LabelScorer:
+    def build(cls, loaded: LoadedModel, labels: Labels, start_block: int = 0) -> LabelScorer:
         if not loaded.zero_shot:
             raise ZeroShotError(
                 f"'{loaded.name}' has no text tower (or no tokenizer): --labels needs a CLIP- or SigLIP-style "
                 "two-tower checkpoint. Drop --labels to export it as a backbone."
             )
-        return cls(labels, encode_labels(loaded.model, loaded.text, labels), loaded.model, loaded.text)
+        scorer = cls(labels, encode_labels(loaded.model, loaded.text, labels), loaded.model, loaded.text, start_block)
+        n = install_text_hooks(loaded.model)
+        if not -n <= start_block < n:
+            raise ZeroShotError(
+                f"--relevance-from-block {start_block}: the text tower has {n} blocks, numbered 0..{n - 1} "
+                "(or -1 for the last block)."
+            )
+        return scorer
 
     def arrays(self, cap: Capture) -> dict[str, np.ndarray]:
         scores = score(self.model, self.tower, cap.image_embedding, self.text)
+        words = prompt_relevance(self.model, self.tower, cap.image_embedding, self.labels, start_block=self.start_block)
+        tokens, relevance = token_table(words)
         return {
             "label_names": np.array(self.labels.names, dtype=str),
             "logits": scores.logits,
             "label_probabilities": scores.probabilities.astype(np.float32),
+            "label_tokens": tokens,
+            "label_token_relevance": relevance,
         }
 
 
@@ -82,7 +97,10 @@ def capture_arrays(
     block has fewer heads. Plain one-grid ViTs also keep ``attentions`` (L, H, T, T).
     With ``labels`` (zero-shot models): ``label_names`` as given, ``logits`` the model's
     ``logits_per_image`` for their prompts in that order, ``label_probabilities`` by the
-    model's own rule.
+    model's own rule, ``label_tokens`` (K, T) each prompt's tokens as the tokenizer cut
+    them ("" past its end) and ``label_token_relevance`` (K, T) float32 their relevance
+    for that label's score (Chefer et al.'s text-side rule from the token the text tower
+    pools, raw; NaN past the end; :mod:`vitviz.models.prompt_relevance`).
     """
     first = cap.stages[0]
     arrays = {
@@ -146,11 +164,7 @@ class ExportReport:
     written: list[Path] = field(default_factory=list)
     failed: list[tuple[str, str]] = field(default_factory=list)  # (input, message)
     notes: dict[str, str] = field(default_factory=dict)  # key left out -> why (e.g. causal analyses a model lacks)
-
-
-def _batches(items: Sequence, size: int) -> Iterable[Sequence]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
+    renamed: list[tuple[str, str]] = field(default_factory=list)  # (input, file written) where stems collide
 
 
 def export_images(
@@ -164,10 +178,13 @@ def export_images(
     labels: Labels | None = None,
     causal: bool = False,
     class_index: int | None = None,
+    minus_index: int | None = None,
+    patch_from: str | Path | None = None,
     progress: Callable[[int], None] | None = None,
     gif: str | None = None,
     gif_head: int = 0,
     gif_side: int = 512,
+    relevance_from_block: int = 0,
 ) -> ExportReport:
     """Write ``<stem>.npz`` and ``<stem>_rollout.png`` (``_attention.png`` where rollout is undefined) per image.
 
@@ -180,32 +197,45 @@ def export_images(
     ``causal``: also ``logit_lens``, ``head_ablation`` (zero knock-out effect on the
     explained class: ``class_index``, else the top-1), ``head_attribution``,
     ``mlp_attribution``, ``attribution_rest`` and ``explained_class``; keys a model does
-    not support are left out and named in ``report.notes``.
+    not support are left out and named in ``report.notes``. With ``causal`` also: the target explained
+    (``target_kind``, ``target_index``, ``target_minus``, ``target_name``; zero-shot: ``target_label``),
+    ``minus_index`` making it ``logit[class] - logit[minus_index]`` (or label minus label), and
+    ``logit_lens_patches`` (L + 1, gh, gw): the target through the final norm and head at each patch token.
+    ``patch_from`` (with ``causal``): a source image whose activations are patched into each image's run
+    (:func:`vitviz.capture.patching.activation_patching`): ``patching_class``, ``patching_residual`` (L, T),
+    ``patching_heads`` (L, H), ``patching_clean_logit``, ``patching_source_logit``,
+    ``patching_residual_estimate``, ``patching_heads_estimate``.
     ``gif``: also ``<stem>_<view>.gif``, the view stepping through the blocks
     (:func:`vitviz.figures.animation.view_stack`: ``head`` (``gif_head``), ``mean`` or
     ``rollout``; the query of ``query_xy`` where given), over the photo at most
     ``gif_side`` px on its long side, one colour scale for all frames; where the view is
     undefined the GIF is left out and the reason is in ``report.notes``.
+    ``relevance_from_block``: prompt-word relevance through text blocks k..L-1 (0: all; -1: the last only).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     report = ExportReport()
     sim = position_similarity(loaded.position_embeddings) if loaded.position_embeddings is not None else None
-    scorer = None if labels is None else LabelScorer.build(loaded, labels)  # refuses before any image is read
-    for chunk in _batches(list(paths), batch_size):
-        images, names = [], []
-        for p in chunk:
+    scorer = None if labels is None else LabelScorer.build(loaded, labels, relevance_from_block)  # before any image
+    source = None if patch_from is None or not causal else load_image(patch_from)  # a bad source: before any image
+    paths = list(paths)
+    stems = unique_targets([Path(p).stem for p in paths])  # a/x.jpg, b/x.jpg -> x, x-1
+    for start in range(0, len(paths), batch_size):
+        chunk = paths[start : start + batch_size]
+        images, names, chunk_stems = [], [], []
+        for i, p in enumerate(chunk):
             try:
                 images.append(load_image(p))
                 names.append(Path(p))
+                chunk_stems.append(stems[start + i])
             except VitvizError as exc:
                 report.failed.append((str(p), str(exc)))
         try:
             caps = capture_batch(loaded, images, size=size)
-        except VitvizError as exc:
+        except VitvizError as exc:  # e.g. over the memory budget: every image of this batch failed
             report.failed.extend((str(p), str(exc)) for p in names)
-            caps = []
-        for path, cap in zip(names, caps, strict=True):
+            names, chunk_stems, caps = [], [], []
+        for path, stem, cap in zip(names, chunk_stems, caps, strict=True):
             arrays = capture_arrays(cap, pos_similarity=sim, query_xy=query_xy, labels=scorer)
             if causal:
                 extra, why = causal_arrays(
@@ -214,18 +244,28 @@ def export_images(
                     class_index=class_index,
                     size=size,
                     label_embeddings=None if scorer is None else scorer.text,
+                    minus_index=minus_index,
                 )
                 arrays.update(extra)
                 for key, reason in why.items():
                     report.notes.setdefault(key, reason)
-            target = out / f"{path.stem}.npz"
+                try:
+                    arrays.update(
+                        _target_arrays(loaded, images[names.index(path)], extra, minus_index, scorer, size, source)
+                    )
+                except VitvizError as exc:
+                    report.failed.append((str(path), str(exc)))
+                    continue
+                for key, reason in arrays.pop("_notes", {}).items():
+                    report.notes.setdefault(key, reason)
+            target = out / f"{stem}.npz"
             _write_npz(target, arrays)
             name, grid_map = overlay_map(cap, arrays)
             photo = fit_photo(images[names.index(path)])  # the photo's own size, at most 2048 px on its long side
-            overlay(photo, grid_map).save(out / f"{path.stem}_{name}.png")
+            overlay(photo, grid_map).save(out / f"{stem}_{name}.png")
             if gif is not None:
                 _write_gif(
-                    out / f"{path.stem}_{gif}.gif",
+                    out / f"{stem}_{gif}.gif",
                     cap,
                     images[names.index(path)],
                     report,
@@ -235,9 +275,55 @@ def export_images(
                     None if query_xy is None else block_query(cap, 0, query_xy),
                 )
             report.written.append(target)
+            if stem != path.stem:
+                report.renamed.append((str(path), target.name))
         if progress:
             progress(len(chunk))
     return report
+
+
+_PATCHING_KEYS = (
+    "patching_residual",
+    "patching_heads",
+    "patching_residual_estimate",
+    "patching_heads_estimate",
+)
+
+
+def _target_arrays(loaded, image, causal: dict, minus_index, scorer, size, source) -> dict:
+    """The target explained by ``causal_arrays``, the per-patch lens of it, and (with a source) patching.
+
+    Keys a model lacks are named under ``"_notes"`` (key -> why), which the caller pops.
+    """
+    from vitviz.capture.patching import activation_patching, patch_lens, patching_arrays
+
+    c = int(causal["explained_class"])
+    if scorer is None:
+        target = Target.of_class(c, minus_index)
+    else:
+        target = Target.of_label(scorer.labels, c, minus_index)
+    arrays: dict = targets_arrays(target, loaded.id2label)
+    notes: dict[str, str] = {}
+    if scorer is None:
+        try:
+            arrays["logit_lens_patches"] = patch_lens(loaded, image, target=target, size=size)
+        except NotDefined as exc:
+            notes["logit_lens_patches"] = str(exc)
+    else:
+        notes["logit_lens_patches"] = "The per-patch logit lens of zero-shot label scores is not defined."
+    if source is not None:
+        text = None if scorer is None else scorer.text
+        try:
+            p = activation_patching(loaded, image, source, target=target, size=size, label_embeddings=text)
+        except NotDefined as exc:
+            notes.update(dict.fromkeys(("patching_class", *_PATCHING_KEYS), str(exc)))
+        else:
+            arrays.update(patching_arrays(p))
+            for kind in ("residual", "heads"):
+                if kind in p.notes:
+                    notes[f"patching_{kind}"] = notes[f"patching_{kind}_estimate"] = p.notes[kind]
+    arrays["_notes"] = notes
+    return arrays
 
 
 def _write_gif(
@@ -254,6 +340,8 @@ def _write_gif(
 
 
 def print_failures(report: ExportReport) -> None:
+    for name, written in report.renamed:
+        print(f"note: {name} written as {written} (another input has the same name)", file=sys.stderr)
     for key, why in report.notes.items():
         print(f"note: {key} left out: {why}", file=sys.stderr)
     for name, msg in report.failed:

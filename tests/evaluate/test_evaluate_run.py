@@ -223,3 +223,66 @@ def test_insertion_start_is_a_setting_recorded_in_the_results(demo, demo_csv: Pa
         _run(demo, demo_csv, tmp_path / "u.parquet")
     with pytest.raises(SystemExit):
         main([*args, "--insertion-start", "black"])
+
+
+def test_relevance_from_a_later_block_in_evaluate(demo, demo_csv: Path, tmp_path: Path, capsys) -> None:
+    from vitviz.methods import explain
+
+    out = tmp_path / "last.parquet"
+    args = ["evaluate", "--data", str(demo_csv), "--out", str(out), "--methods", "relevance", "--size", "48"]
+    assert main([*args, "--limit", "1", "--relevance-from-block", "-1"]) == 0
+    res = read_results(out)
+    assert res.meta["relevance_from_block"] == -1
+    item = read_dataset(demo_csv).items[0]
+    image = load_item(item)
+    row = pd.read_parquet(out).iloc[0]
+    ref = evaluate_methods(demo, image, ["relevance"], size=SIZE, box=scale_box(item.box, image.size, (SIZE, SIZE)))
+    last = explain(demo, image, "relevance", class_index=int(row["class_index"]), size=SIZE, from_block=-1)
+    every = explain(demo, image, "relevance", class_index=int(row["class_index"]), size=SIZE)
+    assert not np.allclose(last.values, every.values)
+    assert row["deletion_area"] != ref["relevance"].deletion_area  # the default (all blocks) scores another map
+    capsys.readouterr()
+    assert main([*args, "--limit", "1", "--relevance-from-block", "4"]) == 1  # the demo ViT has blocks 0..3
+    assert "0..3" in capsys.readouterr().err
+
+
+def test_zero_shot_labels_are_the_classes(demo_csv: Path, tmp_path: Path, capsys) -> None:
+    import torch
+
+    from vitviz.capture.run import input_size_for, preprocess
+
+    clip = load_model("demo-clip", device="cpu")
+    names = ["circle", "square", "triangle", "cross", "star"]
+    out = tmp_path / "zs.parquet"
+    report = evaluate_dataset(
+        "demo-clip", demo_csv, out, labels=",".join(names), methods=("rollout", "random"), loaded=clip, limit=3
+    )
+    assert report.ok and report.evaluated == 3
+    res = read_results(out)
+    assert res.meta["labels"] == names and res.meta["template"] == "a photo of a {}."
+    rows = _rows(out)
+    prompts = [f"a photo of a {n}." for n in names]
+    tok = clip.text.tokenizer(prompts, padding=True, return_tensors="pt")
+    for item in read_dataset(demo_csv, limit=3).items:
+        image = load_item(item)
+        pixels, _ = preprocess(clip, [image], input_size_for(clip, None, image.size))
+        with torch.no_grad():  # the model's own forward, both towers
+            own = clip.model(
+                input_ids=tok["input_ids"], attention_mask=tok["attention_mask"], pixel_values=pixels
+            ).logits_per_image[0]
+        probs = torch.softmax(own.double(), 0).numpy()
+        k = int(probs.argmax())
+        mine = rows[rows.image_id == item.image_id]
+        assert set(mine.class_index) == {k} and set(mine.class_label) == {names[k]}
+        for _, r in mine.iterrows():  # deletion and insertion follow that label's probability
+            assert r["deletion_curve"][0] == pytest.approx(probs[k], abs=1e-4)
+            assert r["insertion_curve"][-1] == pytest.approx(probs[k], abs=1e-4)
+        assert set(mine.correct) == {names[k] == item.label}
+    # the CLI: unknown words are named, a model without text tower is a message
+    args = ["evaluate", "--model", "demo-clip", "--data", str(demo_csv), "--limit", "1", "--methods", "random"]
+    assert main([*args, "--out", str(tmp_path / "cat.parquet"), "--labels", "cat,circle"]) == 0
+    assert "does not know 'cat'" in capsys.readouterr().err
+    assert main([*args[:2], "demo", *args[3:], "--out", str(tmp_path / "d.parquet"), "--labels", "cat"]) == 1
+    assert "has no text tower" in capsys.readouterr().err
+    assert main([*args, "--out", str(tmp_path / "n.parquet")]) == 1
+    assert "--labels" in capsys.readouterr().err

@@ -158,3 +158,109 @@ def test_towers_of_different_widths_are_refused(tmp_path):
     model = SiglipModel(SiglipConfig(text_config=text, vision_config=vision))
     with pytest.raises(ModelLoadError, match="16-d embeddings and the image tower 32-d"):
         text_tower(model, str(tmp_path), {})
+
+
+def test_repeats_give_one_note_not_one_per_repeat():
+    """Issue 23.14: 10,000 copies of one label gave 9,999 captions."""
+    labels = parse_labels("\n".join(["cat"] * 2000 + ["dog"] * 3 + ["car"]))
+    assert labels.names == ("cat", "dog", "car")
+    assert labels.notes == ("Repeated labels are scored once: 'cat' 2,000 times, 'dog' 3 times.",)
+
+
+def test_label_text_is_capped_with_a_note_and_parsed_in_one_pass():
+    """Issue 23.2: 60,000 labels took 12.7 s (a list search per label); the text is capped and parsed linearly."""
+    from vitviz.models.zeroshot import MAX_LABELS_TEXT
+
+    text = "\n".join(f"label {i}" for i in range(60_000))
+    labels = parse_labels(text)
+    assert labels.names == tuple(f"label {i}" for i in range(MAX_LABELS))
+    read = text[:MAX_LABELS_TEXT]
+    whole = read[: read.rfind("\n")].count("\n") + 1  # labels wholly inside the part read
+    assert labels.notes == (
+        f"The labels text is {len(text):,} characters long; only the first {MAX_LABELS_TEXT:,} were read.",
+        f"{whole} labels were given; the first {MAX_LABELS} are scored.",
+    )
+    commas = parse_labels(",".join(["x"] * 20_000))  # one line: cut at the last comma, one repeat note
+    assert commas.names == ("x",) and len(commas.notes) == 2
+
+
+def test_notes_stay_few_however_many_labels_are_cut():
+    labels = parse_labels("\n".join([f"{i} " + "y" * 200 for i in range(40)]))
+    assert len(labels.notes) == 8 and labels.notes[-1] == "33 more notes like these."
+
+
+def test_words_the_tokenizer_does_not_know_are_named():
+    from vitviz.models.load import load_model
+    from vitviz.models.zeroshot import unknown_words, vocabulary_warning
+
+    loaded = load_model("demo-clip")
+    labels = parse_labels("cat, dog, circle, red star", loaded.text.template)
+    # independent reference: the demo's vocabulary is vitviz.demo.clip.WORDS; "cat" and "dog" are not in it
+    from vitviz.demo.clip import WORDS
+
+    assert "cat" not in WORDS and "circle" in WORDS and "red" in WORDS
+    assert unknown_words(loaded.text, labels) == {"cat": ("cat",), "dog": ("dog",)}
+    msg = vocabulary_warning(loaded.text, labels, "demo-clip")
+    assert "'cat', 'dog':" in msg and "'circle'" not in msg
+    assert vocabulary_warning(loaded.text, parse_labels("circle, star", loaded.text.template), "demo-clip") == ""
+    # unknown words of the template are named too (not only the label's)
+    odd = parse_labels("circle", "a sketch of a {}.")
+    assert unknown_words(loaded.text, odd) == {"circle": ("sketch",)}
+    # the same id for two labels is what made the scores equal: the warning is the only signal
+    ids = [loaded.text.tokenizer(p)["input_ids"] for p in labels.prompts[:2]]
+    assert ids[0] == ids[1]
+
+
+def test_a_tokenizer_without_an_unknown_token_warns_of_nothing(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from vitviz.models.zeroshot import TextTower, unknown_words, vocabulary_warning
+
+    raw = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate("abcdefghijklmnopqrstuvwxyz .")}, merges=[]))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw)
+    assert tok.unk_token_id is None
+    tower = TextTower(tok, "longest", 16, "softmax", "{}")
+    labels = parse_labels("cat, zebra")
+    assert unknown_words(tower, labels) == {}
+    assert vocabulary_warning(tower, labels, "bpe") == ""
+
+
+def test_a_two_tower_folder_without_a_tokenizer_says_so(tmp_path):
+    from vitviz.models.load import load_model
+    from vitviz.models.zeroshot import text_tower_note
+
+    model, _ = _two_tower(tmp_path, "siglip")
+    for f in tmp_path.iterdir():
+        if "token" in f.name or f.name in ("vocab.json", "special_tokens_map.json"):
+            f.unlink()
+    assert text_tower(model, str(tmp_path), {}) is None
+    note = text_tower_note(model, "folder")
+    assert "tokenizer" in note and "zero-shot" in note and "backbone" not in note
+    from transformers import SiglipImageProcessor
+
+    SiglipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path))
+    assert not loaded.zero_shot and "tokenizer" in loaded.text_note
+    from vitviz.methods import why_unavailable
+
+    why = why_unavailable(loaded, "relevance")
+    assert "tokenizer" in why and "backbone without" not in why
+
+
+def test_siglip_label_embeddings_equal_get_text_features(tmp_path):
+    """encode_labels runs SigLIP's last text block for the pooled token only: the same numbers as the model's own."""
+    from vitviz.models.zeroshot import _pools_last
+
+    model, tok = _two_tower(tmp_path, "siglip")
+    model.set_attn_implementation("eager")
+    tower = text_tower(model, str(tmp_path), {})
+    assert _pools_last(model)
+    labels = parse_labels("cat, red car, a dog, star")
+    got = encode_labels(model, tower, labels, chunk=3)
+    ids = tok(list(labels.prompts), padding="max_length", max_length=16, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        own = model.get_text_features(input_ids=ids)
+        own = getattr(own, "pooler_output", own).numpy()
+    np.testing.assert_allclose(got, own, rtol=1e-5, atol=1e-6)

@@ -21,7 +21,7 @@ import numpy as np
 
 from vitviz.analysis.blocks import left_apply
 from vitviz.analysis.flow import propagate
-from vitviz.capture.record import Geometry, Stage
+from vitviz.record import Geometry, Stage
 
 __all__ = ["chefer_relevance", "relevance_abar", "relevance_step", "relevance_row", "Explanation"]
 
@@ -77,6 +77,7 @@ class Explanation:
     num_prefix_tokens: int
     grid: tuple[int, int]
     readout: str = "CLS"  # which row: "CLS" or "pooled query"
+    start_block: int = 0  # relevance ran through blocks start_block..L-1 (0: all, MM-Explainability's start_layer)
 
     def patch_map(self) -> np.ndarray:
         """``(gh, gw)`` relevance of the grid tokens, raw (not normalised)."""

@@ -1,5 +1,14 @@
 """Forward passes with gradients through the same hooks: class-specific relevance.
 
+Which blocks relevance runs through: every attention block of the model, in forward
+order, from the first (MM-Explainability's ``interpret(start_layer=0)``), each block's
+gradient taken with respect to its own probabilities; hierarchical models through
+every stage with the merge rule between them; a pooling head (CCT's sequence pooling,
+SigLIP's attention pooling) is the last block. The gradients come from the clean
+:class:`~vitviz.capture.session.Run`'s graph (no second forward) where the image has a
+Run with its graph; otherwise (a data-set loop, say) from a forward of their own, without
+the capture's summaries.
+
 The recorder keeps each block's probabilities as the live tensors the forward
 used, so ``torch.autograd.grad`` pairs every gradient with its own block.
 Gradients flow to the input only (the shared model's parameters never require
@@ -16,7 +25,6 @@ import torch
 from PIL import Image
 
 from vitviz.analysis.relevance import Explanation, relevance_abar, relevance_row
-from vitviz.capture.record import Geometry
 from vitviz.capture.run import (
     DEFAULT_BUDGET_BYTES,
     BlockRecorder,
@@ -29,8 +37,9 @@ from vitviz.capture.run import (
 from vitviz.errors import CaptureError
 from vitviz.models.families.base import Call, to_native
 from vitviz.models.load import LoadedModel
+from vitviz.record import Geometry
 
-__all__ = ["GraphRecorder", "Target", "explain_targets", "explain_classes"]
+__all__ = ["GraphRecorder", "Target", "explain_targets", "explain_run", "explain_classes", "start_block_index"]
 
 
 class GraphRecorder(BlockRecorder):
@@ -51,6 +60,20 @@ def _native_grad(g: Geometry, grad: torch.Tensor | None, like: np.ndarray) -> np
     return to_native(g, grad, 1)[0].float().cpu().numpy()
 
 
+def start_block_index(geometries: Sequence[Geometry], start_block: int) -> int:
+    """The first encoder block relevance runs through: ``start_block`` in ``-n..n-1`` (-1: the last) -> ``0..n-1``.
+
+    A pooling head (SigLIP) is not counted: it always reads out.
+    """
+    n = sum(g.kind != "pool" for g in geometries)
+    if not -n <= int(start_block) < n:
+        raise CaptureError(
+            f"Relevance from block {start_block}: this model has {n} blocks, numbered 0..{n - 1} "
+            "(or -1 for the last block)."
+        )
+    return int(start_block) % n
+
+
 Target = Callable[[Any], torch.Tensor]  # the forward's output -> a scalar (a class logit, an image-text score)
 
 
@@ -61,17 +84,27 @@ def explain_targets(
     *,
     size: int | tuple[int, int] | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
+    start_block: int = 0,
 ) -> dict[int, Explanation]:
     """Chefer et al.'s relevance for each target: one forward pass with gradients, one backward pass per target.
 
     ``targets``: key -> (label, function of the forward's output giving a scalar), e.g.
     a class logit before softmax or a zero-shot model's image-text score for a label.
+    ``start_block``: relevance runs through blocks ``start_block..L-1`` only (-1: the
+    last block), as MM-Explainability's ``interpret(start_layer=...)``; the blocks
+    before it count as identities (``Abar = 0``), so stage merges still carry the row
+    to the first stage. 0 (all blocks) is the default.
     """
     note = loaded.family.rollout_note(loaded.config)
     if note:
         raise CaptureError(f"Class-specific relevance is not defined for {loaded.family.name}: {note}")
     hw = input_size_for(loaded, size, image.size)
     check_budget(loaded, hw, batch=1, gradients=True, budget=budget_bytes)
+    from vitviz.capture.session import peek_run  # the image's Run, where a view made one: no second forward
+
+    run = peek_run(loaded, image, size=size, budget_bytes=budget_bytes)
+    if run is not None and run.has_graph:
+        return explain_run(run, targets, start_block=start_block)
     pixels, _ = preprocess(loaded, [image], hw)
     pixels.requires_grad_(True)  # the graph reaches every block although the parameters need no grad
     rec = GraphRecorder(loaded, Call(loaded.config, hw, 1))
@@ -84,6 +117,7 @@ def explain_targets(
         attn = [to_native(geoms[i], rec.raw[b].detach(), 1)[0].float().cpu().numpy() for i, b in enumerate(order)]
         tensors = [rec.raw[b] for b in order]
         reads = loaded.family.readout(loaded.config)
+        first_block = start_block_index(geoms, start_block)
         if geoms[-1].kind == "pool":
             readout = "pooling head"
         else:
@@ -91,12 +125,44 @@ def explain_targets(
         for k, (key, (label, target)) in enumerate(targets.items()):
             grads = torch.autograd.grad(target(out), tensors, retain_graph=k < len(targets) - 1, allow_unused=True)
             abars = {
-                i: relevance_abar(geoms[i], attn[i], _native_grad(geoms[i], gr, attn[i])) for i, gr in enumerate(grads)
+                i: relevance_abar(geoms[i], attn[i], _native_grad(geoms[i], gr, attn[i]))
+                if i >= first_block
+                else np.zeros_like(relevance_abar(geoms[i], attn[i], attn[i]))
+                for i, gr in enumerate(grads)
             }
             row = relevance_row(geoms, stages, abars, readout=reads).astype(np.float32)
             row.setflags(write=False)
             first = stages[0]
-            result[key] = Explanation(int(key), label, row, first.num_prefix, first.grid, readout)
+            result[key] = Explanation(int(key), label, row, first.num_prefix, first.grid, readout, first_block)
+    return result
+
+
+def explain_run(run, targets: Mapping[int, tuple[str, Target]], *, start_block: int = 0) -> dict[int, Explanation]:
+    """:func:`explain_targets` from a :class:`~vitviz.capture.session.Run`'s graph: one backward per target."""
+    loaded = run.loaded
+    order = [s.index for s in run.sites]
+    geoms = list(run.geometries)
+    stages = build_stages(loaded, geoms, {}, 0)
+    attn = [to_native(geoms[i], run.probs(b), 1)[0].float().cpu().numpy() for i, b in enumerate(order)]
+    reads = loaded.family.readout(loaded.config)
+    first_block = start_block_index(geoms, start_block)
+    if geoms[-1].kind == "pool":
+        readout = "pooling head"
+    else:
+        readout = "CLS" if reads == "cls" and "CLS" in stages[-1].prefix_kinds else "pooled query"
+    result: dict[int, Explanation] = {}
+    for key, (label, target) in targets.items():
+        grads = run.gradients(target, "probs")
+        abars = {
+            i: relevance_abar(geoms[i], attn[i], _native_grad(geoms[i], gr, attn[i]))
+            if i >= first_block
+            else np.zeros_like(relevance_abar(geoms[i], attn[i], attn[i]))
+            for i, gr in enumerate(grads)
+        }
+        row = relevance_row(geoms, stages, abars, readout=reads).astype(np.float32)
+        row.setflags(write=False)
+        first = stages[0]
+        result[key] = Explanation(int(key), label, row, first.num_prefix, first.grid, readout, first_block)
     return result
 
 
@@ -107,6 +173,7 @@ def explain_classes(
     *,
     size: int | tuple[int, int] | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
+    start_block: int = 0,
 ) -> dict[int, Explanation]:
     """Relevance for class logits (before softmax): :func:`explain_targets` with ``y_c`` as each target."""
     if not loaded.has_classifier:
@@ -123,4 +190,4 @@ def explain_classes(
         return lambda out: family.logits(model, out)[0, c]
 
     targets = {int(c): (loaded.id2label[int(c)], logit(int(c))) for c in classes}
-    return explain_targets(loaded, image, targets, size=size, budget_bytes=budget_bytes)
+    return explain_targets(loaded, image, targets, size=size, budget_bytes=budget_bytes, start_block=start_block)

@@ -56,7 +56,6 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitviz.capture.record import frozen
 from vitviz.capture.run import (
     DEFAULT_BUDGET_BYTES,
     check_budget,
@@ -70,6 +69,7 @@ from vitviz.methods import Method, MethodMap, explain_many
 from vitviz.methods.base import GeometryRecorder, cell_of_pixels, class_logits
 from vitviz.models.families.base import Call
 from vitviz.models.load import LoadedModel
+from vitviz.record import frozen
 
 __all__ = [
     "POINTS",
@@ -284,12 +284,15 @@ class Perturbations:
         self.num_cells = self.grid[0] * self.grid[1]
         self._cells = torch.from_numpy(cell_of_pixels(self.grid, hw))  # (h, w) cell of each pixel
         self._cache: dict[bytes, np.ndarray] = {}
-        self._cache[np.zeros(self.num_cells, np.uint8).tobytes()] = self._softmax(logits)[0]
+        self._cache[np.zeros(self.num_cells, np.uint8).tobytes()] = self._probabilities(logits)[0]
         self.forwards = 1  # images forwarded so far (for benchmarks and tests)
 
-    @staticmethod
-    def _softmax(logits: torch.Tensor) -> np.ndarray:
-        return torch.softmax(logits.detach().double(), dim=-1).cpu().numpy()
+    def _probabilities(self, logits: torch.Tensor) -> np.ndarray:
+        """Class probabilities by the model's rule: a softmax, or each label's own sigmoid (SigLIP labels)."""
+        z = logits.detach().double()
+        if getattr(self.loaded.family, "probability_rule", "softmax") == "sigmoid":
+            return torch.sigmoid(z).cpu().numpy()
+        return torch.softmax(z, dim=-1).cpu().numpy()
 
     @property
     def original_probabilities(self) -> np.ndarray:
@@ -314,7 +317,7 @@ class Perturbations:
             chunk = todo[start : start + self.batch_size]
             batch = self.images(np.stack([np.frombuffer(k, dtype=np.uint8) for k in chunk]))
             with torch.inference_mode():
-                probs = self._softmax(class_logits(self.loaded, batch, self.input_size))
+                probs = self._probabilities(class_logits(self.loaded, batch, self.input_size))
             self._cache.update(zip(chunk, probs, strict=True))
             self.forwards += len(chunk)
             if progress is not None:

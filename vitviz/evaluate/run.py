@@ -40,30 +40,29 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-from vitviz.analysis.stats import summary_table
-from vitviz.errors import VitvizError
-from vitviz.evaluate.data import Dataset, Item, Skipped, load_item, read_dataset, scale_box
-from vitviz.evaluate.faithfulness import DEFAULT_INSERTION_START, INSERTION_STARTS, Perturbations
+from vitviz.errors import CaptureError
+from vitviz.evaluate.data import Dataset, Item, Skipped, read_dataset
+from vitviz.evaluate.faithfulness import DEFAULT_INSERTION_START, INSERTION_STARTS
 from vitviz.evaluate.results import (
     SCHEMA,
     SCHEMA_VERSION,
-    image_seed,
-    make_rows,
     rows_to_table,
     run_metadata,
     write_results,
     write_table_atomic,
 )
+from vitviz.evaluate.worker import EvaluateError, Evaluator, RunConfig, failure
 from vitviz.methods import available_methods, get_method, why_unavailable
 from vitviz.methods.base import Inputs, MethodError
 from vitviz.models.load import LoadedModel, load_model
+from vitviz.models.zeroshot import as_classifier, parse_labels, vocabulary_warning
 
 __all__ = [
     "ENGINES",
@@ -82,51 +81,15 @@ ENGINES = ("local", "ray")
 Progress = Callable[[int, int], None]  # (images finished, skipped included, previous runs included; images in all)
 
 
-class EvaluateError(VitvizError):
-    """A data set evaluation cannot start or go on; the message says why."""
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """What each worker needs to evaluate images: plain values only (Ray ships it to its actors).
-
-    ``model``: the name or path given to :func:`~vitviz.models.load.load_model` (each
-    worker loads its own copy); ``methods``: names, in order; ``size``: the input size
-    (None: the model's); ``batch_size``: perturbed images per forward; ``insertion_start``:
-    what the insertion curve starts from (:data:`~vitviz.evaluate.faithfulness.INSERTION_STARTS`;
-    the noise start is seeded per image like the random map).
-    """
-
-    model: str
-    methods: tuple[str, ...]
-    size: int | tuple[int, int] | None = None
-    seed: int = 0
-    batch_size: int = 20
-    device: str | None = None
-    insertion_start: str = DEFAULT_INSERTION_START
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["methods"] = list(self.methods)
-        d["size"] = list(self.size) if isinstance(self.size, tuple) else self.size
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> RunConfig:
-        size = d.get("size")
-        return cls(
-            model=d["model"],
-            methods=tuple(d["methods"]),
-            size=tuple(size) if isinstance(size, list) else size,
-            seed=int(d.get("seed", 0)),
-            batch_size=int(d.get("batch_size", 20)),
-            device=d.get("device"),
-            insertion_start=d.get("insertion_start", "blur"),  # runs written before the choice used blur
-        )
-
-
 def resolve_methods(loaded: LoadedModel, methods: Sequence[str] | None) -> tuple[str, ...]:
     """The methods to run: all that apply (None) or those named, each checked; :class:`MethodError` says why not."""
+    if not loaded.has_classifier and loaded.zero_shot:
+        raise EvaluateError(
+            f"'{loaded.name}' is a zero-shot model: give the labels to score each image against with --labels "
+            '(e.g. --labels "cat,dog,car"), optionally with --template'
+        )
+    if not loaded.has_classifier and loaded.text_note:
+        raise EvaluateError(loaded.text_note)
     if not loaded.has_classifier:
         raise EvaluateError(
             f"'{loaded.name}' is a backbone without a classifier: deletion and insertion score class "
@@ -145,54 +108,6 @@ def resolve_methods(loaded: LoadedModel, methods: Sequence[str] | None) -> tuple
     if not names:
         raise EvaluateError("no method given: name at least one with --methods")
     return tuple(names)
-
-
-class Evaluator:
-    """A loaded model and a :class:`RunConfig`: evaluates one image into its result rows (one per method)."""
-
-    def __init__(self, config: RunConfig, loaded: LoadedModel | None = None) -> None:
-        self.config = config
-        self.loaded = loaded if loaded is not None else load_model(config.model, device=config.device)
-        self.methods = [get_method(m) for m in config.methods]
-
-    def evaluate_item(self, item: Item) -> list[dict]:
-        """Read, check and evaluate one item (raises :class:`~vitviz.errors.VitvizError` for a bad image)."""
-        return self.evaluate_image(item, load_item(item))
-
-    def evaluate_image(self, item: Item, image: Image.Image) -> list[dict]:
-        """The rows of one image already read (module docstring)."""
-        cfg, loaded = self.config, self.loaded
-        inputs = Inputs(loaded, image, size=cfg.size)
-        cap = inputs.capture  # one capture: the prediction, the attention-based maps and the head summaries
-        cls = inputs.predicted_class()
-        seed = image_seed(cfg.seed, item.image_id)
-        maps = {m.name: m(inputs, class_index=cls, seed=seed) for m in self.methods}
-        pert = Perturbations(
-            loaded, image, size=cfg.size, batch_size=cfg.batch_size, insertion_start=cfg.insertion_start, seed=seed
-        )
-        box = None if item.box is None else scale_box(item.box, image.size, pert.input_size)
-        scored = pert.curves_many(list(maps.values()), class_index=cls, box=box)
-        return make_rows(
-            image_id=item.image_id,
-            path=item.path,
-            label=item.label,
-            image_wh=image.size,
-            box=box,
-            scored=dict(zip(maps, scored, strict=True)),
-            model=loaded.name,
-            input_hw=pert.input_size,
-            seed=cfg.seed,
-            seed_of_image=seed,
-            head_distance=summary_table(cap.blocks, "distance"),
-            head_entropy=summary_table(cap.blocks, "entropy"),
-        )
-
-
-def failure(item: Item, exc: BaseException) -> Skipped:
-    """How a failed image is reported: where it was listed, and the error (its type too when unexpected)."""
-    where = item.path if not item.source or item.source == item.path else f"{item.source} ({item.image_id})"
-    msg = str(exc) if isinstance(exc, VitvizError) else f"{type(exc).__name__}: {exc}"
-    return Skipped(where, msg)
 
 
 # --- the work folder -------------------------------------------------------------------
@@ -321,7 +236,39 @@ def _settings(config: RunConfig, dataset: Dataset) -> dict:
         "seed": config.seed,
         "insertion_start": config.insertion_start,
         "data": str(dataset.source.resolve()),
+        **({"relevance_from_block": config.relevance_from_block} if config.relevance_from_block else {}),
+        **({"labels": list(config.labels), "template": config.template} if config.labels else {}),
     }
+
+
+_COMPARED = ("model", "methods", "size", "seed")  # what a results file written before `settings` existed says
+
+
+def _refuse_other_results(out: Path, settings: dict) -> None:
+    """Refuse to replace a finished results file ``out`` written with other settings (or not by vitviz)."""
+    if not out.exists():
+        return
+    from vitviz.evaluate.results import META_KEY
+
+    try:
+        meta = json.loads((pq.read_schema(out).metadata or {})[META_KEY])
+    except (OSError, KeyError, ValueError, TypeError, pa.ArrowException):
+        meta = None
+    if not isinstance(meta, dict):
+        raise EvaluateError(
+            f"--out '{out}' exists and is not vitviz results; choose another --out, or add --overwrite to replace it."
+        )
+    before = meta.get("settings")
+    if not isinstance(before, dict):  # older files: the fields they have
+        before = {**settings, "model": meta.get("model_source"), "methods": meta.get("methods")}
+        before.update({k: meta.get(k) for k in ("size", "seed")})
+    keys = [k for k in settings if k != "schema_version"]
+    diff = [f"{k}: {before.get(k)!r} then, {settings[k]!r} now" for k in keys if before.get(k) != settings[k]]
+    if diff:
+        raise EvaluateError(
+            f"--out '{out}' holds finished results of other settings ({'; '.join(diff)}). Choose another --out, "
+            "or add --overwrite to replace them."
+        )
 
 
 def _assemble(work: WorkDir, dataset: Dataset, config: RunConfig, meta: dict) -> int:
@@ -365,15 +312,20 @@ def evaluate_dataset(
     loaded: LoadedModel | None = None,
     ray_actors: int | None = None,
     insertion_start: str = DEFAULT_INSERTION_START,
+    relevance_from_block: int = 0,
+    labels: str | None = None,
+    template: str | None = None,
+    overwrite: bool = False,
 ) -> RunReport:
     """Evaluate every image of ``data`` (folder or CSV) with ``methods`` and write ``out`` (module docstring).
 
     ``engine``: ``local`` (this process, no Ray imported) or ``ray`` (``address``: an
     existing cluster, default a local one; ``ray_actors``: the actor pool size,
     default one per GPU, else one per CPU). ``progress(done, total)`` after each image.
+    An existing ``out`` (finished results) or unfinished work of other settings is refused
+    unless ``overwrite``; with the same settings the run resumes (or is redone) as before.
     ``loaded``: a model already loaded by ``model`` (the local engine uses it; saves a
-    load in tests). ``insertion_start``: what insertion starts from (one of
-    :data:`~vitviz.evaluate.faithfulness.INSERTION_STARTS`), recorded in the metadata. Raises :class:`EvaluateError`, :class:`~vitviz.evaluate.data.DataError`,
+    load in tests). Raises :class:`EvaluateError`, :class:`~vitviz.evaluate.data.DataError`,
     :class:`~vitviz.methods.base.MethodError` or a model loading error before any image
     when the run cannot start; images that fail are skipped and reported.
     """
@@ -394,6 +346,16 @@ def evaluate_dataset(
     dataset = read_dataset(data, limit=limit)
     if loaded is None:
         loaded = load_model(model, device=device)
+    label_set, notes = None, []
+    if labels is not None:
+        if loaded.text is None:
+            raise EvaluateError(
+                loaded.text_note
+                or f"'{loaded.name}' has no text tower: --labels needs a CLIP- or SigLIP-style two-tower checkpoint"
+            )
+        label_set = parse_labels(labels, template if template is not None else loaded.text.template)
+        notes = [*label_set.notes, vocabulary_warning(loaded.text, label_set, loaded.name)]
+        loaded = as_classifier(loaded, label_set)
     config = RunConfig(
         model=model,
         methods=resolve_methods(loaded, methods),
@@ -402,9 +364,26 @@ def evaluate_dataset(
         batch_size=batch_size,
         device=device,
         insertion_start=insertion_start,
+        relevance_from_block=relevance_from_block,
+        labels=label_set.names if label_set else (),
+        template=label_set.template if label_set else "{}",
     )
+    if relevance_from_block and "relevance" in config.methods:
+        from vitviz.capture.gradients import start_block_index
+
+        try:  # a block the model does not have is refused before any image
+            blocks = Inputs(loaded, Image.new("RGB", (8, 8)), size=size).capture.blocks
+            start_block_index([b.geometry for b in blocks], relevance_from_block)
+        except CaptureError as exc:
+            raise EvaluateError(str(exc)) from None
     work = WorkDir(out)
-    work.open(_settings(config, dataset))
+    work.notes.extend(n for n in notes if n)
+    settings = _settings(config, dataset)
+    if overwrite:
+        work.remove()  # unfinished work of other settings goes; the results file is replaced at the end
+    else:
+        _refuse_other_results(out, settings)
+    work.open(settings)
     done = work.done_ids()
     todo = [item for item in dataset.items if item.image_id not in done]
     total = len(dataset.items)
@@ -437,9 +416,12 @@ def evaluate_dataset(
         size=config.to_dict()["size"],
         data=str(dataset.source),
         engine=engine,
+        relevance_from_block=relevance_from_block,
+        **({"labels": list(config.labels), "template": config.template} if config.labels else {}),
         points=21,
         insertion_start=insertion_start,
         skipped=[{"where": s.where, "reason": s.reason} for s in dataset.skipped + skipped],
+        settings=settings,
     )
     evaluated = _assemble(work, dataset, config, meta)
     all_skipped = dataset.skipped + skipped
