@@ -11,7 +11,8 @@ import streamlit as st
 from pages import common
 from vitviz.data.images import read_image
 from vitviz.errors import VitvizError
-from vitviz.models.zeroshot import parse_labels
+from vitviz.models.zeroshot import MAX_LABELS_TEXT, MAX_TEMPLATE_CHARS, parse_labels
+from vitviz.text import md_plain
 
 common.leave_folder_mode()
 st.set_page_config(page_title="vitviz", page_icon=":material/visibility:", layout="wide")
@@ -22,12 +23,31 @@ OTHER = "other (hub id or local folder)…"
 OTHER_PUBLIC = "other (Hugging Face model id)…"
 
 
+def _ask(name: str) -> str | None:
+    """``common.request_model`` once per choice the user makes: reruns that still show a refused or failed
+    choice neither ask again nor count as model changes (a rate-limited one is asked again, uncounted)."""
+    if name == ss.model_name:
+        ss.model_asked = None
+        return None
+    if ss.get("model_asked") == name:
+        refusal = ss.get("model_refusal")
+        if refusal and refusal[1]:  # rate-limited: asking again counts only once it is allowed
+            return common.request_model(name)
+        if refusal:
+            st.error(refusal[0])
+        return None
+    ss.model_asked = name
+    return common.request_model(name)
+
+
 def model_ui() -> None:
     st.subheader("Model")
     public = common.serve_settings().public
     other = OTHER_PUBLIC if public else OTHER
     presets = common.model_options()
-    options = [*presets, other]
+    # public mode with the hub out of reach: a typed id could not be downloaded, so none is asked for
+    typing = not public or common.hub_online() or ss.model_name not in presets
+    options = [*presets, other] if typing else presets
     index = options.index(ss.model_name) if ss.model_name in presets else len(options) - 1
     choice = st.selectbox(
         "Checkpoint",
@@ -50,12 +70,12 @@ def model_ui() -> None:
                 + ("." if public else " or a folder written by `save_pretrained`.")
             )
             return
-        if typed.strip() == ss.model_name:
-            return
-        name = common.request_model(typed)
-        if name is None:
-            return
-    elif name != ss.model_name and common.request_model(name) is None:
+        name = typed.strip()
+    if name == ss.model_name:
+        ss.model_asked = None
+        return
+    name = _ask(name)
+    if name is None:
         return
     if name != ss.model_name:
         with st.status(f"Loading {name}…", expanded=False) as status:
@@ -64,6 +84,7 @@ def model_ui() -> None:
             except VitvizError as exc:
                 status.update(label="Model not loaded", state="error")
                 st.error(f"{exc} Still using {ss.model_name}.")
+                ss.model_refusal = (f"{exc} Still using {ss.model_name}.", False)  # not loaded again on reruns
                 return
             status.update(label=f"Loaded {name}", state="complete")
         common.set_model(name)  # its own blocks, classes, labels (its suggestion) and knock-outs
@@ -79,11 +100,19 @@ def labels_ui() -> None:
         return
     st.subheader("Labels (zero-shot)")
     text = ss.labels_text if ss.labels_text is not None else model.text.labels or common.SUGGESTED_LABELS
-    typed = st.text_area("One per line, or separated by commas", value=text, key=f"labels_{ss.model_name}", height=90)
+    text = text[:MAX_LABELS_TEXT]  # the browser stops typing at the cap; the parser caps what arrives all the same
+    typed = st.text_area(
+        "One per line, or separated by commas",
+        value=text,
+        key=f"labels_{ss.model_name}",
+        height=90,
+        max_chars=MAX_LABELS_TEXT,
+    )
     template = st.text_input(
         "Prompt template ({} is the label)",
-        value=ss.template if ss.template is not None else model.text.template,
+        value=(ss.template if ss.template is not None else model.text.template)[:MAX_TEMPLATE_CHARS],
         key=f"template_{ss.model_name}",
+        max_chars=MAX_TEMPLATE_CHARS,
     )
     if (typed, template) != (text, ss.template if ss.template is not None else model.text.template):
         ss.labels_text, ss.template, ss.class_index = typed, template, None
@@ -96,8 +125,8 @@ def labels_ui() -> None:
         st.error(f"{exc} The views wait for labels that parse.")
         return
     for note in labels.notes:
-        st.caption(note)
-    st.caption(f"{len(labels.names)} labels, e.g. '{labels.prompts[0]}'.")
+        st.caption(md_plain(note))  # notes quote what the visitor typed
+    st.caption(f"{len(labels.names)} labels, e.g. '{md_plain(labels.prompts[0])}'.")
 
 
 def image_ui() -> None:
@@ -124,7 +153,7 @@ def image_ui() -> None:
             common.session_limits().uploads.acquire()  # public mode: a polite limit per minute
             intake = read_image(data, max_bytes=common.upload_limit())
         except VitvizError as exc:
-            ss.upload_error = f"{upload.name}: {exc} The previous image is still shown."
+            ss.upload_error = f"{md_plain(upload.name)}: {exc} The previous image is still shown."
         else:
             common.set_image(data, upload.name, intake.image.size)
             ss.upload_error = None
@@ -133,7 +162,7 @@ def image_ui() -> None:
         ss.last_upload = upload.file_id  # each file is judged once
     if upload is not None and ss.get("upload_error"):
         st.error(ss.upload_error)
-    st.caption(f"Showing **{ss.image_name}**")
+    st.caption(f"Showing **{md_plain(ss.image_name)}**")
 
 
 def size_ui() -> None:
@@ -167,13 +196,16 @@ with st.sidebar:
         image_ui()
         size_ui()
     except Exception as exc:  # last line of defence for the sidebar too
-        st.error(f"Something went wrong in the sidebar ({type(exc).__name__}: {exc}). Your image and model are kept.")
+        st.error(
+            f"Something went wrong in the sidebar ({common.last_resort(exc, 'sidebar')}). Your image and model are kept."
+        )
 
 pages = [
     st.Page("pages/overview.py", title="Image & predictions", icon=":material/image:", default=True),
     st.Page("pages/heads.py", title="Heads", icon=":material/grid_view:"),
     st.Page("pages/layers.py", title="Layers & rollout", icon=":material/layers:"),
     st.Page("pages/importance.py", title="Head importance", icon=":material/science:"),
+    st.Page("pages/patching.py", title="Activation patching", icon=":material/swap_horiz:"),
     st.Page("pages/compare.py", title="Compare explanations", icon=":material/compare:"),
     st.Page("pages/dataset.py", title="Data set", icon=":material/dataset:"),
     st.Page("pages/positions.py", title="Position embeddings", icon=":material/explore:"),
@@ -184,5 +216,6 @@ try:
     page.run()
 except Exception as exc:  # last line of defence: a readable message, never a traceback
     st.error(
-        f"Something went wrong while drawing this page ({type(exc).__name__}: {exc}). Try another setting; your image and model are kept."
+        f"Something went wrong while drawing this page ({common.last_resort(exc, page.title)}). "
+        "Try another setting; your image and model are kept."
     )

@@ -6,6 +6,10 @@
   ViT-B/16 at 224 (random weights), in forward-equivalents: each timing divided by
   the plain forward of the same loaded model (eager attention, inference mode,
   no capture) timed in the same round, rounds interleaved, medians.
+* :func:`one_run_views`: Heads (the capture), Rollout, Relevance, the logit lens,
+  attribution and the fast estimate of one image: forward passes through the model's
+  own forward and wall time, each view running its own clean forward (the run cache
+  cleared before each, as before the Run) against all of them reading one Run.
 * :func:`fast_vs_exact_rank_correlation`: on the bundled demo model, the Spearman
   rank correlation between the fast estimate and the exact knock-out table
   ``(L, H)`` of each image (shapes samples 0..n-1), its mean and spread.
@@ -34,7 +38,7 @@ from vitviz.capture.causal import fast_estimate, head_importance  # noqa: E402
 from vitviz.capture.run import preprocess  # noqa: E402
 from vitviz.models.load import load_model  # noqa: E402
 
-__all__ = ["head_importance_cost", "fast_vs_exact_rank_correlation", "spearman"]
+__all__ = ["head_importance_cost", "one_run_views", "fast_vs_exact_rank_correlation", "spearman"]
 
 
 def _seconds(fn: Callable[[], object]) -> float:
@@ -43,6 +47,58 @@ def _seconds(fn: Callable[[], object]) -> float:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return time.perf_counter() - t
+
+
+def one_run_views(folder: str | Path, *, runs: int = 3) -> dict:
+    """Forward passes and wall time of six views of one image: each with its own clean forward, or one Run."""
+    from vitviz.analysis.rollout import capture_rollout
+    from vitviz.capture.causal import direct_logit_attribution, logit_lens
+    from vitviz.capture.gradients import explain_classes
+    from vitviz.capture.session import clear_runs, get_run
+
+    loaded = load_model(str(folder))
+    rng = np.random.default_rng(0)
+    image = Image.fromarray(rng.integers(0, 256, (224, 224, 3), dtype=np.uint8))
+    calls = [0]
+    handle = loaded.model.register_forward_pre_hook(lambda m, a: calls.__setitem__(0, calls[0] + 1))
+
+    def views(shared: bool) -> None:
+        clear_runs()
+        cap = get_run(loaded, image).capture
+        capture_rollout(cap)
+        c = cap.predictions[0].index
+        for view in (
+            lambda: explain_classes(loaded, image, [c]),
+            lambda: logit_lens(loaded, image),
+            lambda: direct_logit_attribution(loaded, image, class_index=c),
+            lambda: fast_estimate(loaded, image, class_index=c),
+        ):
+            if not shared:
+                clear_runs()  # as before the Run: every view makes its own clean forward
+            view()
+
+    try:
+        views(True)  # warm-up
+        out: dict[str, dict] = {}
+        times: dict[str, list[float]] = {"separate": [], "shared": []}
+        for _ in range(runs):
+            for name in ("separate", "shared"):
+                calls[0] = 0
+                times[name].append(_seconds(lambda name=name: views(name == "shared")))
+                out.setdefault(name, {})["forwards"] = calls[0]
+    finally:
+        handle.remove()
+        clear_runs()
+    sep, shared = statistics.median(times["separate"]), statistics.median(times["shared"])
+    return {
+        "model": Path(folder).name,
+        "views": "heads, rollout, relevance, logit lens, attribution, fast estimate",
+        "forwards_separate": out["separate"]["forwards"],
+        "forwards_shared": out["shared"]["forwards"],
+        "separate_s": round(sep, 3),
+        "shared_s": round(shared, 3),
+        "shared_over_separate": round(shared / sep, 3),
+    }
 
 
 def head_importance_cost(folder: str | Path, *, runs: int = 3, naive: bool = False) -> dict:
@@ -151,12 +207,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--images", type=int, default=50)
     parser.add_argument("--naive", action="store_true", help="also time full forwards for every knock-out")
     args = parser.parse_args(argv)
-    from benchmarks.run import make_model
+    from benchmarks.common import make_model
 
     results: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         vit = make_model("vit-b16-224", Path(tmp) / "vit")
         results["head_importance_cost"] = head_importance_cost(vit, runs=args.runs, naive=args.naive)
+        results["one_run"] = one_run_views(vit, runs=args.runs)
     results["fast_vs_exact"] = [fast_vs_exact_rank_correlation(args.images, mode=m) for m in ("mean", "zero")]
     print(json.dumps(results, indent=2))
     return 0

@@ -8,7 +8,8 @@ reruns), ``export``, ``browser``, ``zeroshot`` (CLIP ViT-B/16, SigLIP-base: over
 change; ``benchmarks/zeroshot.py``), ``causal`` (head importance in forward-equivalents, fast
 vs exact rank correlation on 50 demo images; ``benchmarks/causal.py``), ``faithfulness``
 (deletion + insertion of one ViT-B/16 image over one forward; ``benchmarks/faithfulness.py``),
-``evaluate`` (``python -m vitviz evaluate`` throughput, local vs Ray; ``benchmarks/evaluate.py``).
+``evaluate`` (``python -m vitviz evaluate`` throughput, local vs Ray; ``benchmarks/evaluate.py``),
+``headview`` (the instant head view in Chromium: input -> redraw, payload; ``benchmarks/headview.py``).
 With ``--sections``, the sections not run keep their figures from an existing ``--out`` file.
 
 Random weights throughout (speed does not depend on them). Every ratio compares
@@ -26,7 +27,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -36,97 +36,8 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vitviz.analysis.blocks import global_query, head_maps  # noqa: E402
-from vitviz.analysis.embeddings import position_similarity  # noqa: E402
-from vitviz.analysis.rollout import capture_rollout  # noqa: E402
-from vitviz.analysis.stats import summary_table  # noqa: E402
-from vitviz.capture.run import capture, preprocess  # noqa: E402
+from benchmarks.common import MODELS, full_analysis, make_model, median_time, overhead  # noqa: E402,F401
 from vitviz.models.load import load_model  # noqa: E402
-
-
-def median_time(fn: Callable[[], object], runs: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(runs):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
-MODELS = {  # name: (transformers class, config kwargs, input side)
-    "vit-b16-224": ("ViTForImageClassification", "ViTConfig", {"num_labels": 1000}, 224),
-    "dinov2-base-518": ("Dinov2Model", "Dinov2Config", {"image_size": 518, "patch_size": 14}, 518),
-    "swin-t-224": ("SwinForImageClassification", "SwinConfig", {"num_labels": 1000}, 224),  # the default is Swin-T
-}
-
-
-def make_model(kind: str, folder: Path) -> Path:
-    import transformers
-    from transformers import ViTImageProcessor
-
-    arch, config, kwargs, side = MODELS[kind]
-    torch.manual_seed(0)
-    getattr(transformers, arch)(getattr(transformers, config)(**kwargs)).save_pretrained(folder)
-    ViTImageProcessor(size={"height": side, "width": side}).save_pretrained(folder)
-    return folder
-
-
-def full_analysis(loaded, image: Image.Image):
-    """What the app computes for a new image: capture (with per-head summaries), rollout, the last block's
-    global maps, the summary tables and position similarity."""
-    cap = capture(loaded, image)
-    capture_rollout(cap)
-    head_maps(cap.blocks[-1], global_query(cap.blocks[-1]))
-    summary_table(cap.blocks, "distance"), summary_table(cap.blocks, "entropy")
-    if loaded.position_embeddings is not None:
-        position_similarity(loaded.position_embeddings)
-    return cap
-
-
-def overhead(kind: str, folder: Path, runs: int, *, arch: str | None = None, image_tower: bool = False) -> dict:
-    """vitviz's full analysis of a new image against the plain SDPA forward (``image_tower``: a two-tower
-    model's ``get_image_features``), interleaved, medians; ``arch``: the transformers class (default from MODELS)."""
-    import transformers
-
-    loaded = load_model(str(folder))
-    plain = getattr(transformers, arch or MODELS[kind][0]).from_pretrained(folder, attn_implementation="sdpa").eval()
-    plain.to(loaded.device)
-    rng = np.random.default_rng(0)
-    image = Image.fromarray(rng.integers(0, 256, (480, 640, 3), dtype=np.uint8))
-    size = loaded.default_size
-    forward = plain.get_image_features if image_tower else plain
-
-    def plain_inference():
-        pixels, _ = preprocess(loaded, [image], size)
-        with torch.inference_mode():
-            forward(pixel_values=pixels)
-
-    plain_inference(), full_analysis(loaded, image)  # warm-up
-    # Interleaved, so that drift of the machine's speed hits both sides alike.
-    pairs = [
-        (median_time(plain_inference, 1, warmup=0), median_time(lambda: full_analysis(loaded, image), 1, warmup=0))
-        for _ in range(runs)
-    ]
-    t_plain = statistics.median(p for p, _ in pairs)
-    t_full = statistics.median(f for _, f in pairs)
-    cap = full_analysis(loaded, image)
-    return {
-        "model": kind,
-        "tokens": sum(s.num_tokens for s in cap.stages),
-        "blocks": cap.num_blocks,
-        "plain_s": round(t_plain, 4),
-        "vitviz_s": round(t_full, 4),
-        "overhead_ratio": round(t_full / t_plain, 3),
-        "record_MiB": round(cap.nbytes / 2**20, 2),
-        "attention_precision": cap.attention_precision,
-    }
-
 
 _PEAK = """
 import resource, sys, numpy as np, torch
@@ -308,7 +219,18 @@ def browser(folder: Path) -> dict:
         proc.wait(timeout=20)
 
 
-SECTIONS = ("overhead", "interaction", "export", "browser", "zeroshot", "causal", "faithfulness", "evaluate")
+SECTIONS = (
+    "overhead",
+    "interaction",
+    "export",
+    "browser",
+    "zeroshot",
+    "causal",
+    "faithfulness",
+    "evaluate",
+    "headview",
+    "imports",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -364,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
 
             results["causal"] = {
                 "head_importance_cost": causal.head_importance_cost(vit, runs=max(2, runs // 3)),
+                "one_run": causal.one_run_views(vit, runs=max(2, runs // 3)),
                 "fast_vs_exact": causal.fast_vs_exact_rank_correlation(50, mode="mean"),
             }
         if "faithfulness" in sections:
@@ -374,6 +297,14 @@ def main(argv: list[str] | None = None) -> int:
             from benchmarks import evaluate
 
             results["evaluate"] = evaluate.evaluate_throughput(40)
+        if "headview" in sections and Path("/usr/bin/chromium").exists():
+            from benchmarks import headview
+
+            results["headview"] = headview.head_view_timings(vit)
+        if "imports" in sections:
+            from benchmarks import imports
+
+            results["imports"] = imports.import_times(3 if args.quick else 7)
     results["peak_rss_MiB"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     out.write_text(json.dumps(results, indent=2))
     print_table(results)
@@ -425,6 +356,12 @@ def print_table(r: dict) -> None:
             f"fast estimate {h['fast_forward_equivalents']}; fast vs exact Spearman over {f['images']} demo images: "
             f"mean {f['spearman_mean']}, median {f['spearman_median']}"
         )
+    if o := r.get("causal", {}).get("one_run"):
+        print(
+            f"Heads + Rollout + Relevance + lens + attribution + fast estimate of one image: "
+            f"{o['forwards_shared']} forward with one Run (was {o['forwards_separate']}), "
+            f"{o['shared_s']} s vs {o['separate_s']} s ({o['shared_over_separate']}x)"
+        )
     if f := r.get("faithfulness"):
         print(
             f"Deletion + insertion of one ViT-B/16 image: {f['curves_over_forward']}x one forward "
@@ -436,6 +373,16 @@ def print_table(r: dict) -> None:
             f"{ev['local']['steady_images_per_s']} img/s, Ray ({ev['ray_cpus']} CPUs) "
             f"{ev['ray']['steady_images_per_s']} img/s = {ev['ray_over_local']}x"
         )
+    if hv := r.get("headview"):
+        print(
+            f"Instant head view, {hv['model']} in Chromium: input -> redraw median {hv['redraw_ms_median']} ms, "
+            f"p95 {hv['redraw_ms_p95']} ms; 16 pages at once p95 {hv['sessions16_redraw_ms_p95']} ms; "
+            f"page {hv['payload_MB']} MB (packed in {hv['pack_s']} s)"
+        )
+    if im := r.get("imports"):
+        from benchmarks.imports import print_rows
+
+        print_rows(im)
     print(f"Peak resident memory of the benchmark process: {r['peak_rss_MiB']} MiB")
 
 

@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.run import median_time  # noqa: E402
-from benchmarks.run import overhead as run_overhead  # noqa: E402
+from benchmarks.common import median_time  # noqa: E402
+from benchmarks.common import overhead as run_overhead  # noqa: E402
 from vitviz.models.load import load_model  # noqa: E402
 from vitviz.models.zeroshot import encode_labels, parse_labels  # noqa: E402
 

@@ -30,8 +30,8 @@ from vitviz.analysis.rollout import capture_rollout
 from vitviz.cache import BoundedCache
 from vitviz.capture import run as vcapture
 from vitviz.capture.gradients import explain_classes, explain_targets
-from vitviz.capture.record import POOLED, Prediction
 from vitviz.capture.run import predictions_from_logits
+from vitviz.data.images import configure as configure_images
 from vitviz.data.images import read_image
 from vitviz.demo import bundled
 from vitviz.errors import VitvizError
@@ -47,6 +47,7 @@ from vitviz.models.zeroshot import (
     rank,
     score,
 )
+from vitviz.record import POOLED, Prediction
 from vitviz.serve import (
     ForwardQueue,
     ModelCache,
@@ -54,12 +55,14 @@ from vitviz.serve import (
     RateLimit,
     ServeSettings,
     SessionLimits,
+    SettingsError,
     allowlist,
     hub_download_limit,
     load_request,
     load_settings,
     vet_model_request,
 )
+from vitviz.serve.settings import log_settings, server_log
 from vitviz.tables import csv_bytes, long_table
 
 T = TypeVar("T")
@@ -137,8 +140,39 @@ MODEL_REQUESTS = ("curves_wanted", "importance_wanted")  # "Compute ..." clicks;
 
 @st.cache_resource(show_spinner=False)
 def serve_settings() -> ServeSettings:
-    """Public mode and its limits (``VITVIZ_PUBLIC`` / ``vitviz.toml``), read once per server."""
-    return load_settings()
+    """Public mode and its limits (``VITVIZ_PUBLIC`` / ``vitviz.toml`` beside app.py), read once per server.
+
+    The server log says which file was read and whether public mode is on; a file that does not
+    parse is logged with its full path, while visitors see its name only.
+    """
+    try:
+        settings = load_settings(folder=ROOT)
+    except SettingsError as exc:
+        server_log().error("vitviz settings not loaded: %s", exc.detail)
+        raise
+    configure_images(  # process-wide: every session's decoding shares one budget
+        max_pixels=int(settings.image_max_megapixels * 1e6),
+        max_side=settings.image_max_side,
+        budget_bytes=int(settings.decode_budget_mb * 2**20),
+    )
+    log_settings(settings)
+    return settings
+
+
+def last_resort(exc: BaseException, where: str) -> str:
+    """What a visitor reads of an unexpected error; the server log gets it in full, with its traceback.
+
+    vitviz's own messages are written for visitors; other exceptions may name the server's
+    files, so in public mode only their type is shown.
+    """
+    server_log().error("unexpected error in %s (session %s)", where, session_id(), exc_info=exc)
+    try:
+        public = serve_settings().public
+    except SettingsError:
+        public = True
+    if isinstance(exc, VitvizError) or not public:
+        return f"{type(exc).__name__}: {exc}"
+    return f"{type(exc).__name__}; the details are in the server's log"
 
 
 @st.cache_resource(show_spinner=False)
@@ -179,19 +213,38 @@ def session_limits() -> SessionLimits:
     return ss._limits
 
 
+@st.cache_resource(ttl=300, show_spinner=False)
+def hub_online() -> bool:
+    """Whether the server reaches the Hugging Face hub (checked at most every 5 minutes)."""
+    from vitviz.serve.offline import hub_online as reachable
+
+    return reachable()
+
+
 def request_model(text: str) -> str | None:
-    """What a visitor typed or picked -> the name to load, after the public-mode policy; shows why not."""
+    """What a visitor typed or picked -> the name to load, after the public-mode policy; shows why not.
+
+    Call it once per choice a user makes (each call counts as a model change in public mode);
+    the refusal is also kept in ``model_refusal`` (message, whether asking again later may work).
+    """
+    from vitviz.serve.limits import RateLimitError
+    from vitviz.serve.offline import HUB_OFFLINE, loads_offline
+
     settings = serve_settings()
+    st.session_state.model_refusal = None
     try:
         if settings.public:
             session_limits().model_changes.acquire()
         req = vet_model_request(text, settings, PRESETS)  # public mode: before anything touches the disk
         if not settings.public:
             parse_model_name(req.name)
+        elif req.name not in model_cache().sizes() and not loads_offline(req.name) and not hub_online():
+            raise VitvizError(HUB_OFFLINE.format(name=req.name))
         elif req.hub and req.name not in model_cache().sizes():
             hub_downloads().acquire()
     except VitvizError as exc:
         st.error(str(exc))
+        st.session_state.model_refusal = (str(exc), isinstance(exc, RateLimitError))
         return None
     vetted_requests()[req.name] = req
     return req.name
@@ -235,12 +288,16 @@ def capture_cache() -> BoundedCache:
 def get_capture(
     model_name: str, image_digest: str, size: tuple[int, int] | None, image_bytes: bytes
 ) -> vcapture.Capture:
-    """The capture of the session's image: one forward pass per (model, image, size), in the server's queue."""
+    """The capture of the session's image: one forward pass per (model, image, size), in the server's queue.
+
+    It is the capture of the image's Run (``vitviz.capture.session``), so the causal views and relevance of the
+    same image read that forward instead of making their own."""
+    from vitviz.capture.session import get_run
 
     def compute() -> vcapture.Capture:
         image = read_image(image_bytes, max_bytes=upload_limit()).image
         model = get_model(model_name)
-        return in_queue(lambda: vcapture.capture(model, image, size=size))
+        return in_queue(lambda: get_run(model, image, size=size).capture)
 
     return capture_cache().get_or_compute((model_name, image_digest, size), compute)
 
@@ -612,7 +669,12 @@ def downloads(stem: str, key: str, *, csv: Mapping[str, np.ndarray] | None = Non
 def model_options() -> list[str]:
     """The models offered in the sidebar: the presets locally, the allowlist in public mode."""
     settings = serve_settings()
-    return list(allowlist(settings, PRESETS)) if settings.public else list(PRESETS)
+    if not settings.public:
+        return list(PRESETS)
+    from vitviz.serve.offline import offered
+
+    # a visitor can neither download nor copy a model: with the hub out of reach, offer what loads without it
+    return list(offered(allowlist(settings, PRESETS), hub_online()))
 
 
 def label_embeddings(cur: Current) -> np.ndarray | None:
@@ -729,3 +791,31 @@ def get_curves(cur: Current, class_index: int, progress=None) -> dict:
         return in_queue(run)
 
     return results_cache().get_or_compute(("curves", *cur.key, class_index), compute)
+
+
+def target_ui(ranked: Classes, *, key: str, default: int | None = None):
+    """The explained target: a class (or zero-shot label), optionally minus another; a ``Target``.
+
+    ``ranked``: :func:`classes` of the session's image; ``default``: the class first shown (the top-1).
+    """
+    from vitviz.capture.targets import Target
+
+    names = {p.index: p.label for p in ranked.ranked}
+    order = [p.index for p in ranked.ranked]
+    first = default if default in names else order[0]
+    what = "Label" if ranked.labels is not None else "Class"
+    c1, c2 = st.columns(2)
+    index = c1.selectbox(what, order, index=order.index(first), format_func=names.get, key=f"{key}_index")
+    others = [None, *(i for i in order if i != index)]
+    minus = c2.selectbox(
+        f"…minus {what.lower()}",
+        others,
+        format_func=lambda i: "(none)" if i is None else names[i],
+        key=f"{key}_minus",
+        help=f"Explain the difference of two scores: {what.lower()} A's minus {what.lower()} B's (before softmax).",
+    )
+    if minus == index:
+        minus = None
+    if ranked.labels is not None:
+        return Target.of_label(ranked.labels, index, minus)
+    return Target.of_class(index, minus)

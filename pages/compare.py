@@ -7,6 +7,7 @@ from pages import common
 from vitviz import figures
 from vitviz.errors import VitvizError
 from vitviz.methods import METHODS, why_unavailable
+from vitviz.text import md_plain
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
@@ -21,7 +22,7 @@ if ranked is None or ranked.labels is not None:
     st.stop()
 cls = ss.class_index if ss.class_index in {p.index for p in ranked.ranked} else ranked.ranked[0].index
 name = next(p.label for p in ranked.ranked if p.index == cls)
-st.caption(f"Explained: **{name}** (pick another class on *Image & predictions*).")
+st.caption(f"Explained: **{md_plain(name)}** (pick another class on *Image & predictions*).")
 skipped = {m: why_unavailable(cur.model, m) for m in METHODS if why_unavailable(cur.model, m)}
 for method, why in skipped.items():
     st.caption(f"{method}: {why}")

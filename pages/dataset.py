@@ -1,5 +1,6 @@
 """Data set: results of `python -m vitviz evaluate` over many images: areas per method, head distances, disagreements."""
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -7,8 +8,10 @@ import streamlit as st
 
 from pages import common
 from vitviz import figures
+from vitviz.cache import BoundedCache
 from vitviz.errors import VitvizError
-from vitviz.evaluate.results import read_results
+from vitviz.evaluate.results import Results, read_results
+from vitviz.text import md_plain, plotly_plain
 
 common.leave_folder_mode()
 ss = st.session_state
@@ -48,15 +51,36 @@ st.caption(
 )
 
 
-@st.cache_data(max_entries=4, show_spinner=False)
-def _read(data: bytes | str):
-    return read_results(data)
+@st.cache_resource(show_spinner=False)
+def _results_files() -> BoundedCache:
+    """Results files read, server-wide, bounded in bytes (``results_cache_mb``); read-only Arrow tables."""
+    settings = common.serve_settings()
+    return BoundedCache(
+        max_entries=16, max_bytes=int(settings.results_cache_mb * 2**20), size_of=lambda r: r.table.nbytes
+    )
+
+
+def _read(data: bytes | str) -> Results:
+    """A results file through the server's limits (checked from its footer) and its byte-bounded cache."""
+    if isinstance(data, bytes):
+        key = hashlib.sha256(data).hexdigest()
+    else:  # the last local run: read again when the file changed
+        key = ("path", data, Path(data).stat().st_mtime_ns if Path(data).is_file() else None)
+    limits = common.serve_settings().results_limits
+    return _results_files().get_or_compute(key, lambda: read_results(data, limits))
 
 
 source = st.file_uploader("Results file (.parquet)", type=["parquet"], key="results_upload")
 last = common.last_results_path()
 if source is not None:
-    ss.results_source = source.getvalue()
+    if source.file_id != ss.get("results_seen"):  # a new file: counts as an upload (public mode limit)
+        ss.results_seen = source.file_id
+        try:
+            common.session_limits().results_uploads.acquire()
+        except VitvizError as exc:
+            st.error(str(exc))
+            st.stop()
+        ss.results_source = source.getvalue()
 elif last is not None:
     st.button(f"Open the last local run ({last.name})", on_click=lambda: ss.update(results_source=str(last)))
 if ss.get("results_source") is None:
@@ -71,9 +95,15 @@ except VitvizError as exc:
 
 meta = results.meta
 skipped = meta.get("skipped", [])
-st.caption(
-    f"**{meta.get('model')}** on {results.num_images} images ({meta.get('data', '?')}), methods "
-    f"{', '.join(results.methods)}; seed {meta.get('seed')}; {len(skipped)} inputs skipped."
+if results.table.num_rows == 0:
+    st.info(
+        f"This results file holds no results ({len(skipped)} inputs skipped). Run `python -m vitviz evaluate` "
+        "on images the model can read, then upload its results."
+    )
+    st.stop()
+st.caption(  # every field comes from the file: plain text
+    f"**{md_plain(meta.get('model'))}** on {results.num_images} images ({md_plain(meta.get('data', '?'))}), methods "
+    f"{md_plain(', '.join(results.methods))}; seed {md_plain(meta.get('seed'))}; {len(skipped)} inputs skipped."
 )
 summary = results.summary()
 st.dataframe(
@@ -91,13 +121,15 @@ st.dataframe(
 )
 st.caption("Mean ± standard error over the images; the random map is the floor.")
 
-deletion = {m: results.method_rows(m).column("deletion_area").to_numpy() for m in results.methods}
-insertion = {m: results.method_rows(m).column("insertion_area").to_numpy() for m in results.methods}
+deletion = {plotly_plain(m): results.method_rows(m).column("deletion_area").to_numpy() for m in results.methods}
+insertion = {plotly_plain(m): results.method_rows(m).column("insertion_area").to_numpy() for m in results.methods}
 common.chart(figures.areas_figure(deletion, insertion), key="areas")
 curves = results.mean_curves()
 any_method = next(iter(curves.values()))
 common.chart(
-    figures.curves_figure(any_method[0], {m: (c[1], c[2]) for m, c in curves.items()}, target="the explained class"),
+    figures.curves_figure(
+        any_method[0], {plotly_plain(m): (c[1], c[2]) for m, c in curves.items()}, target="the explained class"
+    ),
     key="mean_curves",
 )
 
@@ -131,8 +163,10 @@ public = common.serve_settings().public
 for k in order:
     image_id = ids[k]
     cols = st.columns([3, 4, 1])
-    cols[0].markdown(f"`{image_id}`")
-    cols[1].caption(", ".join(f"{m} {areas[k, j]:.2f}" for j, m in enumerate(methods)) + f" (range {spread[k]:.2f})")
+    cols[0].markdown(md_plain(image_id))
+    cols[1].caption(
+        ", ".join(f"{md_plain(m)} {areas[k, j]:.2f}" for j, m in enumerate(methods)) + f" (range {spread[k]:.2f})"
+    )
     if not public:
         cols[2].button(
             "Open",

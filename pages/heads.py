@@ -3,18 +3,21 @@
 import numpy as np
 import streamlit as st
 
-from pages import common
+from pages import common, instant
 from vitviz import figures
 from vitviz.analysis.blocks import head_maps, select, window_edges
-from vitviz.capture.record import POOLED
 from vitviz.errors import VitvizError
+from vitviz.record import POOLED
 from vitviz.tables import long_table
+from vitviz.text import md_plain
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
 
 st.header("Attention heads")
 common.clamp_state(cap)
+if instant.draw(cur):
+    st.stop()
 stage_now = cap.blocks[ss.layer].stage
 common.take_click("head_map", lambda data: common.click_query(cap, stage_now, data))
 common.take_click("head_grid", lambda data: ss.update(head=int(data[0])))
@@ -234,9 +237,13 @@ else:
                 )
                 top_changed = after[0].index != ranked.ranked[0].index
                 st.caption(
-                    f"Logit of '{name}': {ko.clean_logits[cls]:.3f} -> {ko.logits[cls]:.3f} "
+                    f"Logit of '{md_plain(name)}': {ko.clean_logits[cls]:.3f} -> {ko.logits[cls]:.3f} "
                     f"(effect {ko.effect[cls]:+.3f}). "
-                    + (f"The top class changes to '{after[0].label}'." if top_changed else "The top class stays.")
+                    + (
+                        f"The top class changes to '{md_plain(after[0].label)}'."
+                        if top_changed
+                        else "The top class stays."
+                    )
                 )
             with right:
                 first = min(b for b, _ in chosen)

@@ -7,6 +7,7 @@ from pages import common
 from vitviz import figures
 from vitviz.errors import VitvizError
 from vitviz.tables import long_table
+from vitviz.text import md_plain, plotly_plain
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
@@ -48,10 +49,20 @@ method = c1.radio(
     help="Exact: every head knocked out alone, in batches. Fast: the logit's gradient times the change a knock-out "
     "makes, for all heads at once from one forward and one backward pass.",
 )
-c2.radio("Replaced by", ["mean", "zero"], **common.keep("knockout_mode"), horizontal=True)
+c2.radio(
+    "Replaced by",
+    ["mean", "zero"],
+    **common.keep("knockout_mode"),
+    horizontal=True,
+    help="What a knocked-out head's output z_h (its slice of the output projection's input) becomes, at every "
+    "token: mean = its mean over this image's tokens (not a data-set mean); zero = 0, which also removes the "
+    "head's value bias (ViT-Prisma folds it into the output bias and keeps it). The output projection's bias stays.",
+)
 fast = method.startswith("fast")
 key = ("importance", *cur.key, cls, ss.knockout_mode, fast)
-st.caption(f"Explained: **{name}** (pick another on *Image & predictions*); effects on its logit, before softmax.")
+st.caption(
+    f"Explained: **{md_plain(name)}** (pick another on *Image & predictions*); effects on its logit, before softmax."
+)
 
 left, right = st.columns(2)
 with left:
@@ -82,7 +93,7 @@ with left:
             common.chart(
                 figures.layer_head_figure(
                     result.effects,
-                    title=f"{title} on '{name}': click a cell to open that head",
+                    title=f"{title} on '{plotly_plain(name)}': click a cell to open that head",
                     colorbar_title="change of the logit",
                     marked=(ss.layer, ss.head),
                     row_labels=labels,
@@ -130,7 +141,7 @@ with right:
             common.chart(
                 figures.layer_head_figure(
                     attr.heads,
-                    title=f"Direct contribution of each head to '{name}'",
+                    title=f"Direct contribution of each head to '{plotly_plain(name)}'",
                     colorbar_title="share of the logit",
                     marked=(ss.layer, ss.head),
                     row_labels=labels,

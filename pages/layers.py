@@ -11,6 +11,7 @@ from vitviz.analysis.masks import mass_masks
 from vitviz.analysis.stats import SUMMARIES, summary_table
 from vitviz.errors import VitvizError
 from vitviz.tables import long_table
+from vitviz.text import plotly_plain
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
@@ -121,7 +122,7 @@ else:
                     figures.map_figure(
                         cap.image,
                         exp.patch_map(),
-                        title=f"Relevance for '{exp.label}' (Chefer et al. 2021)",
+                        title=f"Relevance for '{plotly_plain(exp.label)}' (Chefer et al. 2021)",
                         colorbar_title="relevance (raw)",
                     ),
                     key="relevance_map",

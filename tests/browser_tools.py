@@ -168,6 +168,28 @@ def settle(page) -> None:
     page.wait_for_timeout(300)
 
 
+def server_heads(page) -> None:
+    """On the Heads page of a plain ViT, switch the instant (in-browser) view off for the server-drawn one."""
+    toggle = page.get_by_test_id("stCheckbox").filter(has_text="Instant view")
+    toggle.wait_for(timeout=60_000)
+    if toggle.get_by_role("checkbox").is_checked():
+        toggle.locator("label").click()
+
+
+def instant_state(page, timeout: float = 60) -> dict:
+    """The instant head view's state (layer, head, query) from its frame, once its maps are decoded."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for frame in page.frames:
+            try:
+                if frame.evaluate("document.body && document.body.dataset.ready === '1'"):
+                    return frame.evaluate("window.vitvizState")
+            except Exception:  # a frame that is navigating or gone
+                pass
+        page.wait_for_timeout(200)
+    raise AssertionError("the instant head view did not start")
+
+
 def choose_model(page, option: str) -> None:
     """Pick ``option`` in the sidebar's model list, typing to filter it first: the dropdown draws only the
     options in view, so a long list may not have the one wanted in the DOM yet."""

@@ -11,12 +11,16 @@ from app_tools import APP
 from streamlit.testing.v1 import AppTest
 
 import vitviz.capture.run
+import vitviz.capture.session
 
 PAGES = [p for p in app_tools.PAGES if p != "pages/dataset.py"]  # the Data set page: tests/test_app_dataset.py
 
 
-def _app(page: str | None = None) -> AppTest:
+def _app(page: str | None = None, *, instant_heads: bool = False) -> AppTest:
+    """The app on ``page``; the Heads page server-drawn unless ``instant_heads`` (its in-browser view is
+    tested in tests/test_headview_page.py and tests/figures/test_headview.py)."""
     at = AppTest.from_file(APP, default_timeout=120)
+    at.session_state["instant_heads"] = instant_heads
     at.run()
     if page:
         at.switch_page(page)
@@ -163,6 +167,8 @@ def test_changing_controls_runs_no_forward_pass(monkeypatch):
     calls = []
     real = vitviz.capture.run.capture_batch
     monkeypatch.setattr(vitviz.capture.run, "capture_batch", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real_run = vitviz.capture.session._make_run  # the pages' capture is the image's Run's
+    monkeypatch.setattr(vitviz.capture.session, "_make_run", lambda *a, **k: calls.append(1) or real_run(*a, **k))
     at = _app("pages/heads.py")
     before = len(calls)
     at.slider(key="_w_layer").set_value(0).run()
@@ -305,6 +311,8 @@ def test_zero_shot_labels_change_without_a_new_capture(modern_dirs, monkeypatch)
     calls = []
     real = vitviz.capture.run.capture_batch
     monkeypatch.setattr(vitviz.capture.run, "capture_batch", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real_run = vitviz.capture.session._make_run  # the pages' capture is the image's Run's
+    monkeypatch.setattr(vitviz.capture.session, "_make_run", lambda *a, **k: calls.append(1) or real_run(*a, **k))
     at = _app()
     _choose_model(at, str(modern_dirs["clip"]))
     _no_trouble(at)

@@ -15,6 +15,7 @@ EXAMPLES = "assets/examples"
 
 def _app(page: str | None = None) -> AppTest:
     at = AppTest.from_file(APP, default_timeout=120)
+    at.session_state["instant_heads"] = False  # the Heads page server-drawn (its instant view draws no figures)
     at.run()
     if page:
         at.switch_page(page)

@@ -16,8 +16,10 @@ from browser_tools import (
     bars,
     choose_model,
     decode,
+    instant_state,
     plot_state,
     require_chromium,
+    server_heads,
     settle,
     streamlit_server,
     wait_for_title,
@@ -60,6 +62,7 @@ def test_upload_layer_change_and_patch_click(server, browser, tmp_path):
     wait_for_title(page, "12 x 12 patches")
 
     page.get_by_role("link", name="Heads").click()
+    server_heads(page)
     first = wait_for_title(page, "Layer 3, head 0: where CLS looks")
     settle(page)
 
@@ -152,8 +155,8 @@ def test_summary_cell_opens_that_head_and_position_tiles_open_large(server, brow
         plot.scroll_into_view_if_needed()
         box = plot.locator(".nsewdrag").first.bounding_box()
         page.mouse.click(box["x"] + box["width"] * 2.5 / 4, box["y"] + box["height"] * 1.5 / 4)  # layer 1, head 2
-        wait_for_title(page, "Layer 1, head 2: where CLS looks")
-        assert page.url.endswith("/heads")
+        state = instant_state(page)  # Heads opens in the instant view, on that layer and head
+        assert page.url.endswith("/heads") and (state["layer"], state["head"], state["query"]) == (1, 2, 0)
 
         page.get_by_role("link", name="Position embeddings").click()
         wait_for_title(page, "Similarity to position (0, 0)")

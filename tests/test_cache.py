@@ -86,3 +86,45 @@ def test_process_memory_after_fifty_demo_analyses(demo_model):
     print(f"RSS grew {grown:.1f} MB over 50 analyses; cache holds {len(cache)} records, {cache.nbytes / 2**20:.1f} MB")
     assert len(cache) == 32
     assert grown < 300
+
+
+def test_failed_keys_leave_no_lock_behind():
+    """Issue 23.16: a lock per failed key was kept forever (10,000 bad keys, 10,000 locks)."""
+    c = _cache()
+    for k in range(1000):
+        with pytest.raises(RuntimeError):
+            c.get_or_compute(k, lambda: (_ for _ in ()).throw(RuntimeError("boom")))
+    assert c.pending == 0
+    c.get_or_compute("ok", lambda: "v")
+    assert c.pending == 0
+
+
+def test_waiters_on_a_failing_key_compute_once_each_at_most_and_leave_no_lock():
+    c = _cache()
+    calls, started = [], threading.Event()
+
+    def slow_fail():
+        calls.append(1)
+        started.set()
+        time.sleep(0.1)
+        raise RuntimeError("boom")
+
+    errors = []
+
+    def worker():
+        try:
+            c.get_or_compute("k", slow_fail)
+        except RuntimeError:
+            errors.append(1)
+
+    first = threading.Thread(target=worker)
+    first.start()
+    started.wait()
+    others = [threading.Thread(target=worker) for _ in range(4)]
+    for t in others:
+        t.start()
+    first.join()
+    for t in others:
+        t.join()
+    assert len(errors) == 5 and len(calls) == 5  # failures are not cached: each waiter tries in turn
+    assert c.pending == 0

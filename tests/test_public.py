@@ -34,6 +34,9 @@ def public(monkeypatch, tmp_path):
     monkeypatch.setenv("VITVIZ_UPLOADS_PER_MINUTE", "2")
     monkeypatch.setenv("VITVIZ_MODEL_CHANGES_PER_MINUTE", "3")
     monkeypatch.chdir(tmp_path)  # no vitviz.toml here
+    from pages import common
+
+    monkeypatch.setattr(common, "hub_online", lambda: True)  # typed ids are offered only with the hub in reach
     _reset_server_caches()
     yield
     _reset_server_caches()
@@ -105,8 +108,8 @@ def test_uploads_are_rate_limited_politely(public):
 
 def test_model_changes_are_rate_limited_politely(public):
     at = _app()
-    for _ in range(3):
-        _type(at, "not/allowed")  # each attempt counts, refused or not
+    for k in range(3):
+        _type(at, f"not/allowed-{k}")  # each new choice counts, refused or not (reruns showing it do not)
     _type(at, "another/attempt")
     assert any("try again in" in e for e in _errors(at))
     assert not at.exception

@@ -9,24 +9,64 @@ References: Dosovitskiy et al. 2020 (ViT), Abnar & Zuidema 2020 (rollout),
 Chefer et al. 2021 (relevance), Caron et al. 2021 (DINO masks).
 """
 
-from vitviz.analysis.embeddings import patch_components, position_similarity
-from vitviz.analysis.maps import fuse_heads, key_map, prefix_attention, query_map
-from vitviz.analysis.masks import dino_masks
-from vitviz.analysis.relevance import chefer_relevance
-from vitviz.analysis.rollout import rollout_matrix
-from vitviz.analysis.stats import attention_entropy, mean_attention_distance
-from vitviz.capture.gradients import explain_classes
-from vitviz.capture.run import Capture, Prediction, capture_batch
-from vitviz.data.images import load_image, read_image
-from vitviz.errors import (
-    BudgetError,
-    CaptureError,
-    ImageError,
-    ModelLoadError,
-    UnsupportedModelError,
-    VitvizError,
-)
-from vitviz.models.load import LoadedModel, load_model
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Public name -> the module that defines it. Imported on first use (PEP 562), so ``import vitviz``
+# stays light (no torch): ``vitviz.analysis``, ``vitviz.figures`` and a saved record need none of it.
+_LAZY = {
+    "BudgetError": "vitviz.errors",
+    "Capture": "vitviz.record",
+    "CaptureError": "vitviz.errors",
+    "ImageError": "vitviz.errors",
+    "LoadedModel": "vitviz.models.load",
+    "ModelLoadError": "vitviz.errors",
+    "Prediction": "vitviz.record",
+    "UnsupportedModelError": "vitviz.errors",
+    "VitvizError": "vitviz.errors",
+    "attention_entropy": "vitviz.analysis.stats",
+    "capture_batch": "vitviz.capture.run",
+    "chefer_relevance": "vitviz.analysis.relevance",
+    "dino_masks": "vitviz.analysis.masks",
+    "explain_classes": "vitviz.capture.gradients",
+    "fuse_heads": "vitviz.analysis.maps",
+    "key_map": "vitviz.analysis.maps",
+    "load_image": "vitviz.data.images",
+    "load_model": "vitviz.models.load",
+    "mean_attention_distance": "vitviz.analysis.stats",
+    "patch_components": "vitviz.analysis.embeddings",
+    "position_similarity": "vitviz.analysis.embeddings",
+    "prefix_attention": "vitviz.analysis.maps",
+    "query_map": "vitviz.analysis.maps",
+    "read_image": "vitviz.data.images",
+    "rollout_matrix": "vitviz.analysis.rollout",
+    "run": "vitviz.notebook",
+    "show": "vitviz.notebook",
+}
+
+if TYPE_CHECKING:  # for type checkers and IDEs only; at run time the names come from __getattr__
+    from vitviz.analysis.embeddings import patch_components, position_similarity
+    from vitviz.analysis.maps import fuse_heads, key_map, prefix_attention, query_map
+    from vitviz.analysis.masks import dino_masks
+    from vitviz.analysis.relevance import chefer_relevance
+    from vitviz.analysis.rollout import rollout_matrix
+    from vitviz.analysis.stats import attention_entropy, mean_attention_distance
+    from vitviz.capture.gradients import explain_classes
+    from vitviz.capture.run import capture_batch
+    from vitviz.data.images import load_image, read_image
+    from vitviz.errors import (
+        BudgetError,
+        CaptureError,
+        ImageError,
+        ModelLoadError,
+        UnsupportedModelError,
+        VitvizError,
+    )
+    from vitviz.models.load import LoadedModel, load_model
+    from vitviz.notebook import run, show
+    from vitviz.record import Capture, Prediction
 
 __all__ = [
     "BudgetError",
@@ -54,4 +94,20 @@ __all__ = [
     "query_map",
     "read_image",
     "rollout_matrix",
+    "run",
+    "show",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module behind a public name on first use, and keep the name here."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'vitviz' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

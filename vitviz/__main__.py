@@ -7,6 +7,14 @@ import signal
 import sys
 from pathlib import Path
 
+from vitviz.cli_checks import (
+    UsageError,
+    check_against_model,
+    check_output_folder,
+    input_size,
+    query_point,
+    read_labels_file,
+)
 from vitviz.errors import VitvizError
 
 # How the user called us, for messages: the installed command or the module.
@@ -20,6 +28,8 @@ def _export(args: argparse.Namespace) -> int:
     from vitviz.models.load import load_model
     from vitviz.models.zeroshot import parse_labels
 
+    size = input_size(args.size)
+    check_output_folder(args.out)
     missing = [p for p in args.images if not Path(p).is_file()]
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, allow_pickle=args.allow_pickle)
     labels = None
@@ -28,7 +38,20 @@ def _export(args: argparse.Namespace) -> int:
         labels = parse_labels(args.labels, template)
         for note in labels.notes:
             print(f"note: {note}", file=sys.stderr)
-    size = None if args.size is None else (args.size[0] if len(args.size) == 1 else tuple(args.size))
+    check_against_model(loaded, size, args.class_index, labels=labels)
+    if args.class_minus is not None:
+        check_against_model(loaded, size, args.class_minus, labels=labels)
+    class_index, minus_index = args.class_index, args.class_minus
+    if args.label is not None:
+        for text in (args.label, args.label_minus):
+            if text is not None and text not in labels.names:
+                print(
+                    f"{PROG} export: error: --label {text!r} is not one of --labels ({', '.join(labels.names)})",
+                    file=sys.stderr,
+                )
+                return 2
+        class_index = labels.names.index(args.label)
+        minus_index = None if args.label_minus is None else labels.names.index(args.label_minus)
     present = [p for p in args.images if p not in missing]
     with tqdm(total=len(present), unit="img", desc="export", file=sys.stderr) as bar:
         report = export_images(
@@ -40,7 +63,9 @@ def _export(args: argparse.Namespace) -> int:
             query_xy=args.query_xy,
             labels=labels,
             causal=args.causal,
-            class_index=args.class_index,
+            class_index=class_index,
+            minus_index=minus_index,
+            patch_from=args.patch_from,
             progress=bar.update,
         )
     report.failed[:0] = [(p, "no such file") for p in missing]
@@ -55,7 +80,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     from vitviz.evaluate.run import evaluate_dataset, print_report
 
     methods = None if args.methods is None else [m.strip() for m in args.methods.split(",") if m.strip()]
-    size = None if args.size is None else (args.size[0] if len(args.size) == 1 else tuple(args.size))
+    size = input_size(args.size)
     bar = None
 
     def progress(done: int, total: int) -> None:
@@ -86,6 +111,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             device=args.device,
             progress=progress,
             ray_actors=args.actors,
+            overwrite=args.overwrite,
         )
     finally:
         if before is not None:
@@ -141,9 +167,10 @@ def _convert(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    check_output_folder(args.out, must_be_empty=True, create=False)
     labels = None
     if args.labels:
-        labels = [line.strip() for line in Path(args.labels).read_text().splitlines() if line.strip()]
+        labels = read_labels_file(args.labels)
     out = convert(args.arch, args.checkpoint, args.out, labels=labels)
     print(f"wrote {out} (model.safetensors, config.json, preprocessor_config.json): load it with --model {out}")
     return 0
@@ -151,10 +178,9 @@ def _convert(args: argparse.Namespace) -> int:
 
 def _xy(text: str) -> tuple[float, float]:
     try:
-        x, y = (float(v) for v in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected X,Y in pixels of the model input, got {text!r}") from None
-    return x, y
+        return query_point(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _app(args: argparse.Namespace) -> int:
@@ -198,6 +224,32 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="C",
         help="with --causal: the class explained (default: the top-1)",
+    )
+    ex.add_argument(
+        "--class-minus",
+        dest="class_minus",
+        type=int,
+        default=None,
+        metavar="C2",
+        help="with --causal: explain logit[C] - logit[C2] (C: --class, else the top-1)",
+    )
+    ex.add_argument(
+        "--label",
+        default=None,
+        metavar="TEXT",
+        help="with --causal, zero-shot models: the label explained (one of --labels; default: the top-1)",
+    )
+    ex.add_argument(
+        "--label-minus",
+        default=None,
+        metavar="TEXT",
+        help="with --causal and --label: explain score[--label] - score[TEXT] (one of --labels)",
+    )
+    ex.add_argument(
+        "--patch-from",
+        default=None,
+        metavar="SOURCE",
+        help="with --causal and one IMAGE: patch SOURCE's activations into IMAGE's run (patching_* arrays)",
     )
     ex.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
     ex.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
@@ -244,6 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="with --engine ray: model actors (default: one per GPU, else one per CPU)",
+    )
+    ev.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --out (and unfinished work) of other settings; without it such a run is refused",
     )
     ev.add_argument("--batch-size", type=int, default=20, help="perturbed images per forward pass")
     ev.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
@@ -293,13 +350,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _export_usage(args: argparse.Namespace) -> str:
+    """What is wrong with an ``export`` command line's target and patching options ("" when nothing)."""
+    if args.patch_from is not None and not args.causal:
+        return "--patch-from needs --causal (patching is a causal analysis)"
+    if args.patch_from is not None and len(args.images) != 1:
+        return f"--patch-from patches one source into one target image; {len(args.images)} images were given"
+    if args.class_minus is not None and not args.causal:
+        return "--class-minus needs --causal"
+    if args.label_minus is not None and args.label is None:
+        return "--label-minus needs --label"
+    if args.label is not None:
+        if args.labels is None:
+            return "--label needs --labels (the label must be one of them)"
+        if args.class_index is not None or args.class_minus is not None:
+            return "give either --class/--class-minus (a classifier) or --label (a zero-shot model), not both"
+        if not args.causal:
+            return "--label needs --causal"
+    if args.class_minus is not None and args.class_minus == args.class_index:
+        return "--class-minus must differ from --class"
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "batch_size", 1) < 1:
         print(f"{PROG}: error: --batch-size must be at least 1", file=sys.stderr)
         return 2
+    why = _export_usage(args) if args.command == "export" else ""
+    if why:
+        print(f"{PROG} export: error: {why}", file=sys.stderr)
+        return 2
     try:
         return args.func(args)
+    except UsageError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
     except VitvizError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1

@@ -29,7 +29,7 @@ class BoundedCache(Generic[V]):
         self.max_entries, self.max_bytes, self._size_of = max_entries, max_bytes, size_of
         self._data: OrderedDict[Hashable, tuple[V, int]] = OrderedDict()
         self._lock = threading.Lock()
-        self._key_locks: dict[Hashable, threading.Lock] = {}
+        self._key_locks: dict[Hashable, list] = {}  # key -> [lock, callers using it]; gone when none is
         self.nbytes = 0
 
     def __len__(self) -> int:
@@ -38,22 +38,33 @@ class BoundedCache(Generic[V]):
     def __contains__(self, key: Hashable) -> bool:
         return key in self._data
 
+    @property
+    def pending(self) -> int:
+        """Keys with a computation running or waited for (each holds one lock; none is kept after)."""
+        with self._lock:
+            return len(self._key_locks)
+
     def get_or_compute(self, key: Hashable, compute: Callable[[], V]) -> V:
         with self._lock:
             if key in self._data:
                 self._data.move_to_end(key)
                 return self._data[key][0]
-            key_lock = self._key_locks.setdefault(key, threading.Lock())
-        with key_lock:  # one computation per key; other keys proceed in parallel
+            entry = self._key_locks.setdefault(key, [threading.Lock(), 0])
+            entry[1] += 1
+        try:
+            with entry[0]:  # one computation per key; other keys proceed in parallel
+                with self._lock:
+                    if key in self._data:
+                        self._data.move_to_end(key)
+                        return self._data[key][0]
+                value = compute()  # exceptions propagate and nothing is stored
+                self._store(key, value)
+                return value
+        finally:  # success or failure, the last caller of a key drops its lock: failed keys keep nothing
             with self._lock:
-                if key in self._data:
-                    self._data.move_to_end(key)
-                    return self._data[key][0]
-            value = compute()  # exceptions propagate and nothing is stored
-            self._store(key, value)
-        with self._lock:
-            self._key_locks.pop(key, None)
-        return value
+                entry[1] -= 1
+                if entry[1] == 0 and self._key_locks.get(key) is entry:
+                    del self._key_locks[key]
 
     def _store(self, key: Hashable, value: V) -> None:
         size = int(self._size_of(value))

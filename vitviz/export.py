@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,8 +14,10 @@ from vitviz.analysis.blocks import global_query, head_maps
 from vitviz.analysis.embeddings import position_similarity
 from vitviz.analysis.rollout import capture_rollout
 from vitviz.analysis.stats import summary_table
-from vitviz.capture.causal import causal_arrays
+from vitviz.capture.causal import NotDefined, causal_arrays
 from vitviz.capture.run import Capture, capture_batch
+from vitviz.capture.targets import Target, targets_arrays
+from vitviz.cli_checks import unique_targets
 from vitviz.data.images import load_image
 from vitviz.errors import VitvizError
 from vitviz.figures.overlay import overlay
@@ -145,11 +147,7 @@ class ExportReport:
     written: list[Path] = field(default_factory=list)
     failed: list[tuple[str, str]] = field(default_factory=list)  # (input, message)
     notes: dict[str, str] = field(default_factory=dict)  # key left out -> why (e.g. causal analyses a model lacks)
-
-
-def _batches(items: Sequence, size: int) -> Iterable[Sequence]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
+    renamed: list[tuple[str, str]] = field(default_factory=list)  # (input, file written) where stems collide
 
 
 def export_images(
@@ -163,6 +161,8 @@ def export_images(
     labels: Labels | None = None,
     causal: bool = False,
     class_index: int | None = None,
+    minus_index: int | None = None,
+    patch_from: str | Path | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> ExportReport:
     """Write ``<stem>.npz`` and ``<stem>_rollout.png`` (``_attention.png`` where rollout is undefined) per image.
@@ -172,27 +172,39 @@ def export_images(
     ``causal``: also ``logit_lens``, ``head_ablation`` (zero knock-out effect on the
     explained class: ``class_index``, else the top-1), ``head_attribution``,
     ``mlp_attribution``, ``attribution_rest`` and ``explained_class``; keys a model does
-    not support are left out and named in ``report.notes``.
+    not support are left out and named in ``report.notes``. With ``causal`` also: the target explained
+    (``target_kind``, ``target_index``, ``target_minus``, ``target_name``; zero-shot: ``target_label``),
+    ``minus_index`` making it ``logit[class] - logit[minus_index]`` (or label minus label), and
+    ``logit_lens_patches`` (L + 1, gh, gw): the target through the final norm and head at each patch token.
+    ``patch_from`` (with ``causal``): a source image whose activations are patched into each image's run
+    (:func:`vitviz.capture.patching.activation_patching`): ``patching_class``, ``patching_residual`` (L, T),
+    ``patching_heads`` (L, H), ``patching_clean_logit``, ``patching_source_logit``,
+    ``patching_residual_estimate``, ``patching_heads_estimate``.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     report = ExportReport()
     sim = position_similarity(loaded.position_embeddings) if loaded.position_embeddings is not None else None
     scorer = None if labels is None else LabelScorer.build(loaded, labels)  # refuses before any image is read
-    for chunk in _batches(list(paths), batch_size):
-        images, names = [], []
-        for p in chunk:
+    source = None if patch_from is None or not causal else load_image(patch_from)  # a bad source: before any image
+    paths = list(paths)
+    stems = unique_targets([Path(p).stem for p in paths])  # a/x.jpg, b/x.jpg -> x, x-1
+    for start in range(0, len(paths), batch_size):
+        chunk = paths[start : start + batch_size]
+        images, names, chunk_stems = [], [], []
+        for i, p in enumerate(chunk):
             try:
                 images.append(load_image(p))
                 names.append(Path(p))
+                chunk_stems.append(stems[start + i])
             except VitvizError as exc:
                 report.failed.append((str(p), str(exc)))
         try:
             caps = capture_batch(loaded, images, size=size)
-        except VitvizError as exc:
+        except VitvizError as exc:  # e.g. over the memory budget: every image of this batch failed
             report.failed.extend((str(p), str(exc)) for p in names)
-            caps = []
-        for path, cap in zip(names, caps, strict=True):
+            names, chunk_stems, caps = [], [], []
+        for path, stem, cap in zip(names, chunk_stems, caps, strict=True):
             arrays = capture_arrays(cap, pos_similarity=sim, query_xy=query_xy, labels=scorer)
             if causal:
                 extra, why = causal_arrays(
@@ -201,21 +213,79 @@ def export_images(
                     class_index=class_index,
                     size=size,
                     label_embeddings=None if scorer is None else scorer.text,
+                    minus_index=minus_index,
                 )
                 arrays.update(extra)
                 for key, reason in why.items():
                     report.notes.setdefault(key, reason)
-            target = out / f"{path.stem}.npz"
+                try:
+                    arrays.update(
+                        _target_arrays(loaded, images[names.index(path)], extra, minus_index, scorer, size, source)
+                    )
+                except VitvizError as exc:
+                    report.failed.append((str(path), str(exc)))
+                    continue
+                for key, reason in arrays.pop("_notes", {}).items():
+                    report.notes.setdefault(key, reason)
+            target = out / f"{stem}.npz"
             _write_npz(target, arrays)
             name, grid_map = overlay_map(cap, arrays)
-            overlay(cap.image, grid_map).save(out / f"{path.stem}_{name}.png")
+            overlay(cap.image, grid_map).save(out / f"{stem}_{name}.png")
             report.written.append(target)
+            if stem != path.stem:
+                report.renamed.append((str(path), target.name))
         if progress:
             progress(len(chunk))
     return report
 
 
+_PATCHING_KEYS = (
+    "patching_residual",
+    "patching_heads",
+    "patching_residual_estimate",
+    "patching_heads_estimate",
+)
+
+
+def _target_arrays(loaded, image, causal: dict, minus_index, scorer, size, source) -> dict:
+    """The target explained by ``causal_arrays``, the per-patch lens of it, and (with a source) patching.
+
+    Keys a model lacks are named under ``"_notes"`` (key -> why), which the caller pops.
+    """
+    from vitviz.capture.patching import activation_patching, patch_lens, patching_arrays
+
+    c = int(causal["explained_class"])
+    if scorer is None:
+        target = Target.of_class(c, minus_index)
+    else:
+        target = Target.of_label(scorer.labels, c, minus_index)
+    arrays: dict = targets_arrays(target, loaded.id2label)
+    notes: dict[str, str] = {}
+    if scorer is None:
+        try:
+            arrays["logit_lens_patches"] = patch_lens(loaded, image, target=target, size=size)
+        except NotDefined as exc:
+            notes["logit_lens_patches"] = str(exc)
+    else:
+        notes["logit_lens_patches"] = "The per-patch logit lens of zero-shot label scores is not defined."
+    if source is not None:
+        text = None if scorer is None else scorer.text
+        try:
+            p = activation_patching(loaded, image, source, target=target, size=size, label_embeddings=text)
+        except NotDefined as exc:
+            notes.update(dict.fromkeys(("patching_class", *_PATCHING_KEYS), str(exc)))
+        else:
+            arrays.update(patching_arrays(p))
+            for kind in ("residual", "heads"):
+                if kind in p.notes:
+                    notes[f"patching_{kind}"] = notes[f"patching_{kind}_estimate"] = p.notes[kind]
+    arrays["_notes"] = notes
+    return arrays
+
+
 def print_failures(report: ExportReport) -> None:
+    for name, written in report.renamed:
+        print(f"note: {name} written as {written} (another input has the same name)", file=sys.stderr)
     for key, why in report.notes.items():
         print(f"note: {key} left out: {why}", file=sys.stderr)
     for name, msg in report.failed:

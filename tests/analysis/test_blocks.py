@@ -5,8 +5,8 @@ import pytest
 from reference import centres, mean_distance_reference
 
 from vitviz.analysis import blocks
-from vitviz.capture.record import POOLED, Geometry
 from vitviz.errors import BudgetError
+from vitviz.record import POOLED, Geometry
 
 
 def _window_geometry(grid=(5, 6), w=4, s=2):
@@ -179,7 +179,7 @@ def test_trailing_padding_tokens_are_left_out_and_reported():
 
 def test_a_pooling_head_is_one_row_per_head_and_starts_the_readout():
     from vitviz.analysis.flow import propagate
-    from vitviz.capture.record import Stage
+    from vitviz.record import Stage
 
     rng = np.random.default_rng(5)
     grid = (2, 2)

@@ -16,8 +16,8 @@ import torch
 from conftest import TINY, random_image
 
 from vitviz.capture import causal as C
-from vitviz.capture.hooks import installed_sites
 from vitviz.capture.run import capture, input_size_for, preprocess
+from vitviz.models.hooks import installed_sites
 
 LABELS = {"id2label": {0: "zero", 1: "one", 2: "two"}, "label2id": {"zero": 0, "one": 1, "two": 2}}
 _PROJ_NAME = re.compile(r"attention\.(o_proj|output\.dense|proj)$")

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from conftest import HIER_KEYS, random_image
 
-from vitviz.capture import hooks
 from vitviz.capture.run import capture
+from vitviz.models import hooks
 from vitviz.models.load import load_model
 
 

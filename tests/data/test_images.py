@@ -152,3 +152,79 @@ def test_mutated_images_never_escape(data):
 @given(hst.binary(max_size=2048))
 def test_random_bytes_never_escape(data):
     _check(data)
+
+
+def test_long_thin_image_refused_from_the_header(monkeypatch):
+    """Issue 23.3: a 1 x 39 million PNG (about 40 KB) passed the pixel limit and cost 0.9 GB to decode."""
+    from vitviz.data import images
+
+    thin = _encode(Image.new("L", (1, 39_000_000)), "PNG")
+    assert len(thin) < 200_000
+    monkeypatch.setattr(images.DECODE_BUDGET, "reserve", lambda cost: pytest.fail("decoding was started"))
+    with pytest.raises(ImageError, match=r"1 x 39000000 pixels; vitviz accepts sides of at most 16,384 pixels"):
+        read_image(thin)
+    with pytest.raises(ImageError, match="sides of at most 100 pixels"):
+        read_image(_encode(Image.new("RGB", (101, 3)), "PNG"), max_side=100)
+
+
+@pytest.fixture()
+def budget():
+    """The process-wide decode budget, restored after the test."""
+    from vitviz.data import images
+
+    before = (images.DECODE_BUDGET.total, images.DECODE_BUDGET.wait_s)
+    yield images.DECODE_BUDGET
+    images.DECODE_BUDGET.resize(*before)
+
+
+def test_decoding_is_bounded_for_the_whole_process(budget, monkeypatch):
+    """Issue 23.3: the bound was per session; now every thread (session) shares one byte budget."""
+    import threading
+    import time
+
+    from vitviz.data import images
+
+    img = _encode(Image.new("RGB", (300, 200), (10, 20, 30)), "PNG")
+    cost = images.decode_cost((300, 200), "RGB")
+    assert cost == 300 * 200 * 20
+    budget.resize(2 * cost, wait_s=30)
+    real, inside, most = images._to_rgb, [0], [0]
+    lock = threading.Lock()
+
+    def slow(im, notes):  # hold the budget a while, count decodes running at once
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.05)
+        with lock:
+            inside[0] -= 1
+        return real(im, notes)
+
+    monkeypatch.setattr(images, "_to_rgb", slow)
+    out = []
+    threads = [threading.Thread(target=lambda: out.append(read_image(img).image.size)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert out == [(300, 200)] * 8
+    assert most[0] == 2 and budget.used == 0 and budget.peak <= 2 * cost
+
+
+def test_a_full_budget_makes_others_wait_then_refuses(budget):
+    """What another session holds counts here too (a page reload starts no new budget)."""
+    from vitviz.data import images
+
+    img = _encode(Image.new("RGB", (300, 200)), "PNG")
+    cost = images.decode_cost((300, 200), "RGB")
+    budget.resize(cost + cost // 2, wait_s=0.2)
+    budget.reserve(cost)  # another session is decoding
+    try:
+        with pytest.raises(ImageError, match="busy decoding other large images"):
+            read_image(img)
+    finally:
+        budget.release(cost)
+    assert read_image(img).image.size == (300, 200)
+    budget.resize(cost - 1)
+    with pytest.raises(ImageError, match=r"would take about 1 MB of memory; this server decodes at most 1 MB"):
+        read_image(img)

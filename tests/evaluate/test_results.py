@@ -183,3 +183,45 @@ def test_write_is_atomic_and_leaves_no_temporary_file(tmp_path: Path, results_fi
     empty = write_results(SCHEMA.empty_table(), tmp_path / "empty.parquet", run_metadata(methods=[]))
     res = read_results(empty)
     assert res.num_images == 0 and res.summary() == [] and res.head_stats().shape == (0, 0, 0)
+
+
+def _bomb(results_file: Path, tmp_path: Path, rows: int, **columns) -> Path:
+    """The fixture's table, its first row repeated ``rows`` times, with ``columns`` replaced; same metadata."""
+    table = pq.read_table(results_file)
+    table = table.take(pa.array(np.zeros(rows, dtype=np.int64)))
+    for name, array in columns.items():
+        table = table.set_column(table.schema.get_field_index(name), name, array)
+    out = tmp_path / "bomb.parquet"
+    pq.write_table(table, out, compression="zstd")
+    return out
+
+
+def test_a_repeated_long_text_is_refused_before_it_is_expanded(results_file: Path, tmp_path: Path) -> None:
+    """Issue 23.1: 2,000 rows sharing one 50 KB path: a file of a few KB that decodes to 100 MB."""
+    from vitviz.evaluate.results import ResultsLimits
+
+    indices = pa.array(np.zeros(2000, dtype=np.int32))
+    path = pa.DictionaryArray.from_arrays(indices, pa.array(["x" * 50_000]))
+    bomb = _bomb(results_file, tmp_path, 2000, path=path)
+    assert bomb.stat().st_size < 100_000
+    with pytest.raises(ResultsError, match=r"more than 20 MB of memory once decoded.*'path' repeats long texts"):
+        read_results(bomb.read_bytes(), ResultsLimits(max_bytes=20 * 2**20))
+    assert read_results(bomb, ResultsLimits(max_bytes=200 * 2**20)).table.column("path")[0].as_py() == "x" * 50_000
+
+
+def test_long_lists_and_too_many_rows_are_refused_from_the_footer(
+    results_file: Path, tmp_path: Path, monkeypatch
+) -> None:
+    from vitviz.evaluate.results import ResultsLimits
+
+    values = pa.array(np.zeros(3_000_000))  # 24 MB of zeros in one row's list: a few KB compressed
+    fractions = pa.ListArray.from_arrays(pa.array([0, 3_000_000, 3_000_000], type=pa.int32()), values)
+    bomb = _bomb(results_file, tmp_path, 2, fractions=fractions)
+    assert bomb.stat().st_size < 200_000
+    monkeypatch.setattr(pq.ParquetFile, "read", lambda *a, **k: pytest.fail("decoded before the footer check"))
+    with pytest.raises(ResultsError, match=r"more than 8 MB.*column 'fractions' alone holds 3,000,001 values"):
+        read_results(bomb, ResultsLimits(max_bytes=8 * 2**20))
+    with pytest.raises(ResultsError, match=r"has 6 rows; vitviz reads at most 5"):
+        read_results(results_file, ResultsLimits(max_rows=5))
+    with pytest.raises(ResultsError, match=r"has 27 columns; vitviz reads at most 20"):
+        read_results(results_file, ResultsLimits(max_columns=20))

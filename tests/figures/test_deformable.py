@@ -17,10 +17,10 @@ from conftest import random_image
 from transformers import ViTImageProcessor
 
 from vitviz.capture.deformable import deformable_samples, query_points
-from vitviz.capture.record import POOLED
 from vitviz.capture.run import capture, input_size_for, preprocess
 from vitviz.figures.deformable import deformable_figure
 from vitviz.models.load import load_model
+from vitviz.record import POOLED
 from vitviz.zoo.dat import DatConfig, DatForImageClassification
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -4,9 +4,9 @@ import numpy as np
 from conftest import random_image
 
 from vitviz.analysis.blocks import global_query, head_maps
-from vitviz.capture.record import POOLED
 from vitviz.capture.run import capture
 from vitviz.methods import explain, place_on_grid
+from vitviz.record import POOLED
 
 
 def test_plain_vit_is_the_cls_row_of_the_last_layer_head_mean(tiny_models):

@@ -158,3 +158,32 @@ def test_towers_of_different_widths_are_refused(tmp_path):
     model = SiglipModel(SiglipConfig(text_config=text, vision_config=vision))
     with pytest.raises(ModelLoadError, match="16-d embeddings and the image tower 32-d"):
         text_tower(model, str(tmp_path), {})
+
+
+def test_repeats_give_one_note_not_one_per_repeat():
+    """Issue 23.14: 10,000 copies of one label gave 9,999 captions."""
+    labels = parse_labels("\n".join(["cat"] * 2000 + ["dog"] * 3 + ["car"]))
+    assert labels.names == ("cat", "dog", "car")
+    assert labels.notes == ("Repeated labels are scored once: 'cat' 2,000 times, 'dog' 3 times.",)
+
+
+def test_label_text_is_capped_with_a_note_and_parsed_in_one_pass():
+    """Issue 23.2: 60,000 labels took 12.7 s (a list search per label); the text is capped and parsed linearly."""
+    from vitviz.models.zeroshot import MAX_LABELS_TEXT
+
+    text = "\n".join(f"label {i}" for i in range(60_000))
+    labels = parse_labels(text)
+    assert labels.names == tuple(f"label {i}" for i in range(MAX_LABELS))
+    read = text[:MAX_LABELS_TEXT]
+    whole = read[: read.rfind("\n")].count("\n") + 1  # labels wholly inside the part read
+    assert labels.notes == (
+        f"The labels text is {len(text):,} characters long; only the first {MAX_LABELS_TEXT:,} were read.",
+        f"{whole} labels were given; the first {MAX_LABELS} are scored.",
+    )
+    commas = parse_labels(",".join(["x"] * 20_000))  # one line: cut at the last comma, one repeat note
+    assert commas.names == ("x",) and len(commas.notes) == 2
+
+
+def test_notes_stay_few_however_many_labels_are_cut():
+    labels = parse_labels("\n".join([f"{i} " + "y" * 200 for i in range(40)]))
+    assert len(labels.notes) == 8 and labels.notes[-1] == "33 more notes like these."

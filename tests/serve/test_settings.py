@@ -69,20 +69,20 @@ def test_demos_are_the_bundled_models():
 
 
 def test_no_file_no_environment_is_local(tmp_path):
-    s = load_settings({}, cwd=tmp_path)
+    s = load_settings({}, folder=tmp_path)
     assert s == ServeSettings() and s.origin == "defaults"
 
 
 def test_environment_switch(tmp_path):
     for on in ("1", "true", "YES", " on "):
-        assert load_settings({"VITVIZ_PUBLIC": on}, cwd=tmp_path).public
+        assert load_settings({"VITVIZ_PUBLIC": on}, folder=tmp_path).public
     for off in ("0", "false", "no", "OFF", ""):
-        assert not load_settings({"VITVIZ_PUBLIC": off}, cwd=tmp_path).public
+        assert not load_settings({"VITVIZ_PUBLIC": off}, folder=tmp_path).public
 
 
-def test_file_in_working_directory(tmp_path):
+def test_file_beside_the_app(tmp_path):
     write(tmp_path, FULL)
-    s = load_settings({}, cwd=tmp_path)
+    s = load_settings({}, folder=tmp_path)
     assert s.public and s.allow_hub_ids
     assert s.allow == ("demo", "demo-swin", "google/vit-base-patch16-224")
     assert (s.max_download_gb, s.model_memory_gib, s.hub_timeout_s) == (0.5, 2.0, 3.5)
@@ -92,13 +92,13 @@ def test_file_in_working_directory(tmp_path):
 
 def test_file_from_vitviz_config(tmp_path):
     path = write(tmp_path, "[public]\nenabled = true\n", "elsewhere.toml")
-    s = load_settings({"VITVIZ_CONFIG": str(path)}, cwd=tmp_path / "nowhere")
+    s = load_settings({"VITVIZ_CONFIG": str(path)}, folder=tmp_path / "nowhere")
     assert s.public and s.origin == str(path)
 
 
 def test_example_file_parses(tmp_path):
     example = ROOT / "vitviz.toml.example"
-    s = load_settings({"VITVIZ_CONFIG": str(example)}, cwd=tmp_path)
+    s = load_settings({"VITVIZ_CONFIG": str(example)}, folder=tmp_path)
     assert s.public and s.allow == ("google/vit-base-patch16-224",) and not s.allow_hub_ids
     assert s == ServeSettings(public=True, allow=("google/vit-base-patch16-224",))  # the documented defaults
 
@@ -117,7 +117,7 @@ def test_environment_overrides_the_file(tmp_path):
         "VITVIZ_HUB_DOWNLOADS_PER_HOUR": "3",
         "VITVIZ_HUB_TIMEOUT_S": "1",
     }
-    s = load_settings(env, cwd=tmp_path)
+    s = load_settings(env, folder=tmp_path)
     assert not s.public and not s.allow_hub_ids
     assert s.allow == ("a/b", "c/d")  # replaces the file's list
     assert (s.max_download_gb, s.model_memory_gib, s.hub_timeout_s) == (2.5, 8.0, 1.0)
@@ -127,13 +127,13 @@ def test_environment_overrides_the_file(tmp_path):
 
 def test_file_without_enabled_stays_local_but_keeps_its_values(tmp_path):
     write(tmp_path, "[public]\nmodel_memory_gib = 1.5\n[other]\nx = 1\n")
-    s = load_settings({}, cwd=tmp_path)
+    s = load_settings({}, folder=tmp_path)
     assert not s.public and s.model_memory_gib == 1.5
-    assert load_settings({"VITVIZ_PUBLIC": "1"}, cwd=tmp_path).model_memory_gib == 1.5
+    assert load_settings({"VITVIZ_PUBLIC": "1"}, folder=tmp_path).model_memory_gib == 1.5
 
 
 def test_explicit_values_apply_in_local_mode(tmp_path):
-    s = load_settings({"VITVIZ_FORWARD_SLOTS": "2"}, cwd=tmp_path)
+    s = load_settings({"VITVIZ_FORWARD_SLOTS": "2"}, folder=tmp_path)
     assert not s.public and s.forward_slots == 2 and s.uploads_per_minute == 0
 
 
@@ -162,26 +162,30 @@ def test_describe():
 )
 def test_bad_environment_values(tmp_path, env, message):
     with pytest.raises(SettingsError) as err:
-        load_settings(env, cwd=tmp_path)
+        load_settings(env, folder=tmp_path)
     assert str(err.value) == message
 
 
 def test_vitviz_config_must_exist(tmp_path):
     missing = tmp_path / "missing.toml"
     with pytest.raises(SettingsError) as err:
-        load_settings({"VITVIZ_CONFIG": str(missing)}, cwd=tmp_path)
-    assert str(err.value) == f"VITVIZ_CONFIG points to {missing}, which is not a file. Fix the path, or unset it."
+        load_settings({"VITVIZ_CONFIG": str(missing)}, folder=tmp_path)
+    assert str(err.value) == "VITVIZ_CONFIG does not point to a file. Fix the path, or unset it."  # no path shown
+    assert err.value.detail == f"VITVIZ_CONFIG points to {missing}, which is not a file. Fix the path, or unset it."
 
 
 def test_unknown_key(tmp_path):
     path = write(tmp_path, "[public]\nenabled = true\nmax_downlod_gb = 2\n")
     with pytest.raises(SettingsError) as err:
-        load_settings({}, cwd=tmp_path)
+        load_settings({}, folder=tmp_path)
     assert str(err.value) == (
-        f"{path} has unknown setting(s) max_downlod_gb in [public]; the known ones are enabled, allow, "
+        "vitviz.toml has unknown setting(s) max_downlod_gb in [public]; the known ones are enabled, allow, "
         "allow_hub_ids, max_download_gb, model_memory_gib, forward_slots, uploads_per_minute, "
-        "model_changes_per_minute, hub_downloads_per_hour, hub_timeout_s."
+        "model_changes_per_minute, hub_downloads_per_hour, hub_timeout_s, results_max_mb, results_max_rows, "
+        "results_cache_mb, image_max_megapixels, image_max_side, decode_budget_mb."
     )
+    assert str(tmp_path) not in str(err.value)  # issue 23.15: a visitor never sees the server's folders
+    assert err.value.detail == f"{err.value} (settings file: {path})"  # the server log gets the full path
 
 
 @pytest.mark.parametrize(
@@ -200,25 +204,73 @@ def test_unknown_key(tmp_path):
 def test_wrong_types_in_the_file(tmp_path, body, message):
     path = write(tmp_path, f"[public]\n{body}\n")
     with pytest.raises(SettingsError) as err:
-        load_settings({}, cwd=tmp_path)
-    assert str(err.value) == message.format(path=path)
+        load_settings({}, folder=tmp_path)
+    assert str(err.value) == message.format(path=path.name)
+    assert str(path) in err.value.detail
 
 
 def test_invalid_toml(tmp_path):
     path = write(tmp_path, "[public\nenabled = true\n")
     with pytest.raises(SettingsError) as err:
-        load_settings({}, cwd=tmp_path)
-    assert str(err.value).startswith(f"{path} is not valid TOML (")
+        load_settings({}, folder=tmp_path)
+    assert str(err.value).startswith("vitviz.toml is not valid TOML (") and str(tmp_path) not in str(err.value)
+    assert str(path) in err.value.detail
     assert str(err.value).endswith("). Fix the file, or remove it.")
 
 
 def test_public_must_be_a_table(tmp_path):
     path = write(tmp_path, "public = true\n")
     with pytest.raises(SettingsError) as err:
-        load_settings({}, cwd=tmp_path)
-    assert str(err.value) == f"In {path}, 'public' must be a table: a line [public] followed by key = value lines."
+        load_settings({}, folder=tmp_path)
+    assert str(err.value) == "In vitviz.toml, 'public' must be a table: a line [public] followed by key = value lines."
+    assert str(path) in err.value.detail
 
 
 def test_settings_are_frozen():
     with pytest.raises(AttributeError):
         ServeSettings().public = True  # type: ignore[misc]
+
+
+def test_the_working_directory_is_never_read(tmp_path, monkeypatch):
+    """Issue 23.5: a server started from another directory read ./vitviz.toml (or silently none)."""
+    app, elsewhere = tmp_path / "app", tmp_path / "elsewhere"
+    app.mkdir(), elsewhere.mkdir()
+    write(elsewhere, "[public]\nenabled = false\n")
+    write(app, "[public]\nenabled = true\n")
+    monkeypatch.chdir(elsewhere)
+    s = load_settings({}, folder=app)
+    assert s.public and s.origin == str(app / "vitviz.toml")
+    monkeypatch.chdir(app)
+    assert not load_settings({}, folder=elsewhere).public  # beside the app, whatever the working directory
+
+
+def test_by_default_the_file_beside_app_py_is_read(tmp_path, monkeypatch):
+    from vitviz.launch import app_script
+
+    assert settings_mod.app_folder() == app_script().parent == ROOT
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "[public]\nenabled = true\n")  # in the working directory: ignored
+    seen = []
+    monkeypatch.setattr(settings_mod, "_read_toml", lambda path: seen.append(path) or {})
+    load_settings({})
+    assert seen == ([ROOT / "vitviz.toml"] if (ROOT / "vitviz.toml").is_file() else [])
+
+
+def test_start_up_log_says_which_file_and_whether_public(tmp_path, capsys):
+    import logging
+
+    path = write(tmp_path, "[public]\nenabled = true\n")
+    line = settings_mod.log_settings(load_settings({}, folder=tmp_path))
+    assert line.startswith("vitviz public mode:") and line.endswith(f"(settings from {path})")
+    assert line in capsys.readouterr().err
+    assert settings_mod.server_log().level == logging.INFO
+
+
+def test_input_limits_from_file_and_environment(tmp_path):
+    write(tmp_path, "[public]\nresults_max_mb = 64\nimage_max_side = 4000\ndecode_budget_mb = 300\n")
+    s = load_settings({"VITVIZ_RESULTS_MAX_ROWS": "1000", "VITVIZ_IMAGE_MAX_MEGAPIXELS": "12.5"}, folder=tmp_path)
+    assert (s.results_max_mb, s.image_max_side, s.decode_budget_mb) == (64.0, 4000, 300.0)
+    assert (s.results_max_rows, s.image_max_megapixels, s.results_cache_mb) == (1000, 12.5, 512.0)
+    assert s.results_limits.max_bytes == 64 * 2**20 and s.results_limits.max_rows == 1000
+    with pytest.raises(SettingsError, match="image_max_side must be a positive number"):
+        ServeSettings(image_max_side=0)

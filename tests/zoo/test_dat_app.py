@@ -35,9 +35,9 @@ def test_every_page_opens_on_dat(dat_dir):
 
 def test_heads_page_draws_a_deformable_blocks_sampled_keys(dat_dir):
     from vitviz.capture.deformable import deformable_samples, query_points
-    from vitviz.capture.record import POOLED
     from vitviz.data.images import read_image
     from vitviz.models.load import load_model
+    from vitviz.record import POOLED
 
     at = open_folder(dat_dir)
     loaded = load_model(str(dat_dir), device="cpu")

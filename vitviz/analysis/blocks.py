@@ -1,6 +1,6 @@
-"""Questions about one block's attention, whatever its native form (see ``vitviz.capture.record``).
+"""Questions about one block's attention, whatever its native form (see ``vitviz.record``).
 
-Every function takes a block's :class:`~vitviz.capture.record.Geometry` and one
+Every function takes a block's :class:`~vitviz.record.Geometry` and one
 native matrix with the head axis already chosen (``select`` does that):
 
 * ``global``: ``(Tq, Tk)``; ``window``: ``(nW, w*w, w*w)``; ``unfolded``: ``(A, N, N)``;
@@ -32,8 +32,8 @@ from typing import Literal
 
 import numpy as np
 
-from vitviz.capture.record import POOLED, Block, Geometry
 from vitviz.errors import BudgetError
+from vitviz.record import POOLED, Block, Geometry
 
 __all__ = [
     "RowMap",

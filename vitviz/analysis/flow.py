@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from vitviz.capture.record import POOLED, Geometry, Stage
+from vitviz.record import POOLED, Geometry, Stage
 
 __all__ = ["readout_vector", "merge_left", "propagate"]
 

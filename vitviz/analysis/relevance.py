@@ -21,7 +21,7 @@ import numpy as np
 
 from vitviz.analysis.blocks import left_apply
 from vitviz.analysis.flow import propagate
-from vitviz.capture.record import Geometry, Stage
+from vitviz.record import Geometry, Stage
 
 __all__ = ["chefer_relevance", "relevance_abar", "relevance_step", "relevance_row", "Explanation"]
 

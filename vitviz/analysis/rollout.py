@@ -12,7 +12,7 @@ import numpy as np
 from vitviz.analysis.blocks import left_apply, row_sums, select
 from vitviz.analysis.flow import propagate
 from vitviz.analysis.maps import Fusion, fuse_heads
-from vitviz.capture.record import Capture, Geometry
+from vitviz.record import Capture, Geometry
 
 __all__ = [
     "discard_smallest",

@@ -11,7 +11,7 @@ from typing import Literal
 
 import numpy as np
 
-from vitviz.capture.record import Block
+from vitviz.record import Block
 
 __all__ = ["patch_distances", "mean_attention_distance", "attention_entropy", "SUMMARIES", "summary_table"]
 

@@ -12,11 +12,15 @@ Definitions
 z_H]`` (``(T, H * d)``, head h in columns ``h*d .. (h+1)*d - 1``). Knocking out head
 h replaces its slice ``z_h`` in *every* token position by
 
-* ``"zero"``: zero, or
-* ``"mean"`` (the app's default): that slice's mean over the image's tokens in the
-  clean run, ``mean_t z_h[t]`` (hierarchical models: over every position the
-  projection sees for that image, i.e. all windows of a Swin block, all offsets of
-  a MobileViT block, padding positions of a padded Swin grid included);
+* ``"zero"``: zero. Since attention rows sum to 1, ``z_h = A_h (X W_V,h + b_V,h)``
+  carries the head's value bias ``b_V,h``, so the zero knock-out removes it with the
+  head (the output bias ``b_O`` stays). ViT-Prisma folds ``W_O b_V`` into ``b_O`` by
+  default, so its knock-out keeps the value bias: the two conventions differ (up to
+  1.15 logits on a sharp tiny model);
+* ``"mean"`` (the app's default): that slice's mean over *this image's* tokens in the
+  clean run, ``mean_t z_h[t]`` (not a data-set mean; hierarchical models: over every
+  position the projection sees for that image, i.e. all windows of a Swin block, all
+  offsets of a MobileViT block, padding positions of a padded Swin grid included);
 
 everything else runs as usual (the projection's bias, the rest of the block, the
 later blocks). The **effect** on class c is the knocked-out logit of c minus the
@@ -55,12 +59,20 @@ exactly into
 
 * a term per head and block: ``head(norm_frozen(select(s1_l * z_{l,h} W_{o,h}^T)))``
   minus the head's value at zero (the head's slice through the output projection,
-  without its bias);
-* a term per MLP: the block's MLP update without the MLP's output bias;
+  without its bias ``b_O``; ``z_h`` includes the value bias ``b_V,h``, so the head's
+  part does too, unlike ViT-Prisma's default, which folds it into ``b_O``);
+* a term per MLP: the MLP's own output (point ``blocks.{l}.mlp.out``) times its layer
+  scale, without the MLP's output bias;
 * the rest: the embeddings, every bias (output projections, MLP outputs, the
   norm's shift, the classifier's bias).
 
-The parts sum to the logit (checked on every call, relative 1e-4). Not defined for
+Every part is computed from its own activations, so the sum equalling the logit is
+a check that can fail (checked on every call, relative 1e-4): a layer scale, norm or
+branch the adapter does not describe makes it fail, and the call refuses
+(:class:`NotDefined`) instead of returning wrong parts. The layer scales ``s1``,
+``s2`` and the MLP module are what the family adapter declares
+(``Family.block_parts``); where it cannot say (a layer whose parts sit under names it
+does not know), attribution refuses before computing anything. Not defined for
 hierarchical models (patch merging mixes tokens and widths) and for models whose
 readout is not an affine function of normalised tokens; the call then raises
 :class:`NotDefined` with the reason (``causal_notes`` says so before any forward).
@@ -101,24 +113,23 @@ Rows of every (L, H) table are the model's attention sites in forward order.
 
 Mechanics
 ---------
-Nothing here rewrites the model. A forward pre-hook on each block's output
-projection is installed once per model (:func:`install_causal_hooks`; the first
-causal call does it) and does nothing unless the *current context* has set a
-plan (a ``ContextVar``), exactly like ``vitviz.capture.hooks``: threads that share
-one cached model never see each other's knock-outs, no hook is added or removed
-while other threads run the model, and a call that fails leaves nothing behind
-(its plan belongs to its context and is reset in ``finally``). Replays from the
-cached residual call the model's own block modules with the arguments the model
-passed them in the clean run, then the family's readout head.
+Nothing here rewrites the model, and nothing here runs its own hooks: every analysis
+reads the image's clean :class:`~vitviz.capture.session.Run` (one forward, shared
+with the Heads, Rollout and Relevance views; ``get_run`` caches it) and edits it by
+the named points of :mod:`vitviz.models.points`. A knock-out of head h in block l
+is the edit ``Edit("blocks.{l}.attn.z", "zero" | "mean", heads=(h,))``; head importance
+batches copies, each with its own edit (``rows``). Replays from the cached residual
+(:meth:`Run.edited`) call the model's own block modules with the arguments the
+model passed them in the clean run, then the family's readout head. The points are
+installed once per model (at load) and act only inside a call (a ``ContextVar``):
+threads that share one cached model never see each other's knock-outs, no hook is
+added or removed while other threads run the model, and a call that fails leaves
+nothing behind.
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -126,19 +137,13 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitviz.capture.hooks import Site, installed_sites
-from vitviz.capture.record import Geometry
-from vitviz.capture.run import (
-    DEFAULT_BUDGET_BYTES,
-    BlockRecorder,
-    check_budget,
-    input_size_for,
-    preprocess,
-    run_forward,
-)
+from vitviz.capture.run import DEFAULT_BUDGET_BYTES, check_budget, input_size_for
+from vitviz.capture.session import NoScores, Run, Scorer, get_run, scorer_for
 from vitviz.errors import CaptureError, VitvizError
-from vitviz.models.families.base import Call, ReadoutHead
+from vitviz.models.families.base import ReadoutHead
+from vitviz.models.hooks import Site, installed_sites
 from vitviz.models.load import LoadedModel
+from vitviz.models.points import _ACTIVE, Edit, active, block_name, install_points
 
 __all__ = [
     "KnockoutMode",
@@ -292,91 +297,28 @@ class Attribution:
         return float(np.nansum(self.heads) + self.mlps.sum() + self.rest)
 
 
-# --- hooks ---------------------------------------------------------------------------------------
+# --- hooks: the named points of vitviz.capture.points ----------------------------------------------
 
-_PLAN: ContextVar[_Plan | None] = ContextVar("vitviz_causal_plan", default=None)
-_INSTALL_LOCK = threading.Lock()
-_PROJECTIONS: weakref.WeakKeyDictionary[torch.nn.Module, tuple] = weakref.WeakKeyDictionary()  # beside the model
-
-
-class _Plan:
-    """What this context's projection hooks do: record the heads' outputs and/or knock heads out."""
-
-    def __init__(self, copies: int = 1, edits: dict | None = None, record: bool = False) -> None:
-        self.copies = copies
-        self.edits = edits or {}  # site index -> (keep (k, HD), fill (k, HD))
-        self.record = record
-        self.z: dict[int, torch.Tensor] = {}
-
-    def __call__(self, index: int, z: torch.Tensor) -> torch.Tensor | None:
-        if self.record:
-            self.z[index] = z
-        edit = self.edits.get(index)
-        if edit is None:
-            return None
-        keep, fill = edit
-        k = self.copies
-        if z.shape[0] % k:
-            raise CaptureError(f"block {index}: {z.shape[0]} rows do not split into {k} knocked-out copies")
-        zz = z.reshape(k, -1, z.shape[-1])
-        return (zz * keep[:, None] + fill[:, None]).reshape(z.shape)
-
-
-def _projection_hook(index: int):
-    def hook(module, args):
-        plan = _PLAN.get()
-        if plan is None:
-            return None
-        out = plan(index, args[0])
-        return None if out is None else (out, *args[1:])
-
-    return hook
-
-
-def _hookable(site: Site, proj: torch.nn.Linear | None) -> torch.nn.Linear | None:
-    """``proj`` unless the forward never calls it as a module (``nn.MultiheadAttention`` reads ``out_proj.weight``)."""
-    if proj is None:
-        return None
-    for m in (site.attention, *site.block.modules()):
-        if isinstance(m, torch.nn.MultiheadAttention) and m.out_proj is proj:
-            return None
-    return proj
+_PLAN = _ACTIVE  # this context's point state (records and edits); None outside a call
 
 
 def install_causal_hooks(loaded: LoadedModel) -> tuple[torch.nn.Linear | None, ...]:
-    """Register, once per model, the pre-hook on every block's output projection; return the projections
-    (None for blocks without one). Idle unless a causal call in the current context sets a plan. Safe to call
-    at load time (recommended) or lazily (the first causal call does it)."""
-    model = loaded.model
-    found = _PROJECTIONS.get(model)
-    if found is not None:
-        return found
-    with _INSTALL_LOCK:
-        found = _PROJECTIONS.get(model)
-        if found is not None:
-            return found
-        projs = tuple(_hookable(s, loaded.family.head_projection(s)) for s in installed_sites(model))
-        if len({id(p) for p in projs if p is not None}) != sum(p is not None for p in projs):
-            raise CaptureError(f"the {loaded.family.name} adapter names one output projection for two blocks")
-        for i, proj in enumerate(projs):
-            if proj is not None:
-                proj.register_forward_pre_hook(_projection_hook(i))
-        _PROJECTIONS[model] = projs
-        return projs
+    """Install the model's named hook points once (:func:`vitviz.models.points.install_points`) and return each
+    block's per-head output projection (None for blocks without one, or whose projection the forward never
+    calls as a module). Idle unless a call in the current context sets a state. Safe to call at load time
+    (recommended) or lazily (the first causal call does it)."""
+    points = install_points(loaded)
+    sites = installed_sites(loaded.model)
+    out = []
+    for site in sites:
+        p = points.by_name.get(block_name(points, site.index, "attn.z"))
+        out.append(p.module if p is not None else None)
+    return tuple(out)
 
 
 def knockable_blocks(loaded: LoadedModel) -> tuple[int, ...]:
     """The blocks whose heads can be knocked out one by one (those with a per-head output projection)."""
     return tuple(i for i, p in enumerate(install_causal_hooks(loaded)) if p is not None)
-
-
-@contextmanager
-def _planned(plan: _Plan) -> Iterator[_Plan]:
-    token = _PLAN.set(plan)
-    try:
-        yield plan
-    finally:
-        _PLAN.reset(token)
 
 
 # --- what is defined -----------------------------------------------------------------------------
@@ -434,46 +376,34 @@ def causal_notes(loaded: LoadedModel) -> dict[str, str]:
         )
     elif not all(p is not None for p in projs):
         notes["attribution"] = notes["knockout"]
+    else:
+        unknown = [(i, fam.block_parts(s).unknown) for i, s in enumerate(installed_sites(model))]
+        unknown = [(i, why) for i, why in unknown if why]
+        if unknown:
+            notes["attribution"] = (
+                f"Direct logit attribution of '{loaded.name}' is refused: block {unknown[0][0]}: {unknown[0][1]}."
+            )
     return notes
 
 
 # --- the clean run -------------------------------------------------------------------------------
 
 
-class _CleanRecorder(BlockRecorder):
-    """Keeps each block's input and output tokens and the arguments the model called it with."""
-
-    def __init__(self, loaded: LoadedModel, call: Call) -> None:
-        super().__init__(loaded, call)
-        self.blocks: dict[int, tuple[torch.Tensor, torch.Tensor, tuple, dict]] = {}
-
-    def block(self, site: Site, g: Geometry, raw, module, args, kwargs, output) -> None:
-        tokens = self.loaded.family.tokens(self.call, site, module, args, kwargs, output)
-        inp, out = tokens if tokens is not None else (None, None)
-        self.blocks[site.index] = (inp, out, args, kwargs)
-
-
-class _GeometryRecorder(BlockRecorder):
-    """Reads each block's geometry (its number of heads) and keeps nothing else."""
-
-    def block(self, site: Site, g: Geometry, raw, module, args, kwargs, output) -> None:
-        return None
-
-
 @dataclass
 class _Clean:
+    """What the analyses read of the image's :class:`~vitviz.capture.session.Run`."""
+
+    run: Run
     loaded: LoadedModel
     hw: tuple[int, int]
-    pixels: torch.Tensor  # (1, 3, h, w)
     logits: torch.Tensor  # (C,) float32
     sites: list[Site]
     projections: tuple[torch.nn.Linear | None, ...]
     num_heads: tuple[int, ...]
-    z: dict[int, torch.Tensor]  # projection inputs (1, ..., H * d)
+    z: dict[int, torch.Tensor]  # projection inputs (1, ..., H * d), detached
     blocks: dict[int, tuple[torch.Tensor, torch.Tensor, tuple, dict]]
     readout: ReadoutHead | None
     readout_problem: str  # why ``readout`` is None although the family has one ("" otherwise)
-    scorer: Scorer
 
     @property
     def num_blocks(self) -> int:
@@ -486,110 +416,68 @@ class _Clean:
     @property
     def replayable(self) -> bool:
         """Knock-outs can start from the cached residual: one grid, a readout head, every block recorded."""
-        return not self.loaded.family.hierarchical and self.readout is not None and len(self.blocks) == len(self.sites)
+        return self.run.replayable
 
-    def fill(self, index: int, mode: KnockoutMode) -> torch.Tensor:
-        """``(H * d,)`` the value a knocked-out slice takes: the clean mean over the image's positions, or 0."""
-        z = self.z[index]
-        flat = z.detach().reshape(-1, z.shape[-1])
-        return flat.mean(dim=0) if mode == "mean" else torch.zeros_like(flat[0])
-
-
-Scorer = Callable[[object], torch.Tensor]  # the forward's output -> scores (B, K): class logits or label scores
+    def z_name(self, layer: int) -> str:
+        return self.run.name(self.sites[layer].index, "attn.z")
 
 
 def _scorer(loaded: LoadedModel, label_embeddings: np.ndarray | None) -> Scorer:
-    """Class logits, or (with ``label_embeddings`` ``(K, D)``) a two-tower model's label scores, as its forward's
-    ``logits_per_image`` computes them: ``logit_scale.exp() * cos(image embedding, label) (+ logit_bias)``."""
-    fam, model = loaded.family, loaded.model
-    if label_embeddings is None:
-        if not loaded.has_classifier:
-            if loaded.zero_shot or isinstance(getattr(model, "logit_scale", None), torch.Tensor):
-                raise NotDefined(
-                    f"'{loaded.name}' is a zero-shot two-tower model: give the label embeddings (encode_labels) "
-                    "whose scores to explain."
-                )
-            raise NotDefined(causal_notes(loaded)["knockout"])
-        return lambda out: fam.logits(model, out)
-    text = torch.as_tensor(np.asarray(label_embeddings, np.float32))
-    if text.ndim != 2 or text.shape[0] < 1:
-        raise ValueError(f"label embeddings must be (K, D) with K >= 1, got shape {tuple(text.shape)}")
-    scale = getattr(model, "logit_scale", None)
-    if not isinstance(scale, torch.Tensor):
-        raise NotDefined(f"'{loaded.name}' has no logit_scale: only a two-tower model scores label embeddings.")
-    bias = getattr(model, "logit_bias", None)
-    unit = text / text.norm(dim=-1, keepdim=True)
-
-    def score(out) -> torch.Tensor:
-        img = fam.image_embedding(model, out)
-        if img is None:
-            raise NotDefined(f"'{loaded.name}' gives no image embedding to compare with label embeddings.")
-        if img.shape[-1] != unit.shape[-1]:
-            raise ValueError(f"label embeddings have width {unit.shape[-1]}, the image embedding {img.shape[-1]}")
-        got = scale.exp() * (img / img.norm(dim=-1, keepdim=True)) @ unit.to(img.device, img.dtype).T
-        return got + bias if isinstance(bias, torch.Tensor) else got
-
-    return score
+    """Class logits, or (with ``label_embeddings`` ``(K, D)``) a two-tower model's label scores
+    (:func:`vitviz.capture.session.scorer_for`); :class:`NotDefined` where the model gives neither."""
+    model = loaded.model
+    if label_embeddings is None and not loaded.has_classifier:
+        if loaded.zero_shot or isinstance(getattr(model, "logit_scale", None), torch.Tensor):
+            raise NotDefined(
+                f"'{loaded.name}' is a zero-shot two-tower model: give the label embeddings (encode_labels) "
+                "whose scores to explain."
+            )
+        raise NotDefined(causal_notes(loaded)["knockout"])
+    try:
+        return scorer_for(loaded, label_embeddings)
+    except NoScores as exc:
+        raise NotDefined(str(exc)) from None
 
 
 def _clean_run(
     loaded: LoadedModel, image: Image.Image, size, budget_bytes: int, label_embeddings: np.ndarray | None = None
 ) -> _Clean:
-    scorer = _scorer(loaded, label_embeddings)
+    _scorer(loaded, label_embeddings)
     projs = install_causal_hooks(loaded)
-    hw = input_size_for(loaded, size, image.size)
-    check_budget(loaded, hw, batch=1, gradients=False, budget=budget_bytes)
-    pixels, _ = preprocess(loaded, [image], hw)
-    rec = _CleanRecorder(loaded, Call(loaded.config, hw, 1))
-    plan = _Plan(record=True)
-    with torch.inference_mode(), _planned(plan):
-        out = run_forward(loaded, pixels, rec)
-        logits = scorer(out)
-    if logits is None:
+    try:
+        run = get_run(loaded, image, size=size, label_embeddings=label_embeddings, budget_bytes=budget_bytes)
+    except NoScores as exc:
+        raise NotDefined(str(exc)) from None
+    if run.scores.numel() == 0:
         raise NotDefined(f"'{loaded.name}' returned no class logits.")
-    sites = installed_sites(loaded.model)
-    heads = tuple(rec.geometries[s.index].num_heads for s in sites)
+    sites = list(run.sites)
     # A projection the forward never called as a module (nn.MultiheadAttention uses its out_proj's weight
     # directly) cannot be edited by a hook: its block has no knock-outs.
-    projs = tuple(p if p is not None and s.index in plan.z else None for s, p in zip(sites, projs, strict=True))
+    names = [run.name(s.index, "attn.z") for s in sites]
+    projs = tuple(p if p is not None and run.has(n) else None for n, p in zip(names, projs, strict=True))
+    z = {s.index: run.activation(n) for s, n in zip(sites, names, strict=True) if run.has(n)}
+    blocks = {}
+    for s in sites:
+        if s.index in run._blocks:
+            args, kwargs = run.block_call(s.index)
+            blocks[s.index] = (*run.block_tokens(s.index), args, kwargs)
     if label_embeddings is None:
-        readout, problem = _checked_readout(loaded, rec.blocks, sites, logits[0].float())
+        readout, problem = run.readout, run.readout_problem
     else:
         readout, problem = None, causal_notes(loaded)["lens"] or "Not defined for label scores."
     return _Clean(
+        run=run,
         loaded=loaded,
-        hw=hw,
-        pixels=pixels,
-        logits=logits[0].float(),
+        hw=run.input_size,
+        logits=run.scores,
         sites=sites,
         projections=projs,
-        num_heads=heads,
-        z=plan.z,
-        blocks=rec.blocks,
+        num_heads=run.num_heads,
+        z=z,
+        blocks=blocks,
         readout=readout,
         readout_problem=problem,
-        scorer=scorer,
     )
-
-
-def _checked_readout(
-    loaded: LoadedModel, blocks: dict, sites: list[Site], logits: torch.Tensor
-) -> tuple[ReadoutHead | None, str]:
-    """The family's readout head, if it turns the last residual into the model's logits; else (None, why)."""
-    readout = loaded.family.readout_head(loaded.model)
-    last = blocks.get(sites[-1].index) if sites else None
-    if readout is None or last is None or last[1] is None:
-        return None, ""
-    with torch.inference_mode():
-        got = readout(last[1]).float()[0]
-    scale = max(1.0, float(logits.abs().max()))
-    if got.shape != logits.shape or float((got - logits).abs().max()) > _READOUT_RTOL * scale:
-        return None, (
-            f"The {loaded.family.name} adapter's readout head ({readout.description}) does not reproduce "
-            f"'{loaded.name}''s logits from its last residual stream, so the logit lens and attribution are not "
-            "defined for this model until the adapter describes its head correctly."
-        )
-    return readout, ""
 
 
 def _class_index(clean_logits: torch.Tensor, class_index: int | None) -> int:
@@ -638,64 +526,25 @@ def _check_heads(clean: _Clean, heads: Sequence[tuple[int, int]]) -> tuple[tuple
     return out
 
 
-def _edits(clean: _Clean, sets: Sequence[Sequence[tuple[int, int]]], mode: KnockoutMode) -> dict:
-    """Per block: ``keep`` (k, H*d) 0/1 and ``fill`` (k, H*d) for the k copies (copy i knocks out ``sets[i]``)."""
-    k = len(sets)
-    edits: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+def _edits(clean: _Clean, sets: Sequence[Sequence[tuple[int, int]]], mode: KnockoutMode) -> list[Edit]:
+    """Copy i of a batched call knocks out ``sets[i]``: one edit per (block, copy) at the block's ``attn.z``."""
+    edits = []
     for i, heads in enumerate(sets):
+        by_layer: dict[int, list[int]] = {}
         for layer, head in heads:
-            if layer not in edits:
-                width = clean.z[clean.sites[layer].index].shape[-1]
-                z = clean.z[clean.sites[layer].index]
-                edits[layer] = (
-                    torch.ones(k, width, dtype=z.dtype, device=z.device),
-                    torch.zeros(k, width, dtype=z.dtype, device=z.device),
-                )
-            keep, fill = edits[layer]
-            d = keep.shape[1] // clean.num_heads[layer]
-            cols = slice(head * d, (head + 1) * d)
-            keep[i, cols] = 0
-            fill[i, cols] = clean.fill(clean.sites[layer].index, mode)[cols]
-    return {clean.sites[layer].index: e for layer, e in edits.items()}
-
-
-def _replay(clean: _Clean, start: int, x: torch.Tensor) -> torch.Tensor:
-    """Blocks ``start .. L-1`` on the residual ``x`` ``(k, T, D)`` with the clean run's arguments, then the readout."""
-    model = clean.loaded.model
-    with clean.loaded.family.running(model):
-        for site in clean.sites[start:]:
-            _, _, args, kwargs = clean.blocks[site.index]
-            if args:
-                args = (x, *args[1:])
-            else:
-                kwargs = {**kwargs, "hidden_states": x}
-            out = site.block(*args, **kwargs)
-            x = out[0] if isinstance(out, (tuple, list)) else out
-    return clean.readout(x)
+            by_layer.setdefault(layer, []).append(head)
+        for layer, hs in by_layer.items():
+            edits.append(Edit(clean.z_name(layer), mode, heads=tuple(hs), rows=(i,)))
+    return edits
 
 
 def _knocked_logits(
     clean: _Clean, sets: Sequence[Sequence[tuple[int, int]]], mode: KnockoutMode, from_cache: bool
 ) -> tuple[torch.Tensor, float]:
     """Logits ``(k, C)`` float32 of k copies of the image, copy i with ``sets[i]`` knocked out; and the work in
-    forward-equivalents."""
-    loaded = clean.loaded
-    k = len(sets)
-    plan = _Plan(copies=k, edits=_edits(clean, sets, mode))
-    start = min(layer for heads in sets for layer, _ in heads)
-    with torch.inference_mode(), _planned(plan):
-        if from_cache and clean.replayable:
-            x = clean.blocks[clean.sites[start].index][0]
-            logits = _replay(clean, start, x.expand(k, *x.shape[1:]).contiguous())
-            work = k * (clean.num_blocks - start) / clean.num_blocks
-        else:
-            pixels = clean.pixels.expand(k, *clean.pixels.shape[1:]).contiguous()
-            inputs = loaded.family.model_inputs(loaded, pixels, clean.hw)
-            with loaded.family.running(loaded.model):
-                out = loaded.family.forward(loaded.model, inputs)
-            logits = clean.scorer(out)
-            work = float(k)
-    return logits.float(), work
+    forward-equivalents. "mean" is the clean run's token mean (:meth:`Run.resolve`)."""
+    got = clean.run.edited(_edits(clean, sets, mode), batch=len(sets), reuse_prefix=from_cache)
+    return got.scores, got.forward_equivalents
 
 
 def knock_out(
@@ -838,36 +687,30 @@ def fast_estimate(
     ``label_embeddings`` as in :func:`head_importance`.
     """
     _check_mode(mode)
-    scorer = _scorer(loaded, label_embeddings)
+    _scorer(loaded, label_embeddings)
     projs = install_causal_hooks(loaded)
     if not any(p is not None for p in projs):
         raise NotDefined(causal_notes(loaded)["knockout"])
     hw = input_size_for(loaded, size, image.size)
-    check_budget(loaded, hw, batch=1, gradients=True, budget=budget_bytes)
-    pixels, _ = preprocess(loaded, [image], hw)
-    pixels.requires_grad_(True)  # the graph reaches every block although the parameters need no grad
-    rec = _GeometryRecorder(loaded, Call(loaded.config, hw, 1))
-    plan = _Plan(record=True)
-    sites = installed_sites(loaded.model)
-    with torch.enable_grad(), _planned(plan):
-        out = run_forward(loaded, pixels, rec)
-        logits = scorer(out)
-        if logits is None:
-            raise NotDefined(f"'{loaded.name}' returned no class logits.")
-        clean_logits = logits[0].detach().float()
-        c = _class_index(clean_logits, class_index)
-        order = [s.index for s, p in zip(sites, projs, strict=True) if p is not None and s.index in plan.z]
-        grads = torch.autograd.grad(logits[0, c], [plan.z[i] for i in order], allow_unused=True)
-    heads = tuple(rec.geometries[s.index].num_heads for s in sites)
-    table = np.full((len(sites), max(heads)), np.nan, np.float32)
-    for i, g in zip(order, grads, strict=True):
-        z = plan.z[i].detach()
+    check_budget(loaded, hw, batch=1, gradients=True, budget=budget_bytes)  # the graph must fit
+    clean = _clean_run(loaded, image, size, budget_bytes, label_embeddings)
+    run = clean.run
+    if not run.has_graph:
+        raise CaptureError(f"the clean run of '{loaded.name}' kept no autograd graph; the estimate needs one")
+    c = _class_index(clean.logits, class_index)
+    order = [i for i, p in enumerate(clean.projections) if p is not None]
+    names = [clean.z_name(i) for i in order]
+    grads = run.gradients(lambda out: run.score_of(out)[0, c], names)
+    heads = clean.num_heads
+    table = np.full((len(clean.sites), max(heads)), np.nan, np.float32)
+    for i, name, g in zip(order, names, grads, strict=True):
+        z = run.activation(name)
         flat = z.reshape(-1, z.shape[-1])
         target = flat.mean(dim=0, keepdim=True) if mode == "mean" else torch.zeros_like(flat[:1])
         g = torch.zeros_like(flat) if g is None else g.reshape(-1, z.shape[-1])
         per_col = (g * (target - flat)).sum(dim=0)  # (H * d,)
         table[i, : heads[i]] = per_col.reshape(heads[i], -1).sum(dim=1).float().cpu().numpy()
-    return HeadEstimate(_frozen(table), _frozen(clean_logits.cpu().numpy()), c, mode, heads)
+    return HeadEstimate(_frozen(table), _frozen(clean.logits.cpu().numpy()), c, mode, heads)
 
 
 # --- the logit lens ------------------------------------------------------------------------------
@@ -924,6 +767,13 @@ def _attribution(clean: _Clean, c: int) -> Attribution:
             or clean.readout_problem
             or f"Direct logit attribution is not defined for '{loaded.name}'."
         )
+    parts = [fam.block_parts(site) for site in clean.sites]
+    for i, (site, p) in enumerate(zip(clean.sites, parts, strict=True)):
+        why = p.unknown
+        if not why and (clean.projections[i] is None or not clean.run.has(clean.run.name(site.index, "mlp.out"))):
+            why = f"block {i} has no per-head projection or no MLP output point"
+        if why:
+            raise NotDefined(f"Direct logit attribution of '{loaded.name}' is refused: {why}.")
     readout = clean.readout
     norm = readout.norm
     if not isinstance(norm, torch.nn.LayerNorm):
@@ -956,32 +806,33 @@ def _attribution(clean: _Clean, c: int) -> Attribution:
         heads = np.full((n, width), np.nan)
         mlps = np.zeros(n)
         rest_resid = f64(clean.blocks[clean.sites[0].index][0]).clone()  # embeddings, then every bias
+
+        def scale(x) -> torch.Tensor:  # a declared layer scale: None (none), a float, or a (D,) tensor
+            return ones if x is None else ones * (f64(x) if isinstance(x, torch.Tensor) else float(x))
+
         for i, site in enumerate(clean.sites):
-            x_in, x_out, _, _ = clean.blocks[site.index]
             proj = clean.projections[i]
-            s1, s2 = fam.residual_scales(site)
-            s1 = ones if s1 is None else f64(s1)
-            s2 = ones if s2 is None else f64(s2)
-            z = f64(clean.z[site.index])  # (1, T, H * d)
+            s1, s2 = scale(parts[i].attn_scale), scale(parts[i].mlp_scale)
+            z = f64(clean.z[site.index])  # (1, T, H * d), value bias included
             h = clean.num_heads[i]
             w = f64(proj.weight)  # (D, H * d)
             per_head = torch.einsum("thj,ehj->hte", z[0].reshape(z.shape[1], h, -1), w.reshape(dim, h, -1)) * s1
             heads[i, :h] = part(per_head).numpy()
             b_o = f64(proj.bias) * s1 if proj.bias is not None else torch.zeros_like(ones)
-            attn = per_head.sum(dim=0, keepdim=True) + b_o
-            mlp_total = f64(x_out) - f64(x_in) - attn  # what the rest of the block added: its MLP update
+            mlp = f64(clean.run.activation(clean.run.name(site.index, "mlp.out"))) * s2  # the MLP's own output
             fc2 = fam.mlp_output(site)
             b_2 = f64(fc2.bias) * s2 if fc2 is not None and fc2.bias is not None else torch.zeros_like(ones)
-            mlps[i] = float(part(mlp_total - b_2)[0])
+            mlps[i] = float(part(mlp - b_2)[0])
             rest_resid = rest_resid + b_o + b_2
         rest = float(part(rest_resid)[0] + head(beta.expand_as(v))[0])
     logit = float(clean.logits[c])
     total = float(np.nansum(heads) + mlps.sum() + rest)
-    scale = max(1.0, abs(logit))
-    if abs(total - logit) > _READOUT_RTOL * scale:
-        raise CaptureError(
-            f"direct logit attribution of '{loaded.name}' does not add up ({total:.6g} vs the logit {logit:.6g}): "
-            f"its blocks are not pre-norm residual blocks as the {fam.name} adapter describes them"
+    tol = max(1.0, abs(logit))
+    if abs(total - logit) > _READOUT_RTOL * tol:
+        raise NotDefined(
+            f"Direct logit attribution of '{loaded.name}' is refused: its parts (embeddings, heads, MLP outputs, "
+            f"biases) add up to {total:.6g}, not the logit {logit:.6g}, so the {fam.name} adapter does not describe "
+            "its blocks as they run (a layer scale, norm or residual branch it does not know)."
         )
     return Attribution(
         c, logit, _frozen(heads), _frozen(mlps), rest, _frozen(sigma.reshape(-1).numpy()), readout.description
@@ -1020,17 +871,20 @@ def causal_arrays(
     cancel: CancelCheck | None = None,
     label_embeddings: np.ndarray | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
+    minus_index: int | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """One clean run, then every analysis defined for the model, as arrays for ``export --causal``.
 
     Keys: ``explained_class`` () int64; ``logit_lens`` (L + 1, C) float32; ``head_ablation`` (L, H) float32, the
     *zero* knock-out effect on the explained class; ``head_attribution`` (L, H), ``mlp_attribution`` (L,),
     ``attribution_rest`` () float64. A key whose analysis is not defined is left out, and the second dict says
-    why (same key).
+    why (same key). ``minus_index``: explain ``logit[c] - logit[minus_index]`` instead (effects and parts are
+    linear in the logits: each is the class's value minus the other's); ``logit_lens`` keeps every class.
     """
     notes = causal_notes(loaded)
     clean = _clean_run(loaded, image, size, budget_bytes, label_embeddings)
     c = _class_index(clean.logits, class_index)
+    m = None if minus_index is None else _class_index(clean.logits, minus_index)
     arrays: dict[str, np.ndarray] = {"explained_class": np.asarray(c, np.int64)}
     why: dict[str, str] = {}
     try:
@@ -1038,7 +892,12 @@ def causal_arrays(
     except NotDefined as exc:
         why["logit_lens"] = str(exc)
     try:
-        arrays["head_ablation"] = _importance(clean, c, "zero", True, None, progress, cancel, budget_bytes).effects
+        imp = _importance(clean, c, "zero", True, None, progress, cancel, budget_bytes)
+        arrays["head_ablation"] = imp.effects
+        if m is not None:
+            clean_np = imp.clean_logits
+            diff = imp.logits[..., c] - imp.logits[..., m] - (clean_np[c] - clean_np[m])
+            arrays["head_ablation"] = diff.astype(np.float32)
     except NotDefined as exc:
         why["head_ablation"] = str(exc)
     if notes["attribution"] or not clean.replayable:
@@ -1050,9 +909,13 @@ def causal_arrays(
         except NotDefined as exc:
             why.update(dict.fromkeys(("head_attribution", "mlp_attribution", "attribution_rest"), str(exc)))
         else:
-            arrays["head_attribution"] = att.heads
-            arrays["mlp_attribution"] = att.mlps
-            arrays["attribution_rest"] = np.asarray(att.rest, np.float64)
+            heads, mlps, rest = att.heads, att.mlps, att.rest
+            if m is not None:
+                other = _attribution(clean, m)
+                heads, mlps, rest = heads - other.heads, mlps - other.mlps, rest - other.rest
+            arrays["head_attribution"] = heads
+            arrays["mlp_attribution"] = mlps
+            arrays["attribution_rest"] = np.asarray(rest, np.float64)
     return arrays, why
 
 
@@ -1078,7 +941,8 @@ def capture_knocked_out(
     _check_mode(mode)
     clean = _clean_run(loaded, image, size, budget_bytes, label_embeddings)
     chosen = _check_heads(clean, heads)
-    with _planned(_Plan(copies=1, edits=_edits(clean, [chosen], mode))):
+    edits = clean.run.resolve(_edits(clean, [chosen], mode))
+    with active(loaded, edits=edits, num_heads=clean.run.num_heads_by_point()):
         cap = capture(loaded, image, size=size, attention_dtype=attention_dtype, budget_bytes=budget_bytes)
     if label_embeddings is None:
         logits = np.asarray(cap.logits, np.float32)

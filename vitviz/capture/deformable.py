@@ -31,10 +31,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitviz.capture.record import POOLED
 from vitviz.capture.run import BlockRecorder, input_size_for, preprocess, run_forward
 from vitviz.models.families.base import Call
 from vitviz.models.load import LoadedModel
+from vitviz.record import POOLED, QueryPoints
 from vitviz.zoo.dat_blocks import reference_points
 
 __all__ = ["DeformableSamples", "QueryPoints", "to_pixels", "deformable_samples", "query_points"]
@@ -131,24 +131,6 @@ def deformable_samples(
             )
         )
     return out
-
-
-@dataclass(frozen=True, eq=False)
-class QueryPoints:
-    """One head's attention from one query over its sampled points (pixels of the model input).
-
-    ``points``, ``references``: ``(Ns, 2)`` (x, y); ``weights``: ``(Ns,)`` summing to 1;
-    ``query``: ``(x, y)`` centre of the query's cell (None for the pooled query); ``on_map``: ``(Ns,)`` the share of
-    each point's bilinear footprint on the map (1 inside, 0 wholly outside: reads zeros).
-    """
-
-    head: int
-    token: int
-    query: tuple[float, float] | None
-    points: np.ndarray
-    weights: np.ndarray
-    references: np.ndarray
-    on_map: np.ndarray
 
 
 def _on_map(norm: np.ndarray, grid: tuple[int, int]) -> np.ndarray:

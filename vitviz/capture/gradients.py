@@ -1,5 +1,14 @@
 """Forward passes with gradients through the same hooks: class-specific relevance.
 
+Which blocks relevance runs through: every attention block of the model, in forward
+order, from the first (MM-Explainability's ``interpret(start_layer=0)``), each block's
+gradient taken with respect to its own probabilities; hierarchical models through
+every stage with the merge rule between them; a pooling head (CCT's sequence pooling,
+SigLIP's attention pooling) is the last block. The gradients come from the clean
+:class:`~vitviz.capture.session.Run`'s graph (no second forward) where the image has a
+Run with its graph; otherwise (a data-set loop, say) from a forward of their own, without
+the capture's summaries.
+
 The recorder keeps each block's probabilities as the live tensors the forward
 used, so ``torch.autograd.grad`` pairs every gradient with its own block.
 Gradients flow to the input only (the shared model's parameters never require
@@ -16,7 +25,6 @@ import torch
 from PIL import Image
 
 from vitviz.analysis.relevance import Explanation, relevance_abar, relevance_row
-from vitviz.capture.record import Geometry
 from vitviz.capture.run import (
     DEFAULT_BUDGET_BYTES,
     BlockRecorder,
@@ -29,8 +37,9 @@ from vitviz.capture.run import (
 from vitviz.errors import CaptureError
 from vitviz.models.families.base import Call, to_native
 from vitviz.models.load import LoadedModel
+from vitviz.record import Geometry
 
-__all__ = ["GraphRecorder", "Target", "explain_targets", "explain_classes"]
+__all__ = ["GraphRecorder", "Target", "explain_targets", "explain_run", "explain_classes"]
 
 
 class GraphRecorder(BlockRecorder):
@@ -72,6 +81,11 @@ def explain_targets(
         raise CaptureError(f"Class-specific relevance is not defined for {loaded.family.name}: {note}")
     hw = input_size_for(loaded, size, image.size)
     check_budget(loaded, hw, batch=1, gradients=True, budget=budget_bytes)
+    from vitviz.capture.session import peek_run  # the image's Run, where a view made one: no second forward
+
+    run = peek_run(loaded, image, size=size, budget_bytes=budget_bytes)
+    if run is not None and run.has_graph:
+        return explain_run(run, targets)
     pixels, _ = preprocess(loaded, [image], hw)
     pixels.requires_grad_(True)  # the graph reaches every block although the parameters need no grad
     rec = GraphRecorder(loaded, Call(loaded.config, hw, 1))
@@ -97,6 +111,31 @@ def explain_targets(
             row.setflags(write=False)
             first = stages[0]
             result[key] = Explanation(int(key), label, row, first.num_prefix, first.grid, readout)
+    return result
+
+
+def explain_run(run, targets: Mapping[int, tuple[str, Target]]) -> dict[int, Explanation]:
+    """:func:`explain_targets` from a :class:`~vitviz.capture.session.Run`'s graph: one backward per target."""
+    loaded = run.loaded
+    order = [s.index for s in run.sites]
+    geoms = list(run.geometries)
+    stages = build_stages(loaded, geoms, {}, 0)
+    attn = [to_native(geoms[i], run.probs(b), 1)[0].float().cpu().numpy() for i, b in enumerate(order)]
+    reads = loaded.family.readout(loaded.config)
+    if geoms[-1].kind == "pool":
+        readout = "pooling head"
+    else:
+        readout = "CLS" if reads == "cls" and "CLS" in stages[-1].prefix_kinds else "pooled query"
+    result: dict[int, Explanation] = {}
+    for key, (label, target) in targets.items():
+        grads = run.gradients(target, "probs")
+        abars = {
+            i: relevance_abar(geoms[i], attn[i], _native_grad(geoms[i], gr, attn[i])) for i, gr in enumerate(grads)
+        }
+        row = relevance_row(geoms, stages, abars, readout=reads).astype(np.float32)
+        row.setflags(write=False)
+        first = stages[0]
+        result[key] = Explanation(int(key), label, row, first.num_prefix, first.grid, readout)
     return result
 
 

@@ -1,7 +1,7 @@
-"""One forward pass -> one immutable :class:`~vitviz.capture.record.Capture` per image.
+"""One forward pass -> one immutable :class:`~vitviz.record.Capture` per image.
 
 Attention is read by the hooks installed when the model was loaded
-(``vitviz.capture.hooks``); a capture call sets its own recorder for the length of
+(``vitviz.models.hooks``); a capture call sets its own recorder for the length of
 its forward, so many sessions and threads can capture from one cached model at
 once. As each block finishes, its float32 probabilities are reduced to what the
 record keeps: a float16 copy in native form for display, the float32 head mean
@@ -20,11 +20,11 @@ import torch
 from PIL import Image
 
 from vitviz.analysis.blocks import block_summaries
-from vitviz.capture.hooks import Site, installed_sites, recording
-from vitviz.capture.record import Block, Capture, Geometry, Prediction, Stage
 from vitviz.errors import BudgetError, CaptureError
 from vitviz.models.families.base import Call, to_native
+from vitviz.models.hooks import Site, installed_sites, recording
 from vitviz.models.load import LoadedModel
+from vitviz.record import Block, Capture, Geometry, Prediction, Stage
 
 __all__ = [
     "Prediction",
@@ -40,6 +40,7 @@ __all__ = [
     "run_forward",
     "capture",
     "capture_batch",
+    "captures_from",
 ]
 
 # What one capture may hold (attention of all layers and heads); VITVIZ_MEMORY_BUDGET_MB overrides 2 GiB.
@@ -281,16 +282,24 @@ def _capture_at(
     pixels, resized = preprocess(loaded, images, hw)
     call = Call(loaded.config, hw, len(images))
     rec = SummaryRecorder(loaded, call, attention_dtype, len(installed_sites(loaded.model)))
-    fam = loaded.family
     with torch.inference_mode():
         out = run_forward(loaded, pixels, rec)
+    return captures_from(loaded, rec, out, resized, hw, top_k)
+
+
+def captures_from(
+    loaded: LoadedModel, rec: SummaryRecorder, out, resized: np.ndarray, hw: tuple[int, int], top_k: int
+) -> list[Capture]:
+    """The frozen records of a forward ``out`` that ``rec`` summarised (one per image of the batch)."""
+    fam = loaded.family
+    with torch.no_grad():
         raw_logits = fam.logits(loaded.model, out) if loaded.has_classifier else None
-        logits = None if raw_logits is None else raw_logits.float().cpu().numpy()
+        logits = None if raw_logits is None else raw_logits.detach().float().cpu().numpy()
         embedding = fam.image_embedding(loaded.model, out)
-        embedding = None if embedding is None else embedding.float().cpu().numpy()
+        embedding = None if embedding is None else embedding.detach().float().cpu().numpy()
     geometries = [rec.geometries[i] for i in sorted(rec.geometries)]
     captures = []
-    for i in range(len(images)):
+    for i in range(len(resized)):
         blocks = tuple(
             Block(b, g, rec.arrays[b].attention[i], rec.arrays[b].fused[i], *rec.arrays[b].summaries[i])
             for b, g in enumerate(geometries)

@@ -13,8 +13,8 @@ import numpy as np
 from PIL import Image
 
 from vitviz.analysis.rollout import capture_rollout
-from vitviz.capture.record import Capture
 from vitviz.demo.vit import DemoScore, peak_in_box
+from vitviz.record import Capture
 
 __all__ = ["rollout_grid", "capture_peak_in_box", "score_capture_rollout"]
 

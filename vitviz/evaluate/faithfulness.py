@@ -44,7 +44,6 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitviz.capture.record import frozen
 from vitviz.capture.run import (
     DEFAULT_BUDGET_BYTES,
     check_budget,
@@ -58,6 +57,7 @@ from vitviz.methods import Method, MethodMap, explain_many
 from vitviz.methods.base import GeometryRecorder, cell_of_pixels, class_logits
 from vitviz.models.families.base import Call
 from vitviz.models.load import LoadedModel
+from vitviz.record import frozen
 
 __all__ = [
     "POINTS",

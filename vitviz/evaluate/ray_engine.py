@@ -30,6 +30,7 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from PIL import Image
@@ -37,7 +38,10 @@ from PIL import Image
 from vitviz.errors import VitvizError
 from vitviz.evaluate.data import Item, Skipped, load_item
 from vitviz.evaluate.results import SCHEMA
-from vitviz.evaluate.run import EvaluateError, Evaluator, PartWriter, RunConfig, failure
+from vitviz.evaluate.worker import EvaluateError, Evaluator, RunConfig, failure
+
+if TYPE_CHECKING:
+    from vitviz.evaluate.run import PartWriter
 
 __all__ = ["run_ray", "read_images", "EvaluateActor", "available_cores", "start_local_ray", "RESULT_SCHEMA"]
 

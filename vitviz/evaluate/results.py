@@ -90,6 +90,7 @@ __all__ = [
     "SCHEMA",
     "COLUMN_DOCS",
     "ResultsError",
+    "ResultsLimits",
     "MethodSummary",
     "Results",
     "image_seed",
@@ -162,6 +163,90 @@ PER_IMAGE = (
 
 class ResultsError(VitvizError):
     """A file that is not (or no longer) a vitviz results file; the message says what it is."""
+
+
+@dataclass(frozen=True)
+class ResultsLimits:
+    """What :func:`read_results` agrees to decode, checked from the Parquet footer before any column is read.
+
+    A few KB of Parquet can stand for gigabytes once decoded (a long string stored once in a
+    dictionary and repeated on every row, a list of millions of equal values run-length
+    encoded), so the footer's counts are checked first: rows, columns, row groups, the
+    uncompressed bytes of the row groups and the number of values of every column, list
+    elements included (``num_values``). Strings are read as dictionaries (as stored) and
+    their decoded size is checked before they are expanded. A row of a ViT-Base run (12 x 12
+    head tables, 21-point curves) takes about 4.5 KB decoded, so the default 512 MB holds
+    about 110,000 rows: 14,000 images with 8 methods.
+    """
+
+    max_rows: int = 200_000
+    max_columns: int = 64
+    max_row_groups: int = 1_000
+    max_bytes: int = 512 * 2**20  # decoded size of the columns read, and the uncompressed size of their pages
+
+    def __post_init__(self) -> None:
+        for name in ("max_rows", "max_columns", "max_row_groups", "max_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+
+
+_WIDTH = {"DOUBLE": 8, "FLOAT": 4, "INT64": 8, "INT32": 4, "BOOLEAN": 1, "INT96": 12}
+_STRINGS = [name for name, (dtype, _) in COLUMN_DOCS.items() if pa.types.is_string(dtype)]
+
+
+def _mb(n: float) -> str:
+    return f"{n / 2**20:,.0f} MB" if n >= 2**20 else f"{n / 1024:,.0f} KB"
+
+
+def _check_footer(pf: pq.ParquetFile, name: str, limits: ResultsLimits) -> None:
+    """Refuse a file whose footer promises more than ``limits`` (nothing is decoded here)."""
+    md = pf.metadata
+    if md.num_rows > limits.max_rows:
+        raise ResultsError(f"{name} has {md.num_rows:,} rows; vitviz reads at most {limits.max_rows:,}")
+    if md.num_columns > limits.max_columns:
+        raise ResultsError(f"{name} has {md.num_columns:,} columns; vitviz reads at most {limits.max_columns:,}")
+    if md.num_row_groups > limits.max_row_groups:
+        raise ResultsError(
+            f"{name} has {md.num_row_groups:,} row groups; vitviz reads at most {limits.max_row_groups:,}"
+        )
+    wanted = set(SCHEMA.names)
+    stored = decoded = 0
+    for g in range(md.num_row_groups):
+        group = md.row_group(g)
+        for c in range(group.num_columns):
+            col = group.column(c)
+            if col.path_in_schema.split(".")[0] not in wanted:
+                continue  # never read
+            stored += max(0, col.total_uncompressed_size)
+            values = max(0, col.num_values)  # every value of the leaf column, list elements included
+            if col.physical_type in _WIDTH:
+                decoded += values * (_WIDTH[col.physical_type] + (4 if "." in col.path_in_schema else 0))
+            else:  # strings: their own pages here, their expanded size after reading (see read_results)
+                decoded += values * 4
+            if max(stored, decoded) > limits.max_bytes:
+                raise ResultsError(
+                    f"{name} would take more than {_mb(limits.max_bytes)} of memory once decoded "
+                    f"(its column {col.path_in_schema.split('.')[0]!r} alone holds {values:,} values); "
+                    "vitviz refuses it. Split the run, or evaluate fewer images."
+                )
+
+
+def _expand_strings(table: pa.Table, name: str, limits: ResultsLimits) -> pa.Table:
+    """Dictionary-read string columns -> plain strings, after checking the size they expand to."""
+    total = table.nbytes
+    for col in _STRINGS:
+        column = table.column(col)
+        if not pa.types.is_dictionary(column.type):
+            continue
+        for chunk in column.chunks:
+            lengths = pc.binary_length(chunk.dictionary).cast(pa.int64())
+            total += int(pc.sum(pc.take(lengths, chunk.indices)).as_py() or 0)
+            if total > limits.max_bytes:
+                raise ResultsError(
+                    f"{name} would take more than {_mb(limits.max_bytes)} of memory once decoded (its column "
+                    f"{col!r} repeats long texts); vitviz refuses it."
+                )
+    return table.cast(pa.schema([pa.field(f.name, SCHEMA.field(f.name).type) for f in table.schema]))
 
 
 def image_seed(seed: int, image_id: str) -> int:
@@ -380,13 +465,16 @@ def _describe(source: Any) -> str:
     return f"'{source}'" if isinstance(source, (str, Path)) else "the uploaded file"
 
 
-def read_results(source: str | Path | bytes | IO[bytes]) -> Results:
+def read_results(source: str | Path | bytes | IO[bytes], limits: ResultsLimits | None = None) -> Results:
     """Read a results file (path, bytes or binary file object), or raise :class:`ResultsError` saying why not.
 
     Refuses missing files, folders, files that are not Parquet, Parquet files without
     the ``vitviz`` metadata (not made by ``python -m vitviz evaluate``), files of a
-    newer schema version, and files that lack columns.
+    newer schema version, files that lack columns, and files larger than ``limits``
+    (:class:`ResultsLimits`; the defaults when None), checked from the footer before any
+    column is decoded.
     """
+    limits = limits or ResultsLimits()
     name = _describe(source)
     if isinstance(source, (str, Path)):
         p = Path(source)
@@ -400,7 +488,11 @@ def read_results(source: str | Path | bytes | IO[bytes]) -> Results:
     else:
         handle = io.BytesIO(source.read())
     try:
-        pf = pq.ParquetFile(handle)
+        pf = pq.ParquetFile(
+            handle,
+            thrift_string_size_limit=min(limits.max_bytes, 64 * 2**20),
+            thrift_container_size_limit=max(limits.max_columns, 1024) * 64,
+        )
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise ResultsError(
             f"{name} is not a Parquet file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
@@ -428,8 +520,10 @@ def read_results(source: str | Path | bytes | IO[bytes]) -> Results:
     missing = [c for c in SCHEMA.names if c not in pf.schema_arrow.names]
     if missing:
         raise ResultsError(f"{name} lacks the column(s) {', '.join(missing)}: it is not a complete results file")
-    try:
-        table = pf.read(columns=SCHEMA.names)
+    _check_footer(pf, name, limits)
+    try:  # strings as stored (dictionaries): a repeated text is expanded only after its size is checked
+        strings = pq.ParquetFile(handle, metadata=pf.metadata, read_dictionary=_STRINGS)
+        table = _expand_strings(strings.read(columns=SCHEMA.names), name, limits)
     except (pa.ArrowException, OSError) as exc:
         raise ResultsError(f"{name} is damaged: {str(exc).splitlines()[0]}") from None
     return Results(table=table, meta=meta, path=str(source) if isinstance(source, (str, Path)) else None)

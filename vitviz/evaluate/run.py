@@ -40,29 +40,24 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from PIL import Image
 
-from vitviz.analysis.stats import summary_table
-from vitviz.errors import VitvizError
-from vitviz.evaluate.data import Dataset, Item, Skipped, load_item, read_dataset, scale_box
-from vitviz.evaluate.faithfulness import Perturbations
+from vitviz.evaluate.data import Dataset, Item, Skipped, read_dataset
 from vitviz.evaluate.results import (
     SCHEMA,
     SCHEMA_VERSION,
-    image_seed,
-    make_rows,
     rows_to_table,
     run_metadata,
     write_results,
     write_table_atomic,
 )
+from vitviz.evaluate.worker import EvaluateError, Evaluator, RunConfig, failure
 from vitviz.methods import available_methods, get_method, why_unavailable
-from vitviz.methods.base import Inputs, MethodError
+from vitviz.methods.base import MethodError
 from vitviz.models.load import LoadedModel, load_model
 
 __all__ = [
@@ -80,45 +75,6 @@ __all__ = [
 
 ENGINES = ("local", "ray")
 Progress = Callable[[int, int], None]  # (images finished, skipped included, previous runs included; images in all)
-
-
-class EvaluateError(VitvizError):
-    """A data set evaluation cannot start or go on; the message says why."""
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """What each worker needs to evaluate images: plain values only (Ray ships it to its actors).
-
-    ``model``: the name or path given to :func:`~vitviz.models.load.load_model` (each
-    worker loads its own copy); ``methods``: names, in order; ``size``: the input size
-    (None: the model's); ``batch_size``: perturbed images per forward.
-    """
-
-    model: str
-    methods: tuple[str, ...]
-    size: int | tuple[int, int] | None = None
-    seed: int = 0
-    batch_size: int = 20
-    device: str | None = None
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["methods"] = list(self.methods)
-        d["size"] = list(self.size) if isinstance(self.size, tuple) else self.size
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> RunConfig:
-        size = d.get("size")
-        return cls(
-            model=d["model"],
-            methods=tuple(d["methods"]),
-            size=tuple(size) if isinstance(size, list) else size,
-            seed=int(d.get("seed", 0)),
-            batch_size=int(d.get("batch_size", 20)),
-            device=d.get("device"),
-        )
 
 
 def resolve_methods(loaded: LoadedModel, methods: Sequence[str] | None) -> tuple[str, ...]:
@@ -141,52 +97,6 @@ def resolve_methods(loaded: LoadedModel, methods: Sequence[str] | None) -> tuple
     if not names:
         raise EvaluateError("no method given: name at least one with --methods")
     return tuple(names)
-
-
-class Evaluator:
-    """A loaded model and a :class:`RunConfig`: evaluates one image into its result rows (one per method)."""
-
-    def __init__(self, config: RunConfig, loaded: LoadedModel | None = None) -> None:
-        self.config = config
-        self.loaded = loaded if loaded is not None else load_model(config.model, device=config.device)
-        self.methods = [get_method(m) for m in config.methods]
-
-    def evaluate_item(self, item: Item) -> list[dict]:
-        """Read, check and evaluate one item (raises :class:`~vitviz.errors.VitvizError` for a bad image)."""
-        return self.evaluate_image(item, load_item(item))
-
-    def evaluate_image(self, item: Item, image: Image.Image) -> list[dict]:
-        """The rows of one image already read (module docstring)."""
-        cfg, loaded = self.config, self.loaded
-        inputs = Inputs(loaded, image, size=cfg.size)
-        cap = inputs.capture  # one capture: the prediction, the attention-based maps and the head summaries
-        cls = inputs.predicted_class()
-        seed = image_seed(cfg.seed, item.image_id)
-        maps = {m.name: m(inputs, class_index=cls, seed=seed) for m in self.methods}
-        pert = Perturbations(loaded, image, size=cfg.size, batch_size=cfg.batch_size)
-        box = None if item.box is None else scale_box(item.box, image.size, pert.input_size)
-        scored = pert.curves_many(list(maps.values()), class_index=cls, box=box)
-        return make_rows(
-            image_id=item.image_id,
-            path=item.path,
-            label=item.label,
-            image_wh=image.size,
-            box=box,
-            scored=dict(zip(maps, scored, strict=True)),
-            model=loaded.name,
-            input_hw=pert.input_size,
-            seed=cfg.seed,
-            seed_of_image=seed,
-            head_distance=summary_table(cap.blocks, "distance"),
-            head_entropy=summary_table(cap.blocks, "entropy"),
-        )
-
-
-def failure(item: Item, exc: BaseException) -> Skipped:
-    """How a failed image is reported: where it was listed, and the error (its type too when unexpected)."""
-    where = item.path if not item.source or item.source == item.path else f"{item.source} ({item.image_id})"
-    msg = str(exc) if isinstance(exc, VitvizError) else f"{type(exc).__name__}: {exc}"
-    return Skipped(where, msg)
 
 
 # --- the work folder -------------------------------------------------------------------
@@ -317,6 +227,36 @@ def _settings(config: RunConfig, dataset: Dataset) -> dict:
     }
 
 
+_COMPARED = ("model", "methods", "size", "seed")  # what a results file written before `settings` existed says
+
+
+def _refuse_other_results(out: Path, settings: dict) -> None:
+    """Refuse to replace a finished results file ``out`` written with other settings (or not by vitviz)."""
+    if not out.exists():
+        return
+    from vitviz.evaluate.results import META_KEY
+
+    try:
+        meta = json.loads((pq.read_schema(out).metadata or {})[META_KEY])
+    except (OSError, KeyError, ValueError, TypeError, pa.ArrowException):
+        meta = None
+    if not isinstance(meta, dict):
+        raise EvaluateError(
+            f"--out '{out}' exists and is not vitviz results; choose another --out, or add --overwrite to replace it."
+        )
+    before = meta.get("settings")
+    if not isinstance(before, dict):  # older files: the fields they have
+        before = {**settings, "model": meta.get("model_source"), "methods": meta.get("methods")}
+        before.update({k: meta.get(k) for k in ("size", "seed")})
+    keys = [k for k in settings if k != "schema_version"]
+    diff = [f"{k}: {before.get(k)!r} then, {settings[k]!r} now" for k in keys if before.get(k) != settings[k]]
+    if diff:
+        raise EvaluateError(
+            f"--out '{out}' holds finished results of other settings ({'; '.join(diff)}). Choose another --out, "
+            "or add --overwrite to replace them."
+        )
+
+
 def _assemble(work: WorkDir, dataset: Dataset, config: RunConfig, meta: dict) -> int:
     """Write the results file from the parts: data set order, method order, one row per (image, method)."""
     table = work.read_parts()
@@ -357,12 +297,15 @@ def evaluate_dataset(
     chunk_seconds: float = 60.0,
     loaded: LoadedModel | None = None,
     ray_actors: int | None = None,
+    overwrite: bool = False,
 ) -> RunReport:
     """Evaluate every image of ``data`` (folder or CSV) with ``methods`` and write ``out`` (module docstring).
 
     ``engine``: ``local`` (this process, no Ray imported) or ``ray`` (``address``: an
     existing cluster, default a local one; ``ray_actors``: the actor pool size,
     default one per GPU, else one per CPU). ``progress(done, total)`` after each image.
+    An existing ``out`` (finished results) or unfinished work of other settings is refused
+    unless ``overwrite``; with the same settings the run resumes (or is redone) as before.
     ``loaded``: a model already loaded by ``model`` (the local engine uses it; saves a
     load in tests). Raises :class:`EvaluateError`, :class:`~vitviz.evaluate.data.DataError`,
     :class:`~vitviz.methods.base.MethodError` or a model loading error before any image
@@ -392,7 +335,12 @@ def evaluate_dataset(
         device=device,
     )
     work = WorkDir(out)
-    work.open(_settings(config, dataset))
+    settings = _settings(config, dataset)
+    if overwrite:
+        work.remove()  # unfinished work of other settings goes; the results file is replaced at the end
+    else:
+        _refuse_other_results(out, settings)
+    work.open(settings)
     done = work.done_ids()
     todo = [item for item in dataset.items if item.image_id not in done]
     total = len(dataset.items)
@@ -427,6 +375,7 @@ def evaluate_dataset(
         engine=engine,
         points=21,
         skipped=[{"where": s.where, "reason": s.reason} for s in dataset.skipped + skipped],
+        settings=settings,
     )
     evaluated = _assemble(work, dataset, config, meta)
     all_skipped = dataset.skipped + skipped

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from vitviz.capture.deformable import QueryPoints
+from vitviz.record import QueryPoints
 
 __all__ = ["deformable_figure"]
 

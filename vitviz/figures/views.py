@@ -15,7 +15,8 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-from vitviz.capture.run import Prediction
+from vitviz.record import Prediction
+from vitviz.text import plotly_plain
 
 __all__ = [
     "ATTENTION_SCALE",
@@ -338,7 +339,7 @@ def predictions_figure(predictions: Sequence[Prediction], *, how: str = "softmax
     fig = go.Figure(
         go.Bar(
             x=[p.probability for p in preds],
-            y=[f"{p.label} ({p.index})" for p in preds],
+            y=[f"{plotly_plain(p.label)} ({p.index})" for p in preds],  # labels may be typed by a visitor
             orientation="h",
             customdata=[[p.index, p.logit] for p in preds],
             hovertemplate="%{y}<br>probability %{x:.2%}<br>logit %{customdata[1]:.3f}<extra></extra>",
@@ -633,7 +634,7 @@ def token_norms_figure(norms: np.ndarray, token_kinds: Sequence[str]) -> go.Figu
 
 def comparison_figure(before: Sequence[Prediction], after: Sequence[Prediction], *, title: str) -> go.Figure:
     """Probabilities of the same classes before and after an intervention (grouped bars, most probable first)."""
-    names = [p.label for p in before]
+    names = [plotly_plain(p.label) for p in before]  # labels may be typed by a visitor
     after_by = {p.index: p for p in after}
     fig = go.Figure(
         [

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 from PIL import Image
 
+from vitviz.capture.targets import Target, TargetError
 from vitviz.methods.attention import Attention
 from vitviz.methods.base import Inputs, Method, MethodError, MethodMap, place_on_grid, pool_to_grid
 from vitviz.methods.gradcam import GradCam
@@ -40,6 +41,8 @@ __all__ = [
     "MethodMap",
     "MethodError",
     "Inputs",
+    "Target",
+    "TargetError",
     "get_method",
     "available_methods",
     "why_unavailable",
@@ -65,14 +68,14 @@ def get_method(method: str | Method, **options) -> Method:
     return type(METHODS[method])(**options) if options else METHODS[method]
 
 
-def why_unavailable(loaded: LoadedModel, method: str | Method) -> str:
-    """Why ``method`` does not apply to ``loaded`` ("" when it does)."""
-    return get_method(method).unavailable(loaded)
+def why_unavailable(loaded: LoadedModel, method: str | Method, target: Target | None = None) -> str:
+    """Why ``method`` does not apply to ``loaded`` (for ``target``) ("" when it does)."""
+    return get_method(method).unavailable(loaded, target)
 
 
-def available_methods(loaded: LoadedModel) -> tuple[str, ...]:
-    """Names of the methods that apply to ``loaded``, in :data:`METHODS` order."""
-    return tuple(name for name, m in METHODS.items() if not m.unavailable(loaded))
+def available_methods(loaded: LoadedModel, target: Target | None = None) -> tuple[str, ...]:
+    """Names of the methods that apply to ``loaded`` (for ``target``), in :data:`METHODS` order."""
+    return tuple(name for name, m in METHODS.items() if not m.unavailable(loaded, target))
 
 
 def explain(
@@ -81,18 +84,20 @@ def explain(
     method: str | Method,
     *,
     class_index: int | None = None,
+    target: Target | int | None = None,
     size: int | tuple[int, int] | None = None,
     seed: int = 0,
     **options,
 ) -> MethodMap:
-    """One method's map of ``image`` for ``class_index`` (None: the predicted class).
+    """One method's map of ``image`` for ``target`` (a :class:`Target` or a class index; ``class_index`` is the
+    older spelling; None: the predicted class).
 
     ``size``: the input size (default: the model's). ``seed``: for ``random``.
     ``options``: the method's constructor options (``integrated_gradients``: ``n_steps``,
     ``batch_size``). Raises :class:`MethodError` when the method does not apply.
     """
     m = get_method(method, **options)
-    return m(Inputs(loaded, image, size=size), class_index=class_index, seed=seed)
+    return m(Inputs(loaded, image, size=size), class_index=class_index, target=target, seed=seed)
 
 
 def explain_many(
@@ -101,18 +106,21 @@ def explain_many(
     methods: Sequence[str | Method] | None = None,
     *,
     class_index: int | None = None,
+    target: Target | int | None = None,
     size: int | tuple[int, int] | None = None,
     seed: int = 0,
 ) -> dict[str, MethodMap]:
-    """Several methods on one image (default: every available one), sharing one capture and one class.
+    """Several methods on one image (default: every available one), sharing one capture and one target.
 
-    ``class_index`` None: the predicted class, resolved once so that every map explains
-    the same class. Raises :class:`MethodError` for a method that does not apply.
+    ``target`` (or ``class_index``) None: the predicted class, resolved once so that every
+    map explains the same class. Raises :class:`MethodError` for a method that does not apply.
     """
-    chosen = [get_method(m) for m in (available_methods(loaded) if methods is None else methods)]
+    given = target if target is not None else class_index
+    t = given if isinstance(given, Target) else None
+    chosen = [get_method(m) for m in (available_methods(loaded, t) if methods is None else methods)]
     inputs = Inputs(loaded, image, size=size)
     if any(m.uses_capture for m in chosen):
         inputs.capture  # noqa: B018 - one capture serves the prediction and every attention-based map
-    if class_index is None:
-        class_index = inputs.predicted_class()
-    return {m.name: m(inputs, class_index=class_index, seed=seed) for m in chosen}
+    if given is None:
+        given = inputs.predicted_class()
+    return {m.name: m(inputs, target=given, seed=seed) for m in chosen}

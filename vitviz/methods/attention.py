@@ -29,6 +29,6 @@ class Attention(Method):
     class_specific = False
     uses_capture = True
 
-    def compute(self, inputs: Inputs, class_index: int | None, seed: int) -> np.ndarray:
+    def compute(self, inputs: Inputs, target, seed: int) -> np.ndarray:
         block = inputs.capture.blocks[-1]
         return row_map(block.geometry, select(block), global_query(block)).values  # (gh_L, gw_L) on the key grid

@@ -23,11 +23,12 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitviz.capture.record import Capture, frozen
 from vitviz.capture.run import BlockRecorder, capture, input_size_for, preprocess, run_forward, token_layout
+from vitviz.capture.targets import BoundTarget, Target, TargetError, resolve_target
 from vitviz.errors import VitvizError
 from vitviz.models.families.base import Call
 from vitviz.models.load import LoadedModel
+from vitviz.record import Capture, frozen
 
 __all__ = [
     "MethodError",
@@ -55,7 +56,8 @@ class MethodMap:
     ViT). ``source_grid``: the grid the method computed on before it was placed on
     ``grid`` (see :func:`place_on_grid`). ``class_index``: the class explained (None
     only for class-agnostic methods on a backbone without classifier).
-    ``definition``: one line saying exactly what the values are.
+    ``definition``: one line saying exactly what the values are. ``target``: what was
+    explained, for display (``Target.name``; "" for class-agnostic methods without one).
     """
 
     method: str
@@ -65,6 +67,7 @@ class MethodMap:
     class_index: int | None
     definition: str
     source_grid: tuple[int, int]
+    target: str = ""
 
     def __post_init__(self) -> None:
         frozen(self.values)
@@ -195,13 +198,15 @@ class Method:
     needs_rollout: ClassVar[bool] = False
     uses_capture: ClassVar[bool] = False  # reads ``Inputs.capture`` (methods sharing an image share it)
 
-    def unavailable(self, loaded: LoadedModel) -> str:
-        """Why this method does not apply to ``loaded`` ("" when it does)."""
+    def unavailable(self, loaded: LoadedModel, target: Target | None = None) -> str:
+        """Why this method does not apply to ``loaded`` ("" when it does); a zero-shot label ``target`` makes
+        class-specific methods apply to two-tower models."""
         if self.needs_rollout:
             note = loaded.family.rollout_note(loaded.config)
             if note:
                 return f"{self.title} is not defined for {loaded.family.name}: {note}"
-        if self.class_specific and not loaded.has_classifier:
+        label_ok = target is not None and target.is_label and getattr(loaded, "zero_shot", False)
+        if self.class_specific and not loaded.has_classifier and not label_ok:
             return f"{self.title} explains a class logit, and '{loaded.name}' is a backbone without a classifier."
         return ""
 
@@ -209,22 +214,35 @@ class Method:
         """The one-line definition stored with the map (methods with options or per-family choices override it)."""
         return self.definition
 
-    def compute(self, inputs: Inputs, class_index: int | None, seed: int) -> np.ndarray:
-        """The raw map ``(sh, sw)`` on a grid laid over the model input (any grid; the base places it)."""
+    def compute(self, inputs: Inputs, target: BoundTarget | None, seed: int) -> np.ndarray:
+        """The raw map ``(sh, sw)`` on a grid laid over the model input (any grid; the base places it).
+
+        ``target``: what to explain, bound to the model (``target(out)`` ``(B,)`` differentiable; None only for
+        class-agnostic methods on a model without class logits)."""
         raise NotImplementedError
 
-    def __call__(self, inputs: Inputs, *, class_index: int | None = None, seed: int = 0) -> MethodMap:
-        why = self.unavailable(inputs.loaded)
+    def __call__(
+        self,
+        inputs: Inputs,
+        *,
+        class_index: int | None = None,
+        target: Target | int | None = None,
+        seed: int = 0,
+    ) -> MethodMap:
+        """The map for ``target`` (a :class:`~vitviz.capture.targets.Target`, or a class index as before;
+        ``class_index`` is the older spelling); None: the predicted class."""
+        t = resolve_target(target, class_index=class_index, predicted=inputs.predicted_class)
+        why = self.unavailable(inputs.loaded, t)
         if why:
             raise MethodError(why)
-        if class_index is None:
-            class_index = inputs.predicted_class()
-        elif inputs.loaded.has_classifier:
-            n = len(inputs.loaded.id2label)
-            if not 0 <= int(class_index) < n:
-                raise MethodError(f"class {class_index} is outside 0..{n - 1} for '{inputs.loaded.name}'.")
-            class_index = int(class_index)
-        raw = np.asarray(self.compute(inputs, class_index, seed), dtype=np.float32)
+        bound = None
+        if t is not None:
+            try:
+                bound = t.bind(inputs.loaded)
+            except TargetError as exc:
+                if self.class_specific or inputs.loaded.has_classifier:
+                    raise MethodError(str(exc)) from None
+        raw = np.asarray(self.compute(inputs, bound, seed), dtype=np.float32)
         if raw.ndim != 2 or not np.all(np.isfinite(raw)):
             raise MethodError(f"{self.title} gave a map of shape {raw.shape} with non-finite values.")
         grid = inputs.grid
@@ -233,7 +251,8 @@ class Method:
             values=place_on_grid(raw, grid),
             grid=grid,
             input_size=inputs.input_size,
-            class_index=class_index,
+            class_index=None if t is None else t.index,
             definition=self.describe(inputs, seed),
             source_grid=(int(raw.shape[0]), int(raw.shape[1])),
+            target="" if t is None else t.name(getattr(inputs.loaded, "id2label", None)),
         )

@@ -10,7 +10,7 @@ attention block* (the block's input, prefix tokens and padding left out), rows i
 row-major order on that block's grid ``(gh_L, gw_L)`` (the last stage's grid of a
 hierarchical model; MobileViT: the block's unfolded patch rows ``(N, A * C)``, one
 row per patch, offsets x channels, as ``Family.tokens`` gives them). ``y_c`` is the
-class logit before softmax. Then
+target: the class logit before softmax, a zero-shot label's score, or a difference of two. Then
 
     w = mean_t dy_c / dA[t, :]                  (C,)  mean over the N grid tokens
     map[t] = ReLU(sum_c w_c A[t, c])            (N,)  -> (gh_L, gw_L)
@@ -24,16 +24,19 @@ head's). This is the layer pytorch-grad-cam's own ViT and Swin recipes use
 (the residual stream) rather than after it. The last block's *output* would not do
 for CLS models: the classifier reads only the CLS token after a per-token LayerNorm,
 so the gradient with respect to the output's patch tokens is exactly zero there.
-The block input is found by the block's forward hook (``vitviz.capture.hooks``) and
+The block input is found by the block's forward hook (``vitviz.models.hooks``) and
 its gradient by ``torch.autograd.grad``; no ``.grad`` is written on the shared model.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
 from vitviz.capture.run import BlockRecorder, preprocess, run_forward
+from vitviz.capture.targets import BoundTarget
 from vitviz.errors import CaptureError
 from vitviz.methods.base import Inputs, Method
 from vitviz.models.families.base import Call
@@ -73,8 +76,13 @@ def _with_input(args: tuple, kwargs: dict, value: torch.Tensor) -> tuple[tuple, 
     return args, {**kwargs, key: value}
 
 
-def gradcam_map(loaded: LoadedModel, pixels: torch.Tensor, hw: tuple[int, int], class_index: int) -> np.ndarray:
+def gradcam_map(
+    loaded: LoadedModel, pixels: torch.Tensor, hw: tuple[int, int], target: int | Callable[[object], torch.Tensor]
+) -> np.ndarray:
     """Grad-CAM ``(gh_L, gw_L)`` float32 on the last attention block's grid for normalised ``pixels`` ``(1, 3, h, w)``.
+
+    ``target``: a class index (its logit ``y_c``), or a function of the forward's output giving ``(1,)`` or a
+    scalar (a bound :class:`~vitviz.capture.targets.Target`: a label's score, a difference of two).
 
     The activations and their gradients are both rearranged by the family's own
     ``tokens`` (a pure reshape / slice of the block input), so prefix tokens,
@@ -90,7 +98,8 @@ def gradcam_map(loaded: LoadedModel, pixels: torch.Tensor, hw: tuple[int, int], 
             raise CaptureError(f"'{loaded.name}' has no attention block before its head: nothing for Grad-CAM")
         site, g, module, args, kwargs, output = rec.last
         x = _block_input(args, kwargs)
-        (grad,) = torch.autograd.grad(fam.logits(loaded.model, out)[0, class_index], [x], allow_unused=True)
+        y = fam.logits(loaded.model, out)[0, target] if isinstance(target, int) else target(out).reshape(-1)[0]
+        (grad,) = torch.autograd.grad(y, [x], allow_unused=True)
     grad = torch.zeros_like(x) if grad is None else grad
     acts = fam.tokens(call, site, module, args, kwargs, output)[0].detach()  # (1, T, C)
     g_args, g_kwargs = _with_input(args, kwargs, grad)
@@ -112,6 +121,6 @@ class GradCam(Method):
         "nearest cell on the first-stage grid"
     )
 
-    def compute(self, inputs: Inputs, class_index: int | None, seed: int) -> np.ndarray:
+    def compute(self, inputs: Inputs, target: BoundTarget | None, seed: int) -> np.ndarray:
         pixels, _ = preprocess(inputs.loaded, [inputs.image], inputs.input_size)
-        return gradcam_map(inputs.loaded, pixels, inputs.input_size, class_index)
+        return gradcam_map(inputs.loaded, pixels, inputs.input_size, target)

@@ -1,7 +1,7 @@
 """``integrated_gradients``: Integrated Gradients (Sundararajan et al. 2017) with captum, pooled to the patch grid.
 
-Definition. ``x``: the normalised model input ``(3, h, w)``; ``f(x) = y_c``, the class
-logit before softmax. Baseline ``x'``: the input's per-channel mean image (every
+Definition. ``x``: the normalised model input ``(3, h, w)``; ``f(x) = y_c``, the target:
+the class logit before softmax, a zero-shot label's score, or a difference of two. Baseline ``x'``: the input's per-channel mean image (every
 pixel set to the mean colour of the input), the same image the deletion curve
 converges to (``vitviz.evaluate.faithfulness``), so IG explains the change the
 deletion curve measures; the mean is taken in normalised space, which equals
@@ -20,9 +20,12 @@ positive cells raise the logit relative to the baseline and negative ones lower 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
+from vitviz.capture.targets import BoundTarget
 from vitviz.methods.base import Inputs, Method, class_logits, pool_to_grid
 from vitviz.models.load import LoadedModel
 
@@ -34,11 +37,18 @@ def mean_baseline(pixels: torch.Tensor) -> torch.Tensor:
     return pixels.mean(dim=(2, 3), keepdim=True).expand_as(pixels).contiguous()
 
 
+def _forward(loaded: LoadedModel, pixels: torch.Tensor, hw: tuple[int, int]):
+    """The family's forward output of normalised pixels ``(B, 3, h, w)`` (grad mode is the caller's)."""
+    fam = loaded.family
+    with fam.running(loaded.model):
+        return fam.forward(loaded.model, fam.model_inputs(loaded, pixels, hw))
+
+
 def pixel_attributions(
     loaded: LoadedModel,
     pixels: torch.Tensor,
     hw: tuple[int, int],
-    class_index: int,
+    target: int | Callable[[object], torch.Tensor],
     *,
     n_steps: int = 32,
     batch_size: int = 8,
@@ -46,15 +56,19 @@ def pixel_attributions(
 ) -> np.ndarray:
     """Integrated gradients of ``y_c`` for normalised ``pixels`` ``(1, 3, h, w)``: ``(3, h, w)`` float64, signed.
 
-    ``baseline``: ``(1, 3, h, w)``, default :func:`mean_baseline`.
+    ``target``: a class index (``y_c`` its logit), or a function of the forward's output giving ``(B,)`` (a
+    bound :class:`~vitviz.capture.targets.Target`). ``baseline``: ``(1, 3, h, w)``, default :func:`mean_baseline`.
     """
     from captum.attr import IntegratedGradients as CaptumIG
 
     x = pixels.detach()
     base = mean_baseline(x) if baseline is None else baseline.detach().to(x)
-    ig = CaptumIG(lambda batch: class_logits(loaded, batch, hw))
+    if isinstance(target, (int, np.integer)):
+        ig, which = CaptumIG(lambda batch: class_logits(loaded, batch, hw)), int(target)
+    else:
+        ig, which = CaptumIG(lambda batch: target(_forward(loaded, batch, hw))), None
     with torch.enable_grad():
-        attr = ig.attribute(x, baselines=base, target=int(class_index), n_steps=n_steps, internal_batch_size=batch_size)
+        attr = ig.attribute(x, baselines=base, target=which, n_steps=n_steps, internal_batch_size=batch_size)
     return attr[0].double().cpu().numpy()
 
 
@@ -71,12 +85,12 @@ class IntegratedGradients(Method):
     def describe(self, inputs: Inputs, seed: int) -> str:
         return f"{self.definition} ({self.n_steps} steps)"
 
-    def compute(self, inputs: Inputs, class_index: int | None, seed: int) -> np.ndarray:
+    def compute(self, inputs: Inputs, target: BoundTarget | None, seed: int) -> np.ndarray:
         attr = pixel_attributions(
             inputs.loaded,
             inputs.pixels(),
             inputs.input_size,
-            class_index,
+            target,
             n_steps=self.n_steps,
             batch_size=self.batch_size,
         )

@@ -22,5 +22,5 @@ class RandomMap(Method):
     def describe(self, inputs: Inputs, seed: int) -> str:
         return f"i.i.d. uniform [0, 1) values from numpy.random.default_rng({seed})"
 
-    def compute(self, inputs: Inputs, class_index: int | None, seed: int) -> np.ndarray:
+    def compute(self, inputs: Inputs, target, seed: int) -> np.ndarray:
         return np.random.default_rng(seed).random(inputs.grid)

@@ -1,7 +1,7 @@
 """``relevance``: class-specific relevance (Chefer, Gur & Wolf 2021, "Generic Attention-model Explainability").
 
-Definition (``ALGORITHMS.md``, "Class-specific relevance"): ``y_c`` the class logit
-before softmax, ``G_l = dy_c / dA_l`` from one backward pass, ``R = I``;
+Definition (``ALGORITHMS.md``, "Class-specific relevance"): ``y_c`` the target (the class
+logit before softmax, a zero-shot label's score, or a difference of two), ``G_l = dy_c / dA_l`` from one backward pass, ``R = I``;
 ``R = R + mean_h(clamp(G_l * A_l, min=0)) @ R`` for l = 1..L (stage merges as in
 rollout); the map is the readout row of ``R`` over the first stage's grid tokens,
 raw (:func:`vitviz.capture.gradients.explain_classes`). Undefined for MobileViT.
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from vitviz.capture.gradients import explain_classes
+from vitviz.capture.gradients import explain_targets
+from vitviz.capture.targets import BoundTarget
 from vitviz.methods.base import Inputs, Method
 
 __all__ = ["Relevance"]
@@ -23,6 +24,10 @@ class Relevance(Method):
     definition = "Chefer et al. relevance: R += mean_h(clamp(dy_c/dA * A, 0)) @ R per block, readout row, raw"
     needs_rollout = True
 
-    def compute(self, inputs: Inputs, class_index: int | None, seed: int) -> np.ndarray:
-        exp = explain_classes(inputs.loaded, inputs.image, [class_index], size=inputs.size)[class_index]
+    def compute(self, inputs: Inputs, target: BoundTarget | None, seed: int) -> np.ndarray:
+        def y(out):
+            return target(out).reshape(-1)[0]
+
+        t = target.target
+        exp = explain_targets(inputs.loaded, inputs.image, {t.index: (t.name(), y)}, size=inputs.size)[t.index]
         return exp.patch_map()  # (gh, gw) on the first stage's grid

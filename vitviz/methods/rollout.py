@@ -26,7 +26,7 @@ class Rollout(Method):
     uses_capture = True
     needs_rollout = True
 
-    def compute(self, inputs: Inputs, class_index: int | None, seed: int) -> np.ndarray:
+    def compute(self, inputs: Inputs, target, seed: int) -> np.ndarray:
         cap = inputs.capture
         row, stage = capture_rollout(cap)  # (T_1,) over the first stage's tokens
         s = cap.stages[stage]

@@ -19,12 +19,13 @@ from urllib.parse import urlparse
 import numpy as np
 import torch
 
-from vitviz.capture.hooks import install
-from vitviz.capture.record import PositionInfo
-from vitviz.demo import bundled
 from vitviz.errors import CaptureError, ModelLoadError
+from vitviz.models.bundled import bundled
 from vitviz.models.families import Family, family_for
+from vitviz.models.hooks import install
+from vitviz.models.points import install_points
 from vitviz.models.zeroshot import TextTower, text_tower
+from vitviz.record import PositionInfo
 
 __all__ = ["LoadedModel", "DEMO_NAME", "load_model", "pick_device", "resolve_source", "parse_model_name"]
 
@@ -92,13 +93,34 @@ class LoadedModel:
 def pick_device(prefer: str | None = None) -> torch.device:
     """``prefer`` if given, else CUDA, else Apple MPS, else CPU."""
     if prefer:
-        return torch.device(prefer)
+        try:
+            dev = torch.device(prefer)
+        except (RuntimeError, ValueError, TypeError):
+            raise ModelLoadError(f"Unknown device '{str(prefer)[:40]}': choose cuda, mps or cpu.") from None
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ModelLoadError("CUDA is not available on this machine: choose cpu, or leave the device unset.")
+        if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ModelLoadError(f"There is no CUDA device {dev.index} (this machine has {torch.cuda.device_count()}).")
+        mps = getattr(torch.backends, "mps", None)
+        if dev.type == "mps" and not (mps is not None and mps.is_available()):
+            raise ModelLoadError("Apple MPS is not available on this machine: choose cpu, or leave the device unset.")
+        if dev.type not in ("cpu", "cuda", "mps"):
+            raise ModelLoadError(f"Device '{str(prefer)[:40]}' is not supported: choose cuda, mps or cpu.")
+        return dev
     if torch.cuda.is_available():
         return torch.device("cuda")
     mps = getattr(torch.backends, "mps", None)
     if mps is not None and mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
+
+
+def _is_dir(text: str) -> bool:
+    """Whether ``text`` names a folder; False for names the file system cannot take (too long, NUL bytes)."""
+    try:
+        return Path(text).expanduser().is_dir()
+    except (OSError, ValueError):
+        return False
 
 
 def parse_model_name(name: str) -> str:
@@ -109,7 +131,7 @@ def parse_model_name(name: str) -> str:
     text = (name or "").strip()
     if not text:
         raise ModelLoadError("No model given: type a Hugging Face model id (owner/name), a local folder, or 'demo'.")
-    if text in bundled() or Path(text).expanduser().is_dir():
+    if text in bundled() or _is_dir(text):
         return text
     if _HUB_ID.match(text) and ".." not in text:
         return text
@@ -124,9 +146,8 @@ def resolve_source(name: str) -> tuple[str, bool]:
     text = parse_model_name(name)
     if text in bundled():
         return str(bundled()[text]), True
-    path = Path(text).expanduser()
-    if path.is_dir():
-        return str(path.resolve()), True
+    if _is_dir(text):
+        return str(Path(text).expanduser().resolve()), True
     return text, False
 
 
@@ -156,6 +177,110 @@ def _check_local_weights(folder: Path, allow_pickle: bool) -> bool:
             "Convert them to safetensors, or opt in explicitly (allow_pickle=True / --allow-pickle) if you trust the source."
         )
     raise ModelLoadError(f"'{folder}' has no model weights (model.safetensors).")
+
+
+# Files in which transformers looks for ``auto_map`` (code shipped with a checkpoint).
+_CODE_CONFIGS = (
+    "config.json",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "image_processor_config.json",
+    "feature_extractor_config.json",
+    "tokenizer_config.json",
+)
+_MAX_CONFIG_BYTES = 10_000_000
+
+
+def _config_files(source: str, local: bool, hub_kwargs: dict) -> list[Path]:
+    """The configuration files of ``source`` present here (a folder, or the hub cache after the config check)."""
+    if local:
+        return [Path(source) / f for f in _CODE_CONFIGS if (Path(source) / f).is_file()]
+    from transformers.utils import cached_file
+
+    found = []
+    for f in _CODE_CONFIGS:
+        try:
+            path = cached_file(
+                source,
+                f,
+                _raise_exceptions_for_missing_entries=False,
+                _raise_exceptions_for_connection_errors=False,
+                **hub_kwargs,
+            )
+        except OSError:
+            path = None
+        if path:
+            found.append(Path(path))
+    return found
+
+
+def _refuse_remote_code(name: str, files: list[Path]) -> None:
+    """Refuse a checkpoint whose configuration names code of its own (``auto_map``): vitviz never runs it.
+
+    Without this, ``transformers`` asks "Do you wish to run the custom code? [y/N]" on the
+    terminal (and blocks a server's worker there); ``trust_remote_code=False`` on every call
+    is the second line of defence.
+    """
+    import json
+
+    for path in files:
+        try:
+            if path.stat().st_size > _MAX_CONFIG_BYTES:
+                raise ModelLoadError(f"{path.name} of '{name}' is larger than 10 MB: not a configuration file.")
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue  # unreadable: transformers reports it below
+        if isinstance(data, dict) and "auto_map" in data:
+            raise ModelLoadError(
+                f"'{name}' asks to run code shipped with it (auto_map in {path.name}); vitviz never runs a "
+                "checkpoint's own code. Use a checkpoint of an architecture transformers provides."
+            )
+
+
+_SHOWN = 3  # keys named in a message
+_MAX_MISSING_SHARE = 0.01  # of the parameters; a missing layer is refused whatever its share
+_LAYER_KEY = re.compile(r"\.\d+\.")  # ...layer.7.attention...: a weight of one of the repeated blocks
+
+
+def _refuse_incomplete(name: str, model: torch.nn.Module, missing_keys) -> None:
+    """Refuse a checkpoint whose config promises weights it does not hold (left randomly initialised).
+
+    A missing weight of a repeated block (a key with a layer index), or missing weights making
+    up more than 1 % of the parameters, is refused; a few head or pooler weights are not.
+    """
+    if not missing_keys:
+        return
+    state = model.state_dict()
+    wanted = set(missing_keys)
+    missing = [k for k in state if k in wanted] + sorted(wanted.difference(state))  # the model's order
+    total = sum(int(t.numel()) for t in state.values()) or 1
+    lost = sum(int(state[k].numel()) for k in missing if k in state)
+    layers = [k for k in missing if _LAYER_KEY.search(k)]
+    if not layers and lost <= _MAX_MISSING_SHARE * total:
+        return
+    shown = ", ".join((layers or missing)[:_SHOWN])
+    depth = getattr(model.config, "num_hidden_layers", None)
+    promise = f" (its config promises {depth} layers)" if isinstance(depth, int) else ""
+    raise ModelLoadError(
+        f"'{name}' is incomplete: its weights lack {len(missing)} of the {len(state)} tensors the model "
+        f"needs{promise}, {100 * lost / total:.2f} % of the parameters (e.g. {shown}). They would be random; "
+        "use a checkpoint whose config.json matches its weights."
+    )
+
+
+def _refuse_non_finite(name: str, model: torch.nn.Module) -> None:
+    """Refuse weights holding NaN or infinity, naming the first tensors that do."""
+    bad = [
+        k
+        for k, t in model.state_dict().items()
+        if (t.is_floating_point() or t.is_complex()) and not bool(torch.isfinite(t).all())
+    ]
+    if bad:
+        more = f" and {len(bad) - _SHOWN} more" if len(bad) > _SHOWN else ""
+        raise ModelLoadError(
+            f"'{name}' has weights that are NaN or infinite in {len(bad)} tensors ({', '.join(bad[:_SHOWN])}{more}): "
+            "the checkpoint is damaged. Use another copy of it."
+        )
 
 
 def _auto_class(config):
@@ -214,7 +339,7 @@ def _processor_settings(source: str, config, hub_kwargs: dict) -> _Preprocessing
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            proc = AutoImageProcessor.from_pretrained(source, **hub_kwargs)
+            proc = AutoImageProcessor.from_pretrained(source, trust_remote_code=False, **hub_kwargs)
     except Exception:  # no preprocessor_config.json: keep the ViT defaults
         return default
 
@@ -280,8 +405,10 @@ def load_model(
     else:
         use_safetensors = not allow_pickle
         try:
-            AutoConfig.from_pretrained(source, local_files_only=True)
+            AutoConfig.from_pretrained(source, local_files_only=True, trust_remote_code=False)
             hub_kwargs = {"local_files_only": True}  # cached: never touch the network
+        except ValueError:  # cached, but transformers cannot read it (e.g. it names code): checked below
+            hub_kwargs = {"local_files_only": True}
         except OSError:
             if not _hub_reachable(probe_timeout):
                 raise ModelLoadError(
@@ -290,9 +417,11 @@ def load_model(
                     "give the path of a local folder written by save_pretrained, or use the bundled 'demo' model."
                 ) from None
     try:
-        config = AutoConfig.from_pretrained(source, **hub_kwargs)
+        _refuse_remote_code(name, _config_files(source, local, hub_kwargs))
+        config = AutoConfig.from_pretrained(source, trust_remote_code=False, **hub_kwargs)
     except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"Could not read the configuration of '{name}': {exc}") from None
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise ModelLoadError(f"Could not read the configuration of '{name}': {why}") from None
     family = family_for(config)  # raises UnsupportedModelError before any weights load
 
     try:
@@ -304,11 +433,14 @@ def load_model(
                 use_safetensors=use_safetensors,
                 dtype=_DTYPES[dtype],
                 output_loading_info=True,
+                trust_remote_code=False,
                 **hub_kwargs,
             )
     except Exception as exc:  # any failure inside a checkpoint (truncated file, bad tensors) is a load error
         hint = "" if allow_pickle else " If the repository only has pickle weights, convert them to safetensors."
         raise ModelLoadError(f"Could not load the weights of '{name}': {str(exc)[:400]}.{hint}") from None
+    _refuse_incomplete(name, model, info.get("missing_keys", ()))
+    _refuse_non_finite(name, model)
     model.eval().requires_grad_(False).to(dev)
 
     prep = _processor_settings(source, config, hub_kwargs)
@@ -343,10 +475,8 @@ def load_model(
         patch_weights=weights,
         text=text,
     )
-    from vitviz.capture.causal import install_causal_hooks  # here, not lazily: never while others run the model
-
-    try:
-        install_causal_hooks(loaded)
+    try:  # here, not lazily: never while others run the model
+        install_points(loaded)  # the named hook points (vitviz.models.points): idle outside a call
     except (ValueError, RuntimeError, CaptureError) as exc:
         raise ModelLoadError(f"'{name}' does not have the layout of a {family.name} model: {exc}") from None
     return loaded

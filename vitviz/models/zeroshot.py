@@ -34,6 +34,7 @@ __all__ = [
     "DEFAULT_TEMPLATE",
     "MAX_LABELS",
     "MAX_LABEL_CHARS",
+    "MAX_LABELS_TEXT",
     "ZeroShotError",
     "Labels",
     "TextTower",
@@ -52,6 +53,7 @@ DEFAULT_TEMPLATE = "a photo of a {}."
 MAX_LABELS = 64  # more would make the per-label views unreadable; the rest are dropped with a note
 MAX_LABEL_CHARS = 100
 MAX_TEMPLATE_CHARS = 200
+MAX_LABELS_TEXT = 10_000  # characters of label text read (app and CLI); the rest is dropped with a note
 SETTINGS_FILE = "vitviz.json"  # {"prompt_template": "...", "labels": "..."} declared by a model folder (demo-clip)
 
 
@@ -72,10 +74,11 @@ class Labels:
 def parse_labels(text: str, template: str = DEFAULT_TEMPLATE) -> Labels:
     """Labels from what a user typed: one per line, or comma-separated on one line.
 
-    Whitespace is trimmed, empty entries and repeats dropped; a label longer than
-    ``MAX_LABEL_CHARS`` is cut and more than ``MAX_LABELS`` labels are cut to the first
-    ones, each with a note saying so. ``{}`` in the template marks where the label goes
-    (``"{}"`` uses the labels as they are).
+    Whitespace is trimmed, empty entries and repeats dropped (one note names the repeats);
+    a label longer than ``MAX_LABEL_CHARS`` is cut, more than ``MAX_LABELS`` labels are cut
+    to the first ones, and text beyond ``MAX_LABELS_TEXT`` characters is not read, each
+    with a note saying so. Linear in the length of the text. ``{}`` in the template marks
+    where the label goes (``"{}"`` uses the labels as they are).
     """
     template = (template or "").strip() or "{}"
     if "{}" not in template:
@@ -84,10 +87,16 @@ def parse_labels(text: str, template: str = DEFAULT_TEMPLATE) -> Labels:
         raise ZeroShotError(
             f"The prompt template is {len(template)} characters long; keep it under {MAX_TEMPLATE_CHARS}."
         )
-    lines = [ln for ln in (text or "").splitlines() if ln.strip()]
-    raw = lines if len(lines) > 1 else (lines[0].split(",") if lines else [])
+    text = text or ""
     notes: list[str] = []
-    names: list[str] = []
+    if len(text) > MAX_LABELS_TEXT:  # bounds all the work below (linear in what is kept)
+        kept = text[:MAX_LABELS_TEXT]
+        cut = kept.rfind("\n") if "\n" in kept.strip() else kept.rfind(",")  # the last whole label
+        notes.append(f"The labels text is {len(text):,} characters long; only the first {MAX_LABELS_TEXT:,} were read.")
+        text = kept[:cut] if cut > 0 else kept
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    raw = lines if len(lines) > 1 else (lines[0].split(",") if lines else [])
+    names: dict[str, int] = {}  # label -> times given (insertion-ordered): linear in the number of labels
     for item in raw:
         label = " ".join(item.split())
         if not label:
@@ -95,10 +104,15 @@ def parse_labels(text: str, template: str = DEFAULT_TEMPLATE) -> Labels:
         if len(label) > MAX_LABEL_CHARS:
             notes.append(f"'{label[:30]}…' was cut to its first {MAX_LABEL_CHARS} characters.")
             label = label[:MAX_LABEL_CHARS].rstrip()
-        if label in names:
-            notes.append(f"'{label[:30]}' was given twice; it is scored once.")
-            continue
-        names.append(label)
+        names[label] = names.get(label, 0) + 1
+    repeated = [(name, n) for name, n in names.items() if n > 1]
+    if repeated:
+        shown = ", ".join(f"'{name[:30]}' {'twice' if n == 2 else f'{n:,} times'}" for name, n in repeated[:3])
+        more = f" and {len(repeated) - 3:,} more" if len(repeated) > 3 else ""
+        notes.append(f"Repeated labels are scored once: {shown}{more}.")
+    if len(notes) > 8:  # one note per long label at most MAX_LABELS_TEXT / MAX_LABEL_CHARS of them: keep a few
+        notes = [*notes[:7], f"{len(notes) - 7} more notes like these."]
+    names = list(names)
     if not names:
         raise ZeroShotError("Type at least one label (one per line, or separated by commas), e.g. 'cat, dog, car'.")
     if len(names) > MAX_LABELS:
@@ -155,7 +169,7 @@ def text_tower(
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            tokenizer = AutoTokenizer.from_pretrained(source, **hub_kwargs)
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **hub_kwargs)
     except Exception:  # no tokenizer files: the image side still works, without typed labels
         return None
     config = model.config
@@ -274,8 +288,8 @@ def label_target(family, model: torch.nn.Module, text_embedding: np.ndarray):
 
 
 def rank(scores: Scores, names: Sequence[str]):
-    """Every label as a :class:`~vitviz.capture.record.Prediction`, most probable first (ties: given order)."""
-    from vitviz.capture.record import Prediction
+    """Every label as a :class:`~vitviz.record.Prediction`, most probable first (ties: given order)."""
+    from vitviz.record import Prediction
 
     order = np.argsort(-scores.probabilities, kind="stable")
     return tuple(Prediction(int(i), names[i], float(scores.probabilities[i]), float(scores.logits[i])) for i in order)

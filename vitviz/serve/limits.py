@@ -2,8 +2,9 @@
 
 Per session (keep a :class:`SessionLimits` in the session's state):
 
-* uploads: ``uploads_per_minute`` new images (public default 10); count an upload only
-  when a new file arrives, not on every rerun that still shows it;
+* uploads: ``uploads_per_minute`` new images (public default 10), and as many results
+  files on the Data set page; count an upload only when a new file arrives, not on every
+  rerun that still shows it;
 * model changes: ``model_changes_per_minute`` (public default 5); count a change only when
   the model name differs from the session's current one.
 
@@ -34,6 +35,7 @@ __all__ = [
     "hub_download_limit",
     "format_wait",
     "UPLOADS",
+    "RESULTS_UPLOADS",
     "MODEL_CHANGES",
     "HUB_DOWNLOADS",
 ]
@@ -41,6 +43,10 @@ __all__ = [
 UPLOADS = (
     "You have uploaded {limit} images in the last minute, the most this server allows. "
     "Please try again in {wait}; meanwhile the current image stays."
+)
+RESULTS_UPLOADS = (
+    "You have uploaded {limit} results files in the last minute, the most this server allows. "
+    "Please try again in {wait}."
 )
 MODEL_CHANGES = (
     "You have changed the model {limit} times in the last minute, the most this server allows. "
@@ -135,12 +141,14 @@ class SessionLimits:
 
     uploads: RateLimit
     model_changes: RateLimit
+    results_uploads: RateLimit | None = None  # results files (Data set page): ``uploads_per_minute`` as well
 
     @classmethod
     def from_settings(cls, settings: Any, *, clock: Callable[[], float] = time.monotonic) -> SessionLimits:
         return cls(
             uploads=RateLimit(settings.uploads_per_minute, 60.0, message=UPLOADS, clock=clock),
             model_changes=RateLimit(settings.model_changes_per_minute, 60.0, message=MODEL_CHANGES, clock=clock),
+            results_uploads=RateLimit(settings.uploads_per_minute, 60.0, message=RESULTS_UPLOADS, clock=clock),
         )
 
 

@@ -4,7 +4,8 @@ Where they come from, later sources winning:
 
 1. the defaults below (they differ between local and public mode, see :class:`ServeSettings`);
 2. the ``[public]`` table of a TOML file: ``$VITVIZ_CONFIG`` if set (the file must exist),
-   else ``vitviz.toml`` in the working directory if there is one::
+   else ``vitviz.toml`` beside the app's ``app.py`` if there is one (never the working
+   directory: a server started from elsewhere reads the same file)::
 
        [public]
        enabled = true
@@ -17,21 +18,33 @@ Where they come from, later sources winning:
        model_changes_per_minute = 5   # per session; 0 = no limit
        hub_downloads_per_hour = 20    # typed hub ids downloaded, whole server; 0 = no limit
        hub_timeout_s = 10.0           # each metadata / config.json call to the hub
+       results_max_mb = 512           # a results file (Data set page), decoded; checked from its footer
+       results_max_rows = 200000      # rows of a results file
+       results_cache_mb = 512         # results files kept in memory, whole server
+       image_max_megapixels = 40      # pixels of an image, checked from its header before decoding
+       image_max_side = 16384         # longest side of an image in pixels (long thin images)
+       decode_budget_mb = 2048        # memory for images being decoded at once, whole server
 
 3. environment variables: ``VITVIZ_PUBLIC``, ``VITVIZ_ALLOW`` (comma-separated; replaces the
    file's ``allow``, both extend the default allowlist), ``VITVIZ_ALLOW_HUB_IDS``,
    ``VITVIZ_MAX_DOWNLOAD_GB``, ``VITVIZ_MODEL_MEMORY_GIB``, ``VITVIZ_FORWARD_SLOTS``,
    ``VITVIZ_UPLOADS_PER_MINUTE``, ``VITVIZ_MODEL_CHANGES_PER_MINUTE``,
-   ``VITVIZ_HUB_DOWNLOADS_PER_HOUR``, ``VITVIZ_HUB_TIMEOUT_S``.
+   ``VITVIZ_HUB_DOWNLOADS_PER_HOUR``, ``VITVIZ_HUB_TIMEOUT_S``, ``VITVIZ_RESULTS_MAX_MB``,
+   ``VITVIZ_RESULTS_MAX_ROWS``, ``VITVIZ_RESULTS_CACHE_MB``, ``VITVIZ_IMAGE_MAX_MEGAPIXELS``,
+   ``VITVIZ_IMAGE_MAX_SIDE``, ``VITVIZ_DECODE_BUDGET_MB``.
 
 Only the Streamlit app reads these; the command line is never affected. A value that does
 not parse raises :class:`SettingsError` naming where it came from, so a typo in an operator's
-file stops the server at start instead of silently leaving it open.
+file stops the server at start instead of silently leaving it open. The message names the
+file by its name only (``vitviz.toml``); the full path is in ``SettingsError.detail`` for the
+server log, so a visitor never sees the server's folders.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -48,6 +61,8 @@ __all__ = [
     "ServeSettings",
     "SettingsError",
     "load_settings",
+    "log_settings",
+    "server_log",
 ]
 
 DEMOS = tuple(BUNDLED)  # bundled with vitviz (demo, demo-swin, demo-clip): always allowed
@@ -56,6 +71,13 @@ CONFIG_FILE = "vitviz.toml"
 DEFAULT_MAX_DOWNLOAD_GB = 1.0  # decimal GB (10**9 bytes), as the hub reports sizes
 DEFAULT_MODEL_MEMORY_GIB = 4.0  # both modes: about ten ViT-Base models, or three ViT-Large
 DEFAULT_HUB_TIMEOUT_S = 10.0
+# Input limits, the same in both modes (what one file may cost the server).
+DEFAULT_RESULTS_MAX_MB = 512.0  # a results file decoded (vitviz.evaluate.results.ResultsLimits)
+DEFAULT_RESULTS_MAX_ROWS = 200_000
+DEFAULT_RESULTS_CACHE_MB = 512.0
+DEFAULT_IMAGE_MAX_MEGAPIXELS = 40.0  # vitviz.data.images.MAX_PIXELS
+DEFAULT_IMAGE_MAX_SIDE = 16_384  # vitviz.data.images.MAX_SIDE
+DEFAULT_DECODE_BUDGET_MB = 2048.0  # vitviz.data.images.DecodeBudget, whole server
 # Mode-dependent defaults (public, local). 0 means "no limit".
 PUBLIC_FORWARD_SLOTS_CPU = 1  # forward passes share the cores: two at once only make both slower
 PUBLIC_FORWARD_SLOTS_GPU = 2  # one pass leaves a GPU idle while Python prepares the next
@@ -68,7 +90,15 @@ _FALSE = {"0", "false", "no", "off"}
 
 
 class SettingsError(VitvizError):
-    """A serving setting (environment variable or ``vitviz.toml``) does not parse."""
+    """A serving setting (environment variable or ``vitviz.toml``) does not parse.
+
+    ``str(exc)`` names the file by its name only (safe to show a visitor); ``detail`` adds
+    its full path, for the server log.
+    """
+
+    def __init__(self, message: str, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.detail = detail or message
 
 
 def _cuda_available() -> bool:
@@ -100,6 +130,12 @@ class ServeSettings:
     ``model_changes_per_minute``  5 per session                  0 (no limit)
     ``hub_downloads_per_hour``  20 for the whole server          0 (no limit)
     ``hub_timeout_s``           10 s                             not used
+    ``results_max_mb``          512 MB per results file (decoded), both modes
+    ``results_max_rows``        200,000 rows per results file, both modes
+    ``results_cache_mb``        512 MB of results files kept, whole server, both modes
+    ``image_max_megapixels``    40 megapixels per image, both modes
+    ``image_max_side``          16,384 px longest side, both modes
+    ``decode_budget_mb``        2,048 MB of images decoding at once, whole server
     ==========================  ===============================  ==================
 
     A value set explicitly (file or environment) applies in both modes, except the model
@@ -116,6 +152,12 @@ class ServeSettings:
     model_changes_per_minute: int | None = None
     hub_downloads_per_hour: int | None = None
     hub_timeout_s: float = DEFAULT_HUB_TIMEOUT_S
+    results_max_mb: float = DEFAULT_RESULTS_MAX_MB
+    results_max_rows: int = DEFAULT_RESULTS_MAX_ROWS
+    results_cache_mb: float = DEFAULT_RESULTS_CACHE_MB
+    image_max_megapixels: float = DEFAULT_IMAGE_MAX_MEGAPIXELS
+    image_max_side: int = DEFAULT_IMAGE_MAX_SIDE
+    decode_budget_mb: float = DEFAULT_DECODE_BUDGET_MB
     origin: str = field(default="defaults", compare=False)  # where the values came from, for logs
 
     def __post_init__(self) -> None:
@@ -130,7 +172,9 @@ class ServeSettings:
         fill("model_changes_per_minute", PUBLIC_MODEL_CHANGES_PER_MINUTE, 0)
         fill("hub_downloads_per_hour", PUBLIC_HUB_DOWNLOADS_PER_HOUR, 0)
         object.__setattr__(self, "allow", tuple(dict.fromkeys(a.strip() for a in self.allow if a.strip())))
-        for name in ("max_download_gb", "model_memory_gib", "hub_timeout_s"):
+        positive = ("max_download_gb", "model_memory_gib", "hub_timeout_s", "results_max_mb", "results_max_rows")
+        positive += ("results_cache_mb", "image_max_megapixels", "image_max_side", "decode_budget_mb")
+        for name in positive:
             if not getattr(self, name) > 0:
                 raise SettingsError(f"{name} must be a positive number, not {getattr(self, name)!r}.")
         for name in ("forward_slots", "uploads_per_minute", "model_changes_per_minute", "hub_downloads_per_hour"):
@@ -144,6 +188,13 @@ class ServeSettings:
     @property
     def max_download_bytes(self) -> int:
         return int(self.max_download_gb * 10**9)
+
+    @property
+    def results_limits(self):
+        """What the Data set page agrees to decode (:class:`vitviz.evaluate.results.ResultsLimits`)."""
+        from vitviz.evaluate.results import ResultsLimits
+
+        return ResultsLimits(max_rows=self.results_max_rows, max_bytes=int(self.results_max_mb * 2**20))
 
     def describe(self) -> str:
         """One line for the server log, e.g. at start."""
@@ -169,6 +220,12 @@ _FILE_KEYS = {
     "model_changes_per_minute": "model_changes_per_minute",
     "hub_downloads_per_hour": "hub_downloads_per_hour",
     "hub_timeout_s": "hub_timeout_s",
+    "results_max_mb": "results_max_mb",
+    "results_max_rows": "results_max_rows",
+    "results_cache_mb": "results_cache_mb",
+    "image_max_megapixels": "image_max_megapixels",
+    "image_max_side": "image_max_side",
+    "decode_budget_mb": "decode_budget_mb",
 }
 _ENV_KEYS = {
     "VITVIZ_PUBLIC": "public",
@@ -181,6 +238,12 @@ _ENV_KEYS = {
     "VITVIZ_MODEL_CHANGES_PER_MINUTE": "model_changes_per_minute",
     "VITVIZ_HUB_DOWNLOADS_PER_HOUR": "hub_downloads_per_hour",
     "VITVIZ_HUB_TIMEOUT_S": "hub_timeout_s",
+    "VITVIZ_RESULTS_MAX_MB": "results_max_mb",
+    "VITVIZ_RESULTS_MAX_ROWS": "results_max_rows",
+    "VITVIZ_RESULTS_CACHE_MB": "results_cache_mb",
+    "VITVIZ_IMAGE_MAX_MEGAPIXELS": "image_max_megapixels",
+    "VITVIZ_IMAGE_MAX_SIDE": "image_max_side",
+    "VITVIZ_DECODE_BUDGET_MB": "decode_budget_mb",
 }
 _KINDS = {f.name: f.type for f in fields(ServeSettings)}
 
@@ -227,6 +290,14 @@ def _from_toml(name: str, value: Any, where: str) -> Any:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
+    """The ``[public]`` table of ``path``; errors name the file by its name, the full path goes to ``detail``."""
+    try:
+        return _parse_toml(path, path.name)
+    except SettingsError as exc:
+        raise SettingsError(str(exc), detail=f"{exc} (settings file: {path})") from None
+
+
+def _parse_toml(path: Path, shown: str) -> dict[str, Any]:
     try:
         import tomllib
     except ImportError:  # Python 3.10
@@ -234,42 +305,64 @@ def _read_toml(path: Path) -> dict[str, Any]:
             import tomli as tomllib  # type: ignore[no-redef]
         except ImportError:
             raise SettingsError(
-                f"Reading {path} needs Python 3.11+ (tomllib) or the tomli package: pip install tomli."
+                f"Reading {shown} needs Python 3.11+ (tomllib) or the tomli package: pip install tomli."
             ) from None
     try:
         with path.open("rb") as fh:
             data = tomllib.load(fh)
     except OSError as exc:
-        raise SettingsError(f"Cannot read the settings file {path}: {exc.strerror or exc}.") from None
+        raise SettingsError(f"Cannot read the settings file {shown}: {exc.strerror or exc}.") from None
     except tomllib.TOMLDecodeError as exc:
-        raise SettingsError(f"{path} is not valid TOML ({exc}). Fix the file, or remove it.") from None
+        raise SettingsError(f"{shown} is not valid TOML ({exc}). Fix the file, or remove it.") from None
     table = data.get("public", {})
     if not isinstance(table, dict):
-        raise SettingsError(f"In {path}, 'public' must be a table: a line [public] followed by key = value lines.")
+        raise SettingsError(f"In {shown}, 'public' must be a table: a line [public] followed by key = value lines.")
     unknown = sorted(set(table) - set(_FILE_KEYS))
     if unknown:
         raise SettingsError(
-            f"{path} has unknown setting(s) {', '.join(unknown)} in [public]; "
+            f"{shown} has unknown setting(s) {', '.join(unknown)} in [public]; "
             f"the known ones are {', '.join(_FILE_KEYS)}."
         )
-    return {_FILE_KEYS[k]: _from_toml(_FILE_KEYS[k], v, f"'{k}' in {path}") for k, v in table.items()}
+    return {_FILE_KEYS[k]: _from_toml(_FILE_KEYS[k], v, f"'{k}' in {shown}") for k, v in table.items()}
 
 
-def config_path(environ: Mapping[str, str] | None = None, cwd: str | Path | None = None) -> Path | None:
-    """The settings file to read: ``$VITVIZ_CONFIG`` (which must exist), else ``./vitviz.toml`` if present."""
+def app_folder() -> Path | None:
+    """The folder of the app's ``app.py`` (installed package or source checkout), or None without the app."""
+    try:
+        from vitviz.launch import app_script
+
+        return app_script().parent
+    except VitvizError:
+        return None
+
+
+def config_path(environ: Mapping[str, str] | None = None, folder: str | Path | None = None) -> Path | None:
+    """The settings file to read: ``$VITVIZ_CONFIG`` (which must exist), else ``vitviz.toml`` beside ``app.py``.
+
+    ``folder``: where ``app.py`` is (default: :func:`app_folder`). The working directory is never
+    looked at, so the file read does not depend on where the server was started.
+    """
     env = os.environ if environ is None else environ
     explicit = env.get("VITVIZ_CONFIG", "").strip()
     if explicit:
         path = Path(explicit).expanduser()
         if not path.is_file():
-            raise SettingsError(f"VITVIZ_CONFIG points to {path}, which is not a file. Fix the path, or unset it.")
+            raise SettingsError(
+                "VITVIZ_CONFIG does not point to a file. Fix the path, or unset it.",
+                detail=f"VITVIZ_CONFIG points to {path}, which is not a file. Fix the path, or unset it.",
+            )
         return path
-    local = Path(cwd if cwd is not None else Path.cwd()) / CONFIG_FILE
-    return local if local.is_file() else None
+    folder = app_folder() if folder is None else Path(folder)
+    if folder is None:
+        return None
+    beside = Path(folder) / CONFIG_FILE
+    return beside if beside.is_file() else None
 
 
-def load_settings(environ: Mapping[str, str] | None = None, cwd: str | Path | None = None) -> ServeSettings:
+def load_settings(environ: Mapping[str, str] | None = None, folder: str | Path | None = None) -> ServeSettings:
     """Defaults, then the settings file, then environment variables (see the module docstring).
+
+    ``folder``: where ``app.py`` is, to find ``vitviz.toml`` beside it (default: :func:`app_folder`).
 
     Raises:
         SettingsError: a file that does not parse, an unknown key, or a value of the wrong type.
@@ -277,7 +370,7 @@ def load_settings(environ: Mapping[str, str] | None = None, cwd: str | Path | No
     env = os.environ if environ is None else environ
     values: dict[str, Any] = {}
     origins = []
-    path = config_path(env, cwd)
+    path = config_path(env, folder)
     if path is not None:
         values.update(_read_toml(path))
         origins.append(str(path))
@@ -290,3 +383,30 @@ def load_settings(environ: Mapping[str, str] | None = None, cwd: str | Path | No
     if used:
         origins.append("environment " + ", ".join(used))
     return ServeSettings(**values, origin="; ".join(origins) or "defaults")
+
+
+class _Stderr(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time (Streamlit and test runners replace it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
+def server_log() -> logging.Logger:
+    """The ``vitviz.serve`` logger; it writes to the server's stderr even where nothing configured logging."""
+    log = logging.getLogger("vitviz.serve")
+    if not log.handlers:
+        handler = _Stderr()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+    return log
+
+
+def log_settings(settings: ServeSettings) -> str:
+    """Log, once at start, which settings file was read and whether public mode is on; returns the line."""
+    line = settings.describe()
+    server_log().info(line)
+    return line

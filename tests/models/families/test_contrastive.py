@@ -22,12 +22,12 @@ from reference import relevance_reference, rollout_reference
 from vitviz.analysis.blocks import dense, row_map, select
 from vitviz.analysis.rollout import capture_rollout
 from vitviz.capture.gradients import explain_classes, explain_targets
-from vitviz.capture.hooks import installed_sites
-from vitviz.capture.record import POOLED
 from vitviz.capture.run import capture, input_size_for, preprocess
 from vitviz.errors import BudgetError
 from vitviz.models.families.contrastive import Clip, Siglip, Siglip2, naflex_size, vision_tower
+from vitviz.models.hooks import installed_sites
 from vitviz.models.load import load_model
+from vitviz.record import POOLED
 
 TEXT = dict(
     hidden_size=32,

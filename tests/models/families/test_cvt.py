@@ -22,10 +22,10 @@ from reference import centres, mean_distance_reference, merge_matrix, relevance_
 from vitviz.analysis.blocks import row_map, select
 from vitviz.analysis.rollout import capture_rollout
 from vitviz.capture.gradients import explain_classes
-from vitviz.capture.hooks import installed_sites
 from vitviz.capture.run import capture, input_size_for, preprocess
 from vitviz.errors import BudgetError, ModelLoadError
 from vitviz.models.families.cvt import Cvt, stage_grids
+from vitviz.models.hooks import installed_sites
 from vitviz.models.load import load_model
 
 TINY_CVT = dict(depth=[1, 2, 3], embed_dim=[8, 16, 24], num_heads=[1, 2, 4])

@@ -23,12 +23,12 @@ from reference import centres, mean_distance_reference
 from vitviz.analysis import blocks
 from vitviz.analysis.rollout import capture_rollout
 from vitviz.capture.gradients import explain_classes
-from vitviz.capture.record import POOLED, Geometry
 from vitviz.capture.run import capture, capture_batch, input_size_for, preprocess
 from vitviz.errors import BudgetError, CaptureError
 from vitviz.models.families import family_for
 from vitviz.models.families.mobilevit import MobileViT, MobileViTV2
 from vitviz.models.load import LoadedModel, load_model
+from vitviz.record import POOLED, Geometry
 
 KEYS = ("mobilevit", "mobilevitv2")
 SIZE = 128  # the tiny models' default input: stage grids 8 x 8, 4 x 4, 2 x 2

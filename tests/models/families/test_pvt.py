@@ -27,11 +27,11 @@ from vitviz.analysis.blocks import row_map, select
 from vitviz.analysis.embeddings import position_similarity
 from vitviz.analysis.rollout import capture_rollout
 from vitviz.capture.gradients import explain_classes
-from vitviz.capture.record import POOLED
 from vitviz.capture.run import capture, check_budget, input_size_for, preprocess
 from vitviz.errors import BudgetError, CaptureError
 from vitviz.models.families import family_for, supported_model_types
 from vitviz.models.load import load_model
+from vitviz.record import POOLED
 
 LABELS = {"id2label": {0: "zero", 1: "one", 2: "two"}, "label2id": {"zero": 0, "one": 1, "two": 2}}
 WIDE = dict(hidden_sizes=[16, 32, 32, 48], num_attention_heads=[2, 2, 4, 4], mlp_ratios=[2, 2, 2, 2])

@@ -23,13 +23,13 @@ from reference import relevance_reference, rollout_reference
 
 from vitviz.analysis.rollout import capture_rollout
 from vitviz.capture.gradients import explain_classes, explain_targets
-from vitviz.capture.hooks import installed_sites
-from vitviz.capture.record import POOLED
 from vitviz.capture.run import capture, input_size_for, preprocess
 from vitviz.errors import BudgetError
 from vitviz.models.families import family_for
 from vitviz.models.families.selfsupervised import Aimv2, Data2VecVision, _MaskRatioView
+from vitviz.models.hooks import installed_sites
 from vitviz.models.load import load_model
+from vitviz.record import POOLED
 
 TINY = dict(
     hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=32, patch_size=8

@@ -17,10 +17,10 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from vitviz.capture.hooks import Site
-from vitviz.capture.record import Geometry, PositionInfo
+from vitviz.models.hooks import Site
+from vitviz.record import Geometry, PositionInfo
 
-__all__ = ["Call", "Family", "ReadoutHead", "to_native", "centre_parents", "find_submodule"]
+__all__ = ["Call", "Family", "ReadoutHead", "BlockParts", "to_native", "centre_parents", "declared", "ABSENT"]
 
 
 @dataclass
@@ -58,30 +58,38 @@ class ReadoutHead:
         return self.head(self.norm(self.select(residual)))
 
 
-def find_submodule(root: torch.nn.Module | None, names: tuple[str, ...], kind: type = torch.nn.Module):
-    """The first of the dotted ``names`` that exists under ``root`` and is a ``kind``, else None."""
-    if root is None:
-        return None
-    for name in names:
-        obj = root
-        for part in name.split("."):
-            obj = getattr(obj, part, None)
-            if obj is None:
-                break
-        if isinstance(obj, kind):
-            return obj
-    return None
+@dataclass(frozen=True, eq=False)
+class BlockParts:
+    """What one attention block has, as its family adapter declares it (the engine never guesses a name).
+
+    ``projection``: the attention's output projection, a Linear whose input is the heads side by side
+    (head h in columns ``h*d .. (h+1)*d - 1``), or None. ``mlp``: the module whose forward output is the
+    block's MLP update before any layer scale (None: not declared). ``attn_scale``, ``mlp_scale``: the
+    per-channel layer scales ``(D,)`` (or a float) applied to the attention and MLP updates before the
+    residual adds; None = the block has none. ``unknown``: "" when the adapter knows where this block's
+    layer scales and MLP sit (or that it has none); else why it does not (direct logit attribution then
+    refuses).
+    """
+
+    projection: torch.nn.Linear | None = None
+    mlp: torch.nn.Module | None = None
+    attn_scale: torch.Tensor | float | None = None
+    mlp_scale: torch.Tensor | float | None = None
+    unknown: str = ""
 
 
-_ATTENTION_CHILDREN = ("attention", "attn", "self_attn", "self_attention")
-_PROJECTION_NAMES = ("o_proj", "output.dense", "proj", "out_proj")
-_MLP_OUTPUT_NAMES = ("mlp.fc2", "mlp.weights_out", "mlp.dense2", "mlp.down_proj", "mlp.out_proj", "output.dense")
-_LAYER_SCALES = (
-    ("layer_scale1.lambda1", "layer_scale2.lambda1"),  # DINOv2
-    ("lambda_1", "lambda_2"),  # BEiT, data2vec-vision (a float 1.0 when off)
-    ("ls1.gamma", "ls2.gamma"),  # timm-style
-    ("layer_scale1.scale", "layer_scale2.scale"),
-)
+_ABSENT = object()
+ABSENT = _ABSENT  # what ``declared`` gives, with ``default=ABSENT``, for a path that does not exist
+
+
+def declared(root: torch.nn.Module, path: str, default=None):
+    """The object at the dotted ``path`` under ``root`` (an adapter's declaration), or ``default`` when absent."""
+    obj = root
+    for part in path.split("."):
+        obj = getattr(obj, part, _ABSENT)
+        if obj is _ABSENT or obj is None:
+            return default if obj is _ABSENT else None
+    return obj
 
 
 def to_native(g: Geometry, raw: torch.Tensor, batch: int) -> torch.Tensor:
@@ -208,39 +216,42 @@ class Family:
         """Attention values one image's capture holds (for the memory budget)."""
         raise NotImplementedError
 
-    # --- causal analyses (vitviz.capture.causal) -----------------------------------------
+    # --- what a block has (declared; the engine never guesses a module name) ----------------------
+    # Dotted paths under each block module, in the order tried (one per variant of the family's blocks).
+    projection_paths: tuple[str, ...] = ()  # the attention's output projection (a Linear)
+    mlp_output_paths: tuple[str, ...] = ()  # the MLP's last Linear (its bias goes to attribution's "rest")
+
     def head_projection(self, site: Site) -> torch.nn.Linear | None:
         """The block's attention output projection: a Linear whose input is the heads' outputs side by side.
 
         Its input ``(..., H * d)`` holds head h in columns ``h*d .. (h+1)*d - 1`` (every
-        supported family concatenates heads in head-major order). Looks in the
-        block's attention child (``attention``, ``attn``, ``self_attn``), then in the
-        site's attention module, for ``o_proj``, ``output.dense``, ``proj``,
-        ``out_proj``; None where there is none (MobileViT V2's projection is a
-        convolution and it has one "head"): knock-outs are then not defined.
+        supported family concatenates heads in head-major order). The first of the
+        family's declared ``projection_paths`` that is a Linear under the block; None
+        where there is none (MobileViT V2's projection is a convolution and it has one
+        "head"): knock-outs are then not defined.
         """
-        roots = [getattr(site.block, n, None) for n in _ATTENTION_CHILDREN] + [site.attention]
-        for root in roots:
-            if isinstance(root, torch.nn.Module):
-                found = find_submodule(root, _PROJECTION_NAMES)
-                if found is not None:
-                    return found if isinstance(found, torch.nn.Linear) else None
+        for path in self.projection_paths:
+            found = declared(site.block, path)
+            if isinstance(found, torch.nn.Linear):
+                return found
         return None
 
-    def residual_scales(self, site: Site) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Per-channel scales ``(D,)`` the block applies to its attention and MLP outputs before adding them
-        to the residual stream (layer scale: DINOv2 ``layer_scale1/2``, BEiT ``lambda_1/2``); None = 1."""
-        for a, b in _LAYER_SCALES:
-            sa = find_submodule(site.block, (a,), torch.Tensor)
-            sb = find_submodule(site.block, (b,), torch.Tensor)
-            if sa is not None or sb is not None:
-                return sa, sb
-        return None, None
-
     def mlp_output(self, site: Site) -> torch.nn.Linear | None:
-        """The last Linear of the block's MLP (its bias goes to the "rest" of the attribution), or None."""
-        return find_submodule(site.block, _MLP_OUTPUT_NAMES, torch.nn.Linear)
+        """The last Linear of the block's MLP (declared ``mlp_output_paths``), or None."""
+        for path in self.mlp_output_paths:
+            found = declared(site.block, path)
+            if isinstance(found, torch.nn.Linear):
+                return found
+        return None
 
     def readout_head(self, model: torch.nn.Module) -> ReadoutHead | None:
         """The final norm and classifier as a :class:`ReadoutHead`, or None where the adapter defines none."""
         return None
+
+    def block_parts(self, site: Site) -> BlockParts:
+        """What block ``site`` has (see :class:`BlockParts`). The base adapter knows its per-head projection
+        (:meth:`head_projection`) and declares nothing else, so direct logit attribution refuses."""
+        return BlockParts(
+            projection=self.head_projection(site),
+            unknown=f"the {self.name} adapter does not declare where a block's MLP output and layer scales sit",
+        )

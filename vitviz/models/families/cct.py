@@ -29,9 +29,9 @@ from typing import Literal
 import numpy as np
 import torch
 
-from vitviz.capture.hooks import Site
-from vitviz.capture.record import Geometry, PositionInfo, PositionTable
 from vitviz.models.families.base import Call, Family
+from vitviz.models.hooks import Site
+from vitviz.record import Geometry, PositionInfo, PositionTable
 from vitviz.zoo.cct import CctAttention, CctBlock, CctSequencePool, token_grid, total_stride
 
 __all__ = ["Cct", "FAMILIES"]
@@ -43,6 +43,7 @@ class Cct(Family):
     """Compact Convolutional Transformer: convolutional tokenizer, global blocks, sequence pooling."""
 
     name = "CCT"
+    projection_paths = ("self_attn.proj",)
     model_types = ("cct",)
 
     def patch_size(self, config) -> int:

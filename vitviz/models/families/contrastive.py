@@ -62,10 +62,10 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from vitviz.capture.hooks import Site
-from vitviz.capture.record import Geometry, PositionInfo, PositionTable
 from vitviz.models.families.base import Call, Family
 from vitviz.models.families.vit import recorded_classes
+from vitviz.models.hooks import Site
+from vitviz.record import Geometry, PositionInfo, PositionTable
 
 __all__ = [
     "ContrastiveTower",
@@ -174,6 +174,9 @@ class ContrastiveTower(Family):
 
     interpolate_kwarg = True  # the fixed-size towers interpolate their position table to other input sizes
     cls_token = False
+    # Encoder layers, then SigLIP's pooling head (an nn.MultiheadAttention that never calls out_proj as a module).
+    projection_paths = ("self_attn.out_proj", "attention.out_proj")
+    mlp_output_paths = ("mlp.fc2",)
 
     # --- layout ------------------------------------------------------------------
     def patch_size(self, config) -> int:

@@ -38,9 +38,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from vitviz.capture.hooks import Site
-from vitviz.capture.record import Geometry, PositionInfo
 from vitviz.models.families.base import Call, Family, centre_parents
+from vitviz.models.hooks import Site
+from vitviz.record import Geometry, PositionInfo
 
 __all__ = ["Cvt", "FAMILIES", "conv_out", "stage_grids", "key_grids"]
 
@@ -128,6 +128,7 @@ class Cvt(Family):
     """CvT: three stages of global attention over strided, convolutionally reduced keys."""
 
     name = "CvT"
+    projection_paths = ("attention.output.dense",)
     model_types = ("cvt",)
     hierarchical = True
 

@@ -45,10 +45,10 @@ from typing import Literal
 import numpy as np
 import torch
 
-from vitviz.capture.hooks import Site
-from vitviz.capture.record import Geometry, PositionInfo, RelativeBias
 from vitviz.models.families.base import Call, Family, ReadoutHead
 from vitviz.models.families.swin import _bias_map
+from vitviz.models.hooks import Site
+from vitviz.record import Geometry, PositionInfo, RelativeBias
 
 __all__ = ["Dat", "FAMILIES", "spread_bilinear", "bilinear_corners"]
 

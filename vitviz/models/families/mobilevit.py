@@ -39,10 +39,10 @@ from importlib import import_module
 import numpy as np
 import torch
 
-from vitviz.capture.hooks import Site
-from vitviz.capture.record import Geometry, PositionInfo
 from vitviz.errors import CaptureError
 from vitviz.models.families.base import Call, Family
+from vitviz.models.hooks import Site
+from vitviz.record import Geometry, PositionInfo
 
 __all__ = ["MobileViT", "MobileViTV2", "FAMILIES", "conv_output_size"]
 
@@ -84,6 +84,7 @@ class MobileViT(Family):
     """
 
     name = "MobileViT"
+    projection_paths = ("attention.output.dense",)
     model_types = ("mobilevit",)
     hierarchical = True
     _modeling = "transformers.models.mobilevit.modeling_mobilevit"
@@ -256,6 +257,7 @@ class MobileViTV2(MobileViT):
     """
 
     name = "MobileViT V2"
+    projection_paths = ()  # a 1 x 1 convolution projects its one separable "head"
     model_types = ("mobilevitv2",)
     _modeling = "transformers.models.mobilevitv2.modeling_mobilevitv2"
     _layer_class = "MobileViTV2Layer"

@@ -40,9 +40,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from vitviz.capture.hooks import Site
-from vitviz.capture.record import Geometry, PositionInfo, PositionTable
 from vitviz.models.families.base import Call, Family, centre_parents
+from vitviz.models.hooks import Site
+from vitviz.record import Geometry, PositionInfo, PositionTable
 
 __all__ = ["Pvt", "PvtV2", "FAMILIES"]
 
@@ -217,6 +217,7 @@ class Pvt(_Pyramid):
     """
 
     name = "PvT"
+    projection_paths = ("attention.output.dense",)
     model_types = ("pvt",)
 
     def _embed_conv(self, config, stage: int) -> tuple[int, int, int]:
@@ -289,6 +290,7 @@ class PvtV2(_Pyramid):
     """
 
     name = "PvT v2"
+    projection_paths = ("attention.proj",)
     model_types = ("pvt_v2",)
 
     def _embed_conv(self, config, stage: int) -> tuple[int, int, int]:

@@ -49,11 +49,11 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from vitviz.capture.hooks import Site
-from vitviz.capture.record import Geometry, PositionInfo, PositionTable
 from vitviz.errors import CaptureError
 from vitviz.models.families.base import Call, Family
 from vitviz.models.families.vit import Beit, PlainViT, paired_sites
+from vitviz.models.hooks import Site
+from vitviz.record import Geometry, PositionInfo, PositionTable
 
 __all__ = ["Dinov3", "VitMae", "IJepa", "Aimv2", "Data2VecVision", "VitMsn", "FAMILIES", "pool_with_weights"]
 
@@ -66,6 +66,7 @@ class Dinov3(PlainViT):
 
     name = "DINOv3"
     model_types = ("dinov3_vit",)
+    layer_scale_paths = ("layer_scale1.lambda1", "layer_scale2.lambda1")
     interpolate_kwarg = False  # RoPE is computed from each input's own grid
 
     def prefix_kinds(self, config) -> tuple[str, ...]:
@@ -278,6 +279,9 @@ class Aimv2(PlainViT):
 
     name = "AIMv2"
     model_types = ("aimv2_vision_model", "aimv2")
+    projection_paths = ("attention.out_proj",)
+    mlp_path = "ffn"
+    mlp_output_paths = ("ffn.down_proj",)
     interpolate_kwarg = False  # Aimv2VisionModel.forward has no such argument (its **kwargs swallow it unread)
 
     # --- the image tower and its config -------------------------------------------------
@@ -417,6 +421,9 @@ class Data2VecVision(Beit):
 
     name = "data2vec-vision"
     model_types = ("data2vec-vision",)
+    projection_paths = ("attention.output.dense",)  # the pre-5.x layout: intermediate + output
+    mlp_path = "output"  # Data2VecVisionOutput: the MLP's second Linear and dropout, no residual inside
+    mlp_output_paths = ("output.dense",)
     interpolate_kwarg = False  # absolute tables are always interpolated; the relative bias follows the input's grid
 
     def readout(self, config) -> Literal["cls", "pooled"]:

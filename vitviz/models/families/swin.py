@@ -29,9 +29,9 @@ from typing import Literal
 import numpy as np
 import torch
 
-from vitviz.capture.hooks import Site, installed_sites, model_lock
-from vitviz.capture.record import Geometry, PositionInfo, PositionTable, RelativeBias
 from vitviz.models.families.base import Family, ReadoutHead
+from vitviz.models.hooks import Site, installed_sites, model_lock
+from vitviz.record import Geometry, PositionInfo, PositionTable, RelativeBias
 
 __all__ = ["Swin", "SwinV2", "FAMILIES"]
 
@@ -59,6 +59,7 @@ class Swin(Family):
     """Swin (microsoft/swin-*): 4 stages by default, windowed attention, mean-pooled readout."""
 
     name = "Swin"
+    projection_paths = ("attention.o_proj",)
     model_types = ("swin",)
     hierarchical = True
     interpolate_kwarg = True
@@ -176,6 +177,7 @@ class SwinV2(Swin):
     """Swin V2 (microsoft/swinv2-*): cosine attention, a continuous position bias from a small MLP."""
 
     name = "Swin V2"
+    projection_paths = ("attention.output.dense",)
     model_types = ("swinv2",)
     interpolate_kwarg = False
 

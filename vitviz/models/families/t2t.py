@@ -45,9 +45,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from vitviz.capture.hooks import Site
-from vitviz.capture.record import Geometry, PositionInfo, PositionTable
 from vitviz.models.families.base import Call, Family, ReadoutHead, centre_parents
+from vitviz.models.hooks import Site
+from vitviz.record import Geometry, PositionInfo, PositionTable
 
 __all__ = ["T2TViT", "FAMILIES", "implied_attention"]
 

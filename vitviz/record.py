@@ -48,6 +48,7 @@ __all__ = [
     "RelativeBias",
     "PositionInfo",
     "Capture",
+    "QueryPoints",
     "POOLED",
     "frozen",
 ]
@@ -394,3 +395,21 @@ class Capture:
     def default_query(self, stage: int) -> int:
         """CLS where the stage has one, else the pooled query."""
         return 0 if self.stages[stage].num_prefix else POOLED
+
+
+@dataclass(frozen=True, eq=False)
+class QueryPoints:
+    """One head's attention from one query over its sampled points (pixels of the model input).
+
+    ``points``, ``references``: ``(Ns, 2)`` (x, y); ``weights``: ``(Ns,)`` summing to 1;
+    ``query``: ``(x, y)`` centre of the query's cell (None for the pooled query); ``on_map``: ``(Ns,)`` the share of
+    each point's bilinear footprint on the map (1 inside, 0 wholly outside: reads zeros).
+    """
+
+    head: int
+    token: int
+    query: tuple[float, float] | None
+    points: np.ndarray
+    weights: np.ndarray
+    references: np.ndarray
+    on_map: np.ndarray

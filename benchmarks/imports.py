@@ -1,0 +1,82 @@
+"""Import time of vitviz's entry points, each in a fresh interpreter.
+
+:func:`import_times`: wall time of ``python -c "import X"`` for ``vitviz`` (lazy, PEP 562),
+``vitviz.analysis`` and ``vitviz.figures`` (no torch), and ``vitviz.models.load`` (torch and
+transformers, for scale), against ``python -c pass`` (the interpreter's own start). Runs are
+interleaved so that drift of the machine's speed hits every row alike; medians are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+__all__ = ["TARGETS", "import_times"]
+
+TARGETS = {  # row name: the code run in a fresh interpreter
+    "python -c pass": "pass",
+    "import vitviz": "import vitviz",
+    "import vitviz.analysis": "import vitviz.analysis",
+    "import vitviz.figures": "import vitviz.figures",
+    "import vitviz.analysis, vitviz.figures": "import vitviz.analysis, vitviz.figures",
+    "import vitviz.models.load (torch)": "import vitviz.models.load",
+}
+
+
+def _wall(code: str) -> float:
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+    return time.perf_counter() - t
+
+
+def import_times(runs: int = 5) -> dict:
+    """Median wall time (s) per row of :data:`TARGETS` over ``runs`` interleaved fresh interpreters (one
+    warm-up round first, so the file cache is warm), each minus ``python -c pass`` as ``import_s``."""
+    for code in TARGETS.values():  # warm-up: file cache, .pyc files
+        _wall(code)
+    times: dict[str, list[float]] = {name: [] for name in TARGETS}
+    for _ in range(runs):
+        for name, code in TARGETS.items():
+            times[name].append(_wall(code))
+    base = statistics.median(times["python -c pass"])
+    rows = []
+    for name, ts in times.items():
+        wall = statistics.median(ts)
+        rows.append(
+            {
+                "import": name,
+                "wall_s": round(wall, 3),
+                "import_s": round(wall - base, 3),
+                "ratio_to_pass": round(wall / base, 2),
+            }
+        )
+    return {"runs": runs, "rows": rows}
+
+
+def print_rows(result: dict) -> None:
+    print(f"\nImport times, fresh interpreter, median of {result['runs']}:")
+    print("| import | wall (s) | minus `python -c pass` (s) | ratio to `python -c pass` |")
+    print("|---|---|---|---|")
+    for r in result["rows"]:
+        print(f"| `{r['import']}` | {r['wall_s']} | {r['import_s']} | {r['ratio_to_pass']} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.imports", description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args(argv)
+    result = import_times(args.runs)
+    print(json.dumps(result, indent=2))
+    print_rows(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

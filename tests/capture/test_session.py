@@ -1,0 +1,164 @@
+"""The Run (vitviz.capture.session): one clean forward that Heads, Rollout, Relevance and Causal all read."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+from conftest import random_image
+
+from vitviz.capture import session as S
+from vitviz.capture.points import Edit
+from vitviz.capture.run import capture, input_size_for, preprocess
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class Counter:
+    """Counts calls through the model's own top-level forward."""
+
+    def __init__(self, model):
+        self.n = 0
+        self.handle = model.register_forward_pre_hook(self)
+
+    def __call__(self, module, args):
+        self.n += 1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+
+@pytest.fixture(autouse=True)
+def fresh_cache():
+    S.clear_runs()
+    yield
+    S.clear_runs()
+
+
+def _reference_relevance(loaded, img, c):
+    """Relevance by its own forward with gradients (the path before the Run), as an independent reference."""
+    from vitviz.analysis.relevance import relevance_abar, relevance_row
+    from vitviz.capture.gradients import GraphRecorder, _native_grad
+    from vitviz.capture.run import build_stages, run_forward
+    from vitviz.models.families.base import Call, to_native
+
+    hw = input_size_for(loaded, None, img.size)
+    pixels, _ = preprocess(loaded, [img], hw)
+    pixels.requires_grad_(True)
+    rec = GraphRecorder(loaded, Call(loaded.config, hw, 1))
+    with torch.enable_grad():
+        out = run_forward(loaded, pixels, rec)
+        order = sorted(rec.raw)
+        geoms = [rec.geometries[b] for b in order]
+        attn = [to_native(geoms[i], rec.raw[b].detach(), 1)[0].float().numpy() for i, b in enumerate(order)]
+        grads = torch.autograd.grad(out.logits[0, c], [rec.raw[b] for b in order])
+    abars = {i: relevance_abar(geoms[i], attn[i], _native_grad(geoms[i], g, attn[i])) for i, g in enumerate(grads)}
+    stages = build_stages(loaded, geoms, {}, 0)
+    return relevance_row(geoms, stages, abars, readout=loaded.family.readout(loaded.config))
+
+
+def test_heads_rollout_relevance_and_causal_share_one_forward(demo_model):
+    from vitviz.analysis.rollout import capture_rollout
+    from vitviz.capture.causal import causal_arrays, fast_estimate
+    from vitviz.capture.gradients import explain_classes
+    from vitviz.data.shapes import make_sample
+
+    loaded = demo_model
+    img = make_sample(3).image
+    with Counter(loaded.model) as count:
+        run = S.get_run(loaded, img)
+        cap = run.capture  # the Heads record
+        row, _ = capture_rollout(cap)
+        c = cap.predictions[0].index
+        rel = explain_classes(loaded, img, [c])[c]
+        arrays, why = causal_arrays(loaded, img)
+        est = fast_estimate(loaded, img, mode="zero")
+        again = S.get_run(loaded, img)
+    assert count.n == 1 and again is run and run.has_graph
+    assert why == {} and est.effects.shape == arrays["head_ablation"].shape
+
+    with Counter(loaded.model) as count:  # the references below run their own forwards
+        ref = capture(loaded, img)
+        ref_rel = _reference_relevance(loaded, img, c)
+    assert count.n == 2
+    np.testing.assert_array_equal(cap.attention_stack, ref.attention_stack)
+    np.testing.assert_allclose(cap.logits, ref.logits, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(row, capture_rollout(ref)[0], rtol=1e-6)
+    np.testing.assert_allclose(rel.relevance, ref_rel, rtol=1e-5, atol=1e-7)
+    S.clear_runs()  # no Run cached (a data-set loop): relevance makes its own forward, no Run is kept
+    with Counter(loaded.model) as count:
+        alone = explain_classes(loaded, img, [c])[c]
+    assert count.n == 1 and S.peek_run(loaded, img) is None
+    np.testing.assert_allclose(alone.relevance, rel.relevance, rtol=1e-5, atol=1e-7)
+
+
+def test_cache_is_keyed_and_bounded(tiny_models):
+    loaded = tiny_models["vit"]
+    a, b = random_image(1), random_image(2)
+    run = S.get_run(loaded, a)
+    assert S.get_run(loaded, a.copy()) is run  # same pixels, same run
+    assert S.get_run(loaded, b) is not run
+    assert S.get_run(loaded, a, size=48) is not run and S.get_run(loaded, a, size=48).input_size == (48, 48)
+    for seed in range(3, 3 + S.CACHE_SIZE):
+        S.get_run(loaded, random_image(seed))
+    assert S.get_run(loaded, a) is not run  # evicted
+    other = S.get_run(tiny_models["deit"], a)
+    S.clear_runs(loaded.model)  # a server dropping a model drops its runs, and only those
+    assert S.peek_run(loaded, a) is None and S.peek_run(tiny_models["deit"], a) is other
+
+
+def test_concurrent_requests_for_one_image_make_one_forward(tiny_models):
+    loaded = tiny_models["deit"]
+    img = random_image(9)
+    runs = []
+    with Counter(loaded.model) as count:
+        threads = [threading.Thread(target=lambda: runs.append(S.get_run(loaded, img))) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert count.n == 1 and len({id(r) for r in runs}) == 1
+
+
+def test_edited_reuses_the_clean_prefix_and_equals_a_full_forward(tiny_models):
+    loaded = tiny_models["vit"]
+    img = random_image(4)
+    run = S.get_run(loaded, img)
+    edits = [Edit("blocks.1.attn.z", "zero", heads=(1,)), Edit("blocks.1.out", "mean", tokens=(2, 3))]
+    with Counter(loaded.model) as count:
+        fast = run.edited(edits)
+    assert count.n == 0 and fast.replayed and fast.forward_equivalents == pytest.approx(0.5)
+    full = run.edited(edits, reuse_prefix=False)
+    assert not full.replayed and full.forward_equivalents == 1
+    torch.testing.assert_close(fast.scores, full.scores, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(fast.scores[0], run.scores)
+    # "mean" is the clean run's token mean: a mean edit of every token equals replacing them by it
+    x = run.activation("blocks.1.out")
+    by_hand = run.edited([Edit("blocks.1.out", "replace", x[0].mean(0))])
+    torch.testing.assert_close(run.edited([Edit("blocks.1.out", "mean")]).scores, by_hand.scores)
+
+
+def test_patch_from_another_run(tiny_models):
+    loaded = tiny_models["vit"]
+    target, source = S.get_run(loaded, random_image(5)), S.get_run(loaded, random_image(6))
+    got = target.edited([Edit("blocks.1.out", "patch", source)])  # the whole last residual: the source's logits
+    torch.testing.assert_close(got.scores[0], source.scores, rtol=1e-5, atol=1e-6)
+    got = target.edited([Edit("blocks.0.out", "patch", source, tokens=(0,))])  # CLS only, after block 0
+    full = target.edited([Edit("blocks.0.out", "patch", source, tokens=(0,))], reuse_prefix=False)
+    torch.testing.assert_close(got.scores, full.scores, rtol=1e-5, atol=1e-6)
+    other = S.get_run(loaded, random_image(7), size=48)
+    with pytest.raises(Exception, match="cannot patch"):
+        target.edited([Edit("blocks.0.out", "patch", other)])
+
+
+def test_backbone_runs_without_scores(tiny_models):
+    run = S.get_run(tiny_models["dino"], random_image(8))
+    assert run.scores.numel() == 0 and run.capture.logits is None
+    assert run.activation("blocks.1.out").shape == (1, 17, 32)
+    with pytest.raises(ValueError, match="no hook point"):
+        run.activation("blocks.9.out")

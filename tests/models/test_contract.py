@@ -1,0 +1,216 @@
+"""The adapter contract: every family through the same checks, and a model whose parts sit under names no
+adapter knows (a DINOv2 whose layer scales are renamed gamma_1 / gamma_2, as EVA names them).
+
+Direct logit attribution there must be exact or refused with a message, never silently wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from conftest import FAMILY_KEYS, HIER_KEYS, MODERN_KEYS, TINY, random_image
+
+from vitviz.capture import causal as C
+from vitviz.capture.run import input_size_for, preprocess
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+LABELS = {"id2label": {0: "zero", 1: "one", 2: "two"}, "label2id": {"zero": 0, "one": 1, "two": 2}}
+
+
+@pytest.fixture(scope="module")
+def every_family(tiny_models, hier_dirs, modern_dirs):
+    from vitviz.models.load import load_model
+
+    out = dict(tiny_models)
+    for key in HIER_KEYS:
+        out[key] = load_model(str(hier_dirs[key]), device="cpu")
+    for key in MODERN_KEYS:
+        out[key] = load_model(str(modern_dirs[key]), device="cpu")
+    return out
+
+
+@pytest.mark.parametrize("key", FAMILY_KEYS + HIER_KEYS + MODERN_KEYS)
+def test_every_family_keeps_the_contract(every_family, key):
+    from vitviz.capture.points import block_name, installed_points
+    from vitviz.capture.session import get_run
+    from vitviz.models.families.base import BlockParts
+    from vitviz.models.hooks import installed_sites
+
+    loaded = every_family[key]
+    fam = loaded.family
+    sites = installed_sites(loaded.model)
+    points = installed_points(loaded.model)
+    assert "embed.out" in points and len(points.prefixes) == len(sites)
+    for site in sites:
+        for part in ("in", "attn.pattern", "out"):
+            assert block_name(points, site.index, part) in points
+        parts = fam.block_parts(site)
+        assert isinstance(parts, BlockParts)
+        if not parts.unknown:  # a block the adapter fully declares has both parts
+            assert isinstance(parts.projection, torch.nn.Linear) and isinstance(parts.mlp, torch.nn.Module)
+        if parts.mlp is not None:
+            assert block_name(points, site.index, "mlp.out") in points
+
+    img = random_image(1, size=(70, 60))
+    run = get_run(loaded, img)
+    for site, g in zip(sites, run.geometries, strict=True):
+        for part in ("in", "out"):
+            assert run.has(block_name(points, site.index, part)), (key, site.index, part)
+        z = block_name(points, site.index, "attn.z")
+        if run.has(z):
+            assert run.activation(z).shape[-1] % g.num_heads == 0
+    if not fam.hierarchical:  # one residual stream: block i's output is block i + 1's input (a pooling head aside)
+        kinds = {s.index: g.kind for s, g in zip(sites, run.geometries, strict=True)}
+        for a, b in itertools.pairwise(s for s in sites if kinds[s.index] == "global"):
+            torch.testing.assert_close(
+                run.activation(block_name(points, a.index, "out")),
+                run.activation(block_name(points, b.index, "in")),
+                rtol=0,
+                atol=0,
+            )
+    if loaded.has_classifier:  # exact, or refused with a message
+        try:
+            att = C.direct_logit_attribution(loaded, img)
+        except C.NotDefined as exc:
+            assert len(str(exc)) > 20
+        else:
+            assert att.total == pytest.approx(att.logit, rel=1e-4, abs=1e-5)
+
+
+# --- a DINOv2 whose layer scales sit under EVA's names -------------------------------------------------------
+
+
+def _gamma_layer_class():
+    from transformers.models.dinov2.modeling_dinov2 import Dinov2Layer
+
+    class GammaLayer(Dinov2Layer):
+        """A DINOv2 layer with EVA's names for its layer scales: ``gamma_1``, ``gamma_2`` (Parameters)."""
+
+        def __init__(self, config, g1: torch.Tensor, g2: torch.Tensor):
+            super().__init__(config)
+            del self.layer_scale1, self.layer_scale2
+            self.gamma_1 = torch.nn.Parameter(g1.clone())
+            self.gamma_2 = torch.nn.Parameter(g2.clone())
+
+        def forward(self, hidden_states, attention_mask=None, **kwargs):
+            h, _ = self.attention(self.norm1(hidden_states), attention_mask=attention_mask, **kwargs)
+            x = hidden_states + self.gamma_1 * h
+            return x + self.gamma_2 * self.mlp(self.norm2(x))
+
+    return GammaLayer
+
+
+@pytest.fixture(scope="module")
+def dinov2_pair(tmp_path_factory):
+    """(a DINOv2 classifier with random layer scales, the same weights with the scales renamed gamma_1/gamma_2)."""
+    from transformers import Dinov2Config, Dinov2ForImageClassification, ViTImageProcessor
+
+    from vitviz.models.hooks import install
+    from vitviz.models.load import load_model
+
+    folder = tmp_path_factory.mktemp("contract") / "dinov2"
+    torch.manual_seed(0)
+    config = Dinov2Config(**{**TINY, "patch_size": 4}, **LABELS)
+    model = Dinov2ForImageClassification(config)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("lambda1"):
+                p.copy_(torch.rand(p.shape, generator=gen) + 0.5)
+    model.save_pretrained(folder, safe_serialization=True)
+    ViTImageProcessor(size={"height": 32, "width": 32}, image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(
+        folder
+    )
+    plain = load_model(str(folder), device="cpu")
+
+    renamed = Dinov2ForImageClassification.from_pretrained(folder, attn_implementation="eager").eval()
+    gamma_cls = _gamma_layer_class()
+    layers = renamed.dinov2.encoder.layer
+    for i, layer in enumerate(layers):
+        new = gamma_cls(renamed.config, layer.layer_scale1.lambda1.data, layer.layer_scale2.lambda1.data)
+        missing, unexpected = new.load_state_dict(layer.state_dict(), strict=False)
+        assert set(missing) == {"gamma_1", "gamma_2"} and all("layer_scale" in k for k in unexpected)
+        layers[i] = new
+    renamed.requires_grad_(False)
+    gamma = dataclasses.replace(plain, model=renamed, name="dinov2-gamma")
+    install(renamed, gamma.family.sites(renamed))
+    C.install_causal_hooks(gamma)  # what load_model does after the attention sites
+    return plain, gamma
+
+
+def _head_part_by_hand(loaded, img, c: int, layer: int, head: int, scale: torch.Tensor) -> float:
+    """A head's attribution from test-local hooks: ``w_c . (gamma * (u - mean u) / sigma)``, u its scaled output."""
+    model = loaded.model
+    hw = input_size_for(loaded, None, img.size)
+    pixels, _ = preprocess(loaded, [img], hw)
+    layers = model.dinov2.encoder.layer
+    got: dict[str, torch.Tensor] = {}
+    h1 = layers[layer].attention.o_proj.register_forward_pre_hook(lambda m, a: got.__setitem__("z", a[0].clone()))
+    h2 = model.dinov2.layernorm.register_forward_pre_hook(lambda m, a: got.__setitem__("x", a[0].clone()))
+    try:
+        with torch.no_grad():
+            model(pixel_values=pixels)
+    finally:
+        h1.remove()
+        h2.remove()
+    d = loaded.config.hidden_size // loaded.config.num_attention_heads
+    cols = slice(head * d, (head + 1) * d)
+    w_o = layers[layer].attention.o_proj.weight[:, cols].double()
+    u = scale.double() * (got["z"][0, :, cols].double() @ w_o.T)  # (T, D)
+    norm = model.dinov2.layernorm
+    x = got["x"][0].double()
+    sigma = torch.sqrt(x.var(dim=-1, unbiased=False, keepdim=True) + norm.eps)
+    n = norm.weight.double() * (u - u.mean(-1, keepdim=True)) / sigma
+    w = model.classifier.weight[c].double()
+    dim = loaded.config.hidden_size
+    return float(w[:dim] @ n[0] + w[dim:] @ n[1:].mean(0))
+
+
+def test_renamed_layer_scales_give_the_same_logits(dinov2_pair):
+    plain, gamma = dinov2_pair
+    img = random_image(2)
+    pixels, _ = preprocess(plain, [img], input_size_for(plain, None, img.size))
+    with torch.no_grad():
+        torch.testing.assert_close(gamma.model(pixel_values=pixels).logits, plain.model(pixel_values=pixels).logits)
+
+
+def test_attribution_with_unknown_layer_scale_names_is_exact_or_refused(dinov2_pair):
+    """Fails on the code before the adapters declared their parts: there the renamed scales were not found, the
+    heads' parts came out unscaled and the MLP part, computed as the remainder, made the sum check pass."""
+    plain, gamma = dinov2_pair
+    img = random_image(3)
+    layer, head, c = 1, 2, 0
+    scale = gamma.model.dinov2.encoder.layer[layer].gamma_1.data
+    ref = _head_part_by_hand(gamma, img, c, layer, head, scale)
+    assert _head_part_by_hand(plain, img, c, layer, head, scale) == pytest.approx(ref, abs=1e-9)
+    exact = C.direct_logit_attribution(plain, img, class_index=c)
+    assert exact.heads[layer, head] == pytest.approx(ref, abs=1e-6)  # the declared model: exact
+    try:
+        att = C.direct_logit_attribution(gamma, img, class_index=c)
+    except C.NotDefined as exc:
+        assert "layer_scale1.lambda1" in str(exc) and "GammaLayer" in str(exc)
+        assert C.causal_notes(gamma)["attribution"]
+    else:
+        assert att.heads[layer, head] == pytest.approx(ref, abs=1e-6)
+        np.testing.assert_allclose(att.heads, exact.heads, atol=1e-6)
+
+
+def test_the_sum_check_fails_when_a_part_is_missing(dinov2_pair, monkeypatch):
+    """With an adapter that wrongly claims the renamed blocks have no layer scale, the parts no longer add up:
+    the MLP part is the MLP's own output, not the remainder, so the check refuses instead of passing."""
+    from vitviz.models.families.base import BlockParts
+
+    _, gamma = dinov2_pair
+    fam = gamma.family
+
+    def wrong(site):
+        return BlockParts(projection=site.block.attention.o_proj, mlp=site.block.mlp)
+
+    monkeypatch.setattr(fam, "block_parts", wrong)
+    with pytest.raises(C.NotDefined, match="add up to"):
+        C.direct_logit_attribution(gamma, random_image(4))

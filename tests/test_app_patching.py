@@ -1,0 +1,55 @@
+"""AppTest of the Activation patching page: estimate at once, exact on request, the lens slider, a label target."""
+
+from __future__ import annotations
+
+import numpy as np
+from app_tools import APP, no_trouble
+from streamlit.testing.v1 import AppTest
+
+
+def _page() -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=240)
+    at.run()
+    at.switch_page("pages/patching.py").run()
+    return at
+
+
+def _decode(z) -> np.ndarray:
+    """A Plotly array as serialised: a list, or {dtype, bdata (base64), shape}."""
+    if isinstance(z, dict):
+        import base64
+
+        arr = np.frombuffer(base64.b64decode(z["bdata"]), dtype=z["dtype"])
+        return arr.reshape([int(n) for n in str(z.get("shape", arr.size)).split(",")]).astype(float)
+    return np.array(z, dtype=float)
+
+
+def _charts(at: AppTest) -> dict[str, dict]:
+    import json
+
+    out = {}
+    for c in at.get("plotly_chart"):
+        fig = json.loads(c.proto.spec)
+        out[fig["layout"]["title"]["text"]] = fig
+    return out
+
+
+def test_patching_page_estimate_exact_and_lens():
+    at = _page()
+    no_trouble(at, "patching page")
+    titles = list(_charts(at))
+    assert any(t.startswith("Residual patching (estimate)") for t in titles), titles
+    assert any(t.startswith("Head patching (estimate)") for t in titles)
+    assert any(t.startswith("Per-patch lens, layer 4") for t in titles)
+    at.slider(key="patch_lens_layer").set_value(0).run()
+    assert any(t.startswith("Per-patch lens, layer 0") for t in _charts(at))
+    at.button[0].click().run()  # Compute exact patching
+    no_trouble(at, "exact")
+    charts = _charts(at)
+    grid = next(v for k, v in charts.items() if k.startswith("Residual patching (exact)"))
+    z = _decode(grid["data"][0]["z"])
+    assert z.shape[0] == 4 and np.isfinite(z).all()
+    assert any(m.label == "Work" for m in at.metric)
+    at.selectbox(key="patch_target_minus").set_value(at.selectbox(key="patch_target_minus").options[1]).run()
+    no_trouble(at, "difference target")
+    assert "minus" in " ".join(c.value for c in at.caption)

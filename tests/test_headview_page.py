@@ -1,0 +1,43 @@
+"""The Heads page's instant view: on by default for a plain ViT, opening where the session is; the server
+view for models without one grid. The page's own behaviour in a browser: tests/figures/test_headview.py."""
+
+from __future__ import annotations
+
+import json
+
+from app_tools import APP
+from streamlit.testing.v1 import AppTest
+
+
+def _heads(**state) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=120)
+    for k, v in state.items():
+        at.session_state[k] = v
+    at.run()
+    at.switch_page("pages/heads.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    return at
+
+
+def _start(at: AppTest) -> dict:
+    frame = next(e for e in at.main if e.type == "iframe")
+    page = frame.proto.srcdoc
+    i = page.index("Object.assign(") + len('Object.assign({scale: "map", opacity: 1}, ')
+    return json.loads(page[i : page.index(");", i)])
+
+
+def test_heads_page_sends_the_maps_once_and_opens_on_the_sessions_layer_and_head():
+    at = _heads()
+    assert at.toggle(key="instant_heads").value is True
+    assert not at.get("plotly_chart")  # layer, head and query change in the browser, not on the server
+    assert _start(at) == {"layer": 3, "head": 0, "query": 0}  # the demo's last layer, CLS
+    at.session_state["layer"], at.session_state["head"] = 1, 2  # as a summary cell on Layers sets them
+    at.run()
+    assert _start(at) == {"layer": 1, "head": 2, "query": 0}
+
+
+def test_switching_the_instant_view_off_gives_the_server_drawn_page():
+    at = _heads()
+    at.toggle(key="instant_heads").set_value(False).run()
+    assert not at.exception and at.get("plotly_chart")

@@ -1,0 +1,465 @@
+"""The Run: one clean forward per (model, image, size, dtype, labels) that every view reads.
+
+One forward pass fills, at once:
+
+* ``capture``: the frozen record (:class:`~vitviz.record.Capture`) the Heads,
+  Rollout and Stats views read, exactly as :func:`vitviz.capture.run.capture` gives it;
+* every named point (:mod:`vitviz.models.points`): the residual stream at each
+  block's input and output, each block's heads' outputs ``z`` (``blocks.{i}.attn.z``,
+  ``(1, T, H * d)``), each MLP's output, the attention patterns;
+* the scores: class logits, or a zero-shot model's label scores for the given label
+  embeddings (``logit_scale.exp() * cos(image, label) (+ logit_bias)``);
+* where the memory budget allows, the autograd graph from the input to the scores
+  (``has_graph``): gradients (relevance, the fast estimate, attribution patching)
+  derive from it with a backward pass and no second forward.
+
+A second forward exists only when something is edited: :meth:`Run.edited` applies
+:class:`~vitviz.models.points.Edit` s (``"mean"`` there means this image's token
+mean at the point in the clean run) and, for one-grid ViTs with a readout head,
+reuses the clean prefix: only blocks from the first edited one on run again, with
+the arguments the model passed them in the clean run.
+
+:func:`get_run` keeps the last few runs (a small LRU keyed by model, image bytes,
+input size, dtype, labels and budget), so views of one image share one clean forward.
+A Run is frozen: nothing in it changes after the forward; it is safe to share between
+threads (backward passes through its graph take turns).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from PIL import Image
+
+from vitviz.capture.run import (
+    DEFAULT_BUDGET_BYTES,
+    SummaryRecorder,
+    captures_from,
+    check_budget,
+    input_size_for,
+    preprocess,
+    run_forward,
+)
+from vitviz.errors import BudgetError, CaptureError
+from vitviz.models.families.base import Call, ReadoutHead
+from vitviz.models.hooks import Site, installed_sites
+from vitviz.models.load import LoadedModel
+from vitviz.models.points import Edit, Points, active, block_name, install_points
+from vitviz.record import Capture, Geometry
+
+__all__ = [
+    "Run",
+    "EditedScores",
+    "Scorer",
+    "NoScores",
+    "get_run",
+    "peek_run",
+    "clear_runs",
+    "scorer_for",
+    "READOUT_RTOL",
+]
+
+READOUT_RTOL = 1e-4  # a readout head must reproduce the model's logits to this (relative to their scale)
+Scorer = Callable[[object], torch.Tensor]  # the forward's output -> scores (B, K): class logits or label scores
+
+
+class NoScores(CaptureError):
+    """The model gives no scores to explain (a backbone, or a two-tower model without label embeddings)."""
+
+
+def scorer_for(loaded: LoadedModel, label_embeddings: np.ndarray | None) -> Scorer:
+    """Class logits, or (with ``label_embeddings`` ``(K, D)``) a two-tower model's label scores, as its forward's
+    ``logits_per_image`` computes them: ``logit_scale.exp() * cos(image embedding, label) (+ logit_bias)``."""
+    fam, model = loaded.family, loaded.model
+    if label_embeddings is None:
+        return lambda out: fam.logits(model, out)
+    text = torch.as_tensor(np.asarray(label_embeddings, np.float32))
+    if text.ndim != 2 or text.shape[0] < 1:
+        raise ValueError(f"label embeddings must be (K, D) with K >= 1, got shape {tuple(text.shape)}")
+    scale = getattr(model, "logit_scale", None)
+    if not isinstance(scale, torch.Tensor):
+        raise NoScores(f"'{loaded.name}' has no logit_scale: only a two-tower model scores label embeddings.")
+    bias = getattr(model, "logit_bias", None)
+    unit = text / text.norm(dim=-1, keepdim=True)
+
+    def score(out) -> torch.Tensor:
+        img = fam.image_embedding(model, out)
+        if img is None:
+            raise NoScores(f"'{loaded.name}' gives no image embedding to compare with label embeddings.")
+        if img.shape[-1] != unit.shape[-1]:
+            raise ValueError(f"label embeddings have width {unit.shape[-1]}, the image embedding {img.shape[-1]}")
+        got = scale.exp() * (img / img.norm(dim=-1, keepdim=True)) @ unit.to(img.device, img.dtype).T
+        return got + bias if isinstance(bias, torch.Tensor) else got
+
+    return score
+
+
+class _RunRecorder(SummaryRecorder):
+    """The capture's summaries, plus each block's tokens, call arguments and live probabilities."""
+
+    def __init__(self, loaded: LoadedModel, call: Call, attention_dtype: str, num_sites: int) -> None:
+        super().__init__(loaded, call, attention_dtype, num_sites)
+        self.blocks: dict[int, tuple[torch.Tensor | None, torch.Tensor | None, tuple, dict]] = {}
+        self.raw: dict[int, torch.Tensor] = {}
+
+    def block(self, site: Site, g: Geometry, raw, module, args, kwargs, output) -> None:
+        super().block(site, g, raw, module, args, kwargs, output)
+        tokens = self.loaded.family.tokens(self.call, site, module, args, kwargs, output)
+        inp, out = tokens if tokens is not None else (None, None)
+        self.blocks[site.index] = (inp, out, args, kwargs)
+        self.raw[site.index] = raw
+
+
+@dataclass(frozen=True)
+class EditedScores:
+    """Scores ``(k, C)`` float32 of k edited copies; the work in forward-equivalents; whether the prefix was reused."""
+
+    scores: torch.Tensor
+    forward_equivalents: float
+    replayed: bool
+
+
+def _detached(t):
+    return t.detach() if isinstance(t, torch.Tensor) else t
+
+
+@dataclass(frozen=True, eq=False)
+class Run:
+    """One clean forward of one image (see the module docstring). Build it with :func:`get_run`."""
+
+    loaded: LoadedModel
+    input_size: tuple[int, int]
+    pixels: torch.Tensor = field(repr=False)  # (1, 3, h, w)
+    capture: Capture = field(repr=False)
+    points: Points = field(repr=False)
+    sites: tuple[Site, ...] = field(repr=False)
+    geometries: tuple[Geometry, ...] = field(repr=False)
+    scores: torch.Tensor = field(repr=False)  # (C,) float32, detached: class logits or label scores
+    scorer: Scorer = field(repr=False)
+    label_embeddings: np.ndarray | None = field(repr=False)
+    has_graph: bool
+    readout: ReadoutHead | None = field(repr=False)
+    readout_problem: str  # why ``readout`` is None although the family describes one ("" otherwise)
+    _values: Mapping[str, torch.Tensor] = field(repr=False)  # point -> value (in the graph when has_graph)
+    _blocks: Mapping[int, tuple] = field(repr=False)  # site -> (input tokens, output tokens, args, kwargs)
+    _raw: Mapping[int, torch.Tensor] = field(repr=False)  # site -> live probabilities (graph)
+    _out: object = field(repr=False)  # the forward's output (graph)
+    _graph_scores: torch.Tensor | None = field(repr=False)  # (1, C) in the graph
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    # --- reading --------------------------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return len(self.sites)
+
+    @property
+    def num_heads(self) -> tuple[int, ...]:
+        return tuple(g.num_heads for g in self.geometries)
+
+    def name(self, site: int, part: str) -> str:
+        """The point name of ``part`` (``in``, ``attn.z``, ``mlp.out``, ``out``) of block ``site``."""
+        return block_name(self.points, site, part)
+
+    def has(self, name: str) -> bool:
+        return name in self._values
+
+    def activation(self, name: str) -> torch.Tensor:
+        """The clean run's value at point ``name`` (detached)."""
+        if name not in self._values:
+            if name in self.points:
+                raise CaptureError(f"the clean run of '{self.loaded.name}' never reached the point {name}")
+            raise ValueError(f"'{self.loaded.name}' has no hook point {name!r}")
+        return self._values[name].detach()
+
+    def block_tokens(self, site: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Block ``site``'s input and output tokens ``(1, T, C)`` in the stage's order (the family's layout)."""
+        inp, out, _, _ = self._blocks[site]
+        return _detached(inp), _detached(out)
+
+    def block_call(self, site: int) -> tuple[tuple, dict]:
+        """The arguments the model called block ``site`` with (for replays)."""
+        _, _, args, kwargs = self._blocks[site]
+        return args, kwargs
+
+    @property
+    def replayable(self) -> bool:
+        """Edited runs can start from the clean residual: one grid, a checked readout head, every block recorded."""
+        return (
+            not self.loaded.family.hierarchical
+            and self.readout is not None
+            and len(self._blocks) == len(self.sites)
+            and all(self._blocks[s.index][0] is not None for s in self.sites)
+        )
+
+    # --- gradients ------------------------------------------------------------------------------
+    def gradients(
+        self, target: Callable[[object], torch.Tensor], of: Sequence[torch.Tensor | str] | str
+    ) -> list[torch.Tensor | None]:
+        """``d target(out) / d x`` for each ``x`` of ``of`` (point names, or ``"probs"``: each block's live
+        probabilities in site order), by one backward pass through the clean run's graph."""
+        if not self.has_graph:
+            raise CaptureError("this run was made without its autograd graph (over the memory budget)")
+        if of == "probs":
+            tensors = [self._raw[s.index] for s in self.sites]
+        else:
+            tensors = [self._values[t] if isinstance(t, str) else t for t in of]
+        with self._lock, torch.enable_grad():
+            y = target(self._out)
+            return list(torch.autograd.grad(y, tensors, retain_graph=True, allow_unused=True))
+
+    def probs(self, site: int) -> torch.Tensor:
+        """Block ``site``'s probabilities in the family's raw layout (detached)."""
+        return self._raw[site].detach()
+
+    def score_of(self, out) -> torch.Tensor:
+        """Scores ``(B, C)`` of a forward output (``out`` of the clean graph: :attr:`graph_scores`)."""
+        return self.scorer(out)
+
+    @property
+    def graph_scores(self) -> torch.Tensor | None:
+        return self._graph_scores
+
+    @property
+    def output(self):
+        """The forward's output (in the graph when :attr:`has_graph`)."""
+        return self._out
+
+    # --- editing --------------------------------------------------------------------------------
+    def _site_of(self, name: str) -> int:
+        p = self.points.by_name.get(name)
+        if p is None:
+            raise ValueError(f"'{self.loaded.name}' has no hook point {name!r}")
+        return 0 if p.site is None else p.site
+
+    def resolve(self, edits: Sequence[Edit]) -> list[Edit]:
+        """``"mean"`` edits become replacements by the clean run's token mean at their point."""
+        out = []
+        for e in edits:
+            if e.op == "mean":
+                x = self.activation(e.point)
+                mean = x.reshape(-1, x.shape[-1]).mean(dim=0)
+                e = Edit(e.point, "replace", mean, e.heads, e.tokens, e.rows)
+            out.append(e)
+        return out
+
+    def num_heads_by_point(self) -> dict[str, int]:
+        return {self.name(s.index, "attn.z"): g.num_heads for s, g in zip(self.sites, self.geometries, strict=True)}
+
+    def edited(self, edits: Sequence[Edit], *, batch: int = 1, reuse_prefix: bool = True) -> EditedScores:
+        """Scores ``(batch, C)`` of ``batch`` copies of the image with ``edits`` applied (``Edit.rows`` picks copies).
+
+        One-grid ViTs with a readout head start from the clean residual at the first edited block
+        (``reuse_prefix``); others run the whole (batched) forward.
+        """
+        edits = self.resolve(list(edits))
+        if not edits:
+            raise ValueError("no edits given")
+        start = min(self._site_of(e.point) for e in edits)
+        heads = self.num_heads_by_point()
+        loaded = self.loaded
+        with torch.inference_mode(), active(loaded, edits=edits, batch=batch, num_heads=heads):
+            if reuse_prefix and self.replayable:
+                x = self.block_tokens(self.sites[start].index)[0]
+                scores = self._replay(start, x.expand(batch, *x.shape[1:]).contiguous())
+                work = batch * (self.num_blocks - start) / self.num_blocks
+                replayed = True
+            else:
+                pixels = self.pixels.detach().expand(batch, *self.pixels.shape[1:]).contiguous()
+                inputs = loaded.family.model_inputs(loaded, pixels, self.input_size)
+                with loaded.family.running(loaded.model):
+                    out = loaded.family.forward(loaded.model, inputs)
+                scores = self.scorer(out)
+                work, replayed = float(batch), False
+        return EditedScores(scores.float(), work, replayed)
+
+    def _replay(self, start: int, x: torch.Tensor) -> torch.Tensor:
+        """Blocks ``start .. L-1`` on the residual ``x`` ``(k, T, D)`` with the clean run's arguments, then the readout."""
+        model = self.loaded.model
+        with self.loaded.family.running(model):
+            for site in self.sites[start:]:
+                args, kwargs = self.block_call(site.index)
+                if args:
+                    args = (x, *args[1:])
+                else:
+                    kwargs = {**kwargs, "hidden_states": x}
+                out = site.block(*args, **kwargs)
+                x = out[0] if isinstance(out, (tuple, list)) else out
+        return self.readout(x)
+
+
+# --- building a run ---------------------------------------------------------------------------------
+
+
+def _checked_readout(
+    loaded: LoadedModel, last: torch.Tensor | None, logits: torch.Tensor
+) -> tuple[ReadoutHead | None, str]:
+    """The family's readout head, if it turns the last residual into the model's logits; else (None, why)."""
+    readout = loaded.family.readout_head(loaded.model)
+    if readout is None or last is None:
+        return None, ""
+    with torch.inference_mode():
+        got = readout(last).float()[0]
+    scale = max(1.0, float(logits.abs().max()))
+    if got.shape != logits.shape or float((got - logits).abs().max()) > READOUT_RTOL * scale:
+        return None, (
+            f"The {loaded.family.name} adapter's readout head ({readout.description}) does not reproduce "
+            f"'{loaded.name}''s logits from its last residual stream, so the logit lens and attribution are not "
+            "defined for this model until the adapter describes its head correctly."
+        )
+    return readout, ""
+
+
+def _make_run(
+    loaded: LoadedModel,
+    image: Image.Image,
+    hw: tuple[int, int],
+    label_embeddings: np.ndarray | None,
+    budget_bytes: int,
+    gradients: bool,
+) -> Run:
+    scorer = scorer_for(loaded, label_embeddings)
+    points = install_points(loaded)
+    sites = tuple(installed_sites(loaded.model))
+    check_budget(loaded, hw, batch=1, gradients=False, budget=budget_bytes)
+    if gradients:
+        try:
+            check_budget(loaded, hw, batch=1, gradients=True, budget=budget_bytes)
+        except BudgetError:
+            gradients = False
+    if torch.is_inference_mode_enabled():
+        gradients = False  # a caller's inference mode: no graph can be kept
+    pixels, resized = preprocess(loaded, [image], hw)
+    call = Call(loaded.config, hw, 1)
+    rec = _RunRecorder(loaded, call, "float16", len(sites))
+    if gradients:
+        pixels.requires_grad_(True)  # the graph reaches every block although the parameters need no grad
+    mode = torch.enable_grad() if gradients else torch.inference_mode()
+    with mode, active(loaded, record=None, grad=gradients, call=call) as state:
+        out = run_forward(loaded, pixels, rec)
+        graph_scores = scorer(out)  # None for a backbone (no classifier, no label embeddings)
+    cap = captures_from(loaded, rec, out, resized, hw, 5)[0]
+    scores = (
+        graph_scores[0].detach().float()
+        if graph_scores is not None
+        else torch.zeros(0)  # a backbone without scores: views that need none still read the run
+    )
+    last = rec.blocks.get(sites[-1].index, (None, None))[1] if sites else None
+    if label_embeddings is None and graph_scores is not None:
+        readout, problem = _checked_readout(loaded, _detached(last), scores)
+    else:
+        readout, problem = None, ""
+    return Run(
+        loaded=loaded,
+        input_size=hw,
+        pixels=pixels,
+        capture=cap,
+        points=points,
+        sites=sites,
+        geometries=tuple(rec.geometries[s.index] for s in sites),
+        scores=scores,
+        scorer=scorer,
+        label_embeddings=None if label_embeddings is None else np.array(label_embeddings, np.float32),
+        has_graph=gradients,
+        readout=readout,
+        readout_problem=problem,
+        _values=dict(state.values),
+        _blocks=dict(rec.blocks),
+        _raw=dict(rec.raw),
+        _out=out,
+        _graph_scores=graph_scores if gradients else None,
+    )
+
+
+def _digest(image: Image.Image) -> str:
+    h = hashlib.sha1(f"{image.mode}{image.size}".encode())
+    h.update(image.tobytes())
+    return h.hexdigest()
+
+
+_CACHE: OrderedDict[tuple, Run] = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+_KEY_LOCKS: dict[tuple, threading.Lock] = {}
+CACHE_SIZE = int(os.environ.get("VITVIZ_RUN_CACHE", "4"))  # runs kept (each may hold its autograd graph)
+
+
+def clear_runs(model: torch.nn.Module | None = None) -> None:
+    """Forget every cached run (of ``model`` only, when given: a run holds its model and its graph, so a
+    server that evicts a model should drop its runs too)."""
+    with _CACHE_LOCK:
+        for key in [k for k, r in _CACHE.items() if model is None or r.loaded.model is model]:
+            del _CACHE[key]
+            _KEY_LOCKS.pop(key, None)
+
+
+def _key(loaded: LoadedModel, image: Image.Image, hw, label_embeddings, budget_bytes: int) -> tuple:
+    labels = None if label_embeddings is None else hashlib.sha1(np.asarray(label_embeddings, np.float32)).hexdigest()
+    return (id(loaded.model), loaded.name, _digest(image), hw, str(loaded.dtype), labels, budget_bytes)
+
+
+def peek_run(
+    loaded: LoadedModel,
+    image: Image.Image,
+    *,
+    size: int | tuple[int, int] | None = None,
+    label_embeddings: np.ndarray | None = None,
+    budget_bytes: int = DEFAULT_BUDGET_BYTES,
+) -> Run | None:
+    """The cached :class:`Run` of ``image`` if there is one (no forward), else None."""
+    key = _key(loaded, image, input_size_for(loaded, size, image.size), label_embeddings, budget_bytes)
+    with _CACHE_LOCK:
+        run = _CACHE.get(key)
+        if run is not None:
+            _CACHE.move_to_end(key)
+        return run
+
+
+def get_run(
+    loaded: LoadedModel,
+    image: Image.Image,
+    *,
+    size: int | tuple[int, int] | None = None,
+    label_embeddings: np.ndarray | None = None,
+    budget_bytes: int = DEFAULT_BUDGET_BYTES,
+    gradients: bool = True,
+) -> Run:
+    """The clean :class:`Run` of ``image`` on ``loaded`` (cached: the last ``CACHE_SIZE`` runs).
+
+    Keyed by the model, the image's pixels, the input size, the model's dtype, the label embeddings and
+    the budget; ``gradients`` asks for the autograd graph (kept only within ``budget_bytes``; a cached run
+    without it is rebuilt when a graph is asked for).
+    """
+    hw = input_size_for(loaded, size, image.size)
+    key = _key(loaded, image, hw, label_embeddings, budget_bytes)
+    with _CACHE_LOCK:
+        lock = _KEY_LOCKS.setdefault(key, threading.Lock())
+    with lock:  # one clean forward per key, even when several views ask at once
+        with _CACHE_LOCK:
+            run = _CACHE.get(key)
+            if run is not None and (run.has_graph or not gradients or not _graph_possible(loaded, hw, budget_bytes)):
+                _CACHE.move_to_end(key)
+                return run
+        run = _make_run(loaded, image, hw, label_embeddings, budget_bytes, gradients)
+        with _CACHE_LOCK:
+            _CACHE[key] = run
+            _CACHE.move_to_end(key)
+            while len(_CACHE) > CACHE_SIZE:
+                old, _ = _CACHE.popitem(last=False)
+                _KEY_LOCKS.pop(old, None)
+        return run
+
+
+def _graph_possible(loaded: LoadedModel, hw: tuple[int, int], budget_bytes: int) -> bool:
+    if torch.is_inference_mode_enabled():
+        return False
+    try:
+        check_budget(loaded, hw, batch=1, gradients=True, budget=budget_bytes)
+    except BudgetError:
+        return False
+    return True

@@ -1,0 +1,224 @@
+"""What a method explains: a target, not only a class index (in the spirit of pytorch-grad-cam's ``ClassifierOutputTarget``).
+
+Definition (``ALGORITHMS.md``, "Causal views", Targets). A target turns the model's
+scores ``s`` ``(B, K)`` (before softmax) into one scalar per image ``(B,)``:
+
+* ``Target.of_class(c)``: the class logit ``s[:, c]``;
+* ``Target.of_label(labels, "cat")``: a zero-shot label's score ``s[:, k]``, where ``s`` is
+  the model's ``logits_per_image`` for the prompts of ``labels`` and ``k`` the label's
+  index (the label's text is kept for display);
+* either with ``minus=``: the difference ``s[:, a] - s[:, b]`` ("cat rather than dog").
+
+A target is linear in the scores (``weights(K) @ s``), so anything linear in the
+output (a gradient, a knock-out effect, a direct logit attribution, a patched logit)
+of a difference target is the difference of the two single targets' values.
+:meth:`Target.bind` gives the differentiable function ``forward output -> (B,)`` a
+method calls: class logits through the family's ``logits``, label scores as the
+forward computes them (``logit_scale.exp() * cos(image embedding, prompt) (+ logit_bias)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from vitviz.errors import VitvizError
+
+__all__ = ["Target", "TargetError", "BoundTarget", "label_scorer", "resolve_target", "targets_arrays"]
+
+
+class TargetError(VitvizError):
+    """A target that does not fit the model (class out of range, unknown label, labels on a classifier...)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """A class (``labels`` None) or a zero-shot label (``labels``: the label names, in scoring order), minus another.
+
+    ``index``: the class, or the label's position in ``labels``; ``minus``: the index
+    subtracted (None: no difference).
+    """
+
+    index: int
+    minus: int | None = None
+    labels: tuple[str, ...] | None = None
+    prompts: tuple[str, ...] | None = None  # zero-shot: the prompt of each label (default: the labels themselves)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.index, bool) or not isinstance(self.index, (int, np.integer)):
+            raise TargetError(f"a target's index must be an integer, got {self.index!r}")
+        if self.minus is not None and int(self.minus) == int(self.index):
+            raise TargetError(f"a difference needs two different classes or labels, got {self.index} twice")
+        if self.labels is not None:
+            n = len(self.labels)
+            for i in (self.index, self.minus):
+                if i is not None and not 0 <= int(i) < n:
+                    raise TargetError(f"label index {i} is outside 0..{n - 1}")
+            if self.prompts is not None and len(self.prompts) != n:
+                raise TargetError(f"{len(self.prompts)} prompts for {n} labels")
+
+    # --- construction --------------------------------------------------------------------------
+
+    @classmethod
+    def of_class(cls, index: int, minus: int | None = None) -> Target:
+        """The logit of class ``index`` (minus the logit of class ``minus``)."""
+        return cls(int(index), None if minus is None else int(minus))
+
+    @classmethod
+    def of_label(cls, labels: Any, label: str | int, minus: str | int | None = None) -> Target:
+        """A zero-shot label's score; ``labels``: a :class:`vitviz.models.zeroshot.Labels` or the names in order."""
+        names = tuple(getattr(labels, "names", labels))
+        prompts = tuple(getattr(labels, "prompts", names))
+
+        def find(x: str | int) -> int:
+            if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+                return int(x)
+            if x not in names:
+                raise TargetError(f"label {x!r} is not one of the labels given ({', '.join(names)})")
+            return names.index(x)
+
+        return cls(find(label), None if minus is None else find(minus), names, prompts)
+
+    # --- what it is ----------------------------------------------------------------------------
+
+    @property
+    def is_label(self) -> bool:
+        return self.labels is not None
+
+    @property
+    def is_difference(self) -> bool:
+        return self.minus is not None
+
+    def _name_of(self, i: int, id2label: dict[int, str] | None) -> str:
+        if self.labels is not None:
+            return self.labels[i]
+        if id2label and i in id2label:
+            return f"{id2label[i]} ({i})"
+        return f"class {i}"
+
+    def name(self, id2label: dict[int, str] | None = None) -> str:
+        """For display: ``"cat (3)"``, ``"cat (3) minus dog (5)"``, ``"label 'a cat'"``..."""
+        a = self._name_of(self.index, id2label)
+        if self.labels is not None:
+            a = f"label '{a}'"
+        if self.minus is None:
+            return a
+        b = self._name_of(self.minus, id2label)
+        if self.labels is not None:
+            b = f"label '{b}'"
+        return f"{a} minus {b}"
+
+    def weights(self, k: int) -> np.ndarray:
+        """``(K,)`` float64: the target as a linear functional of the scores (+1 at ``index``, -1 at ``minus``)."""
+        w = np.zeros(k)
+        w[self.index] = 1.0
+        if self.minus is not None:
+            w[self.minus] -= 1.0
+        return w
+
+    def select(self, scores: torch.Tensor | np.ndarray):
+        """Scores ``(..., K)`` -> the target ``(...)`` (torch: differentiable; numpy: float64)."""
+        if isinstance(scores, np.ndarray):
+            s = scores.astype(np.float64)
+            out = s[..., self.index]
+            return out - s[..., self.minus] if self.minus is not None else out
+        out = scores[..., self.index]
+        return out - scores[..., self.minus] if self.minus is not None else out
+
+    def check(self, loaded) -> None:
+        """Raise :class:`TargetError` unless the target fits ``loaded`` (classes in range, labels on a two-tower)."""
+        if self.labels is None:
+            if not loaded.has_classifier:
+                extra = " Give a zero-shot label instead (--label)." if getattr(loaded, "zero_shot", False) else ""
+                raise TargetError(f"'{loaded.name}' has no classifier: a class target needs class logits.{extra}")
+            n = len(loaded.id2label)
+            for i in (self.index, self.minus):
+                if i is not None and not 0 <= int(i) < n:
+                    raise TargetError(f"class {i} is outside 0..{n - 1} for '{loaded.name}'.")
+        elif not getattr(loaded, "zero_shot", False):
+            raise TargetError(
+                f"'{loaded.name}' has no text tower: a zero-shot label target needs a CLIP- or SigLIP-style model."
+            )
+
+    def bind(self, loaded, text_embeddings: np.ndarray | None = None) -> BoundTarget:
+        """The differentiable function of the forward's output; label targets encode their prompts (or take
+        ``text_embeddings`` ``(K, D)`` already encoded)."""
+        self.check(loaded)
+        fam, model = loaded.family, loaded.model
+        if self.labels is None:
+            return BoundTarget(self, lambda out: fam.logits(model, out))
+        if text_embeddings is None:
+            from vitviz.models.zeroshot import Labels, encode_labels
+
+            labels = Labels(self.labels, self.prompts or self.labels, "{}")
+            text_embeddings = encode_labels(model, loaded.text, labels)
+        return BoundTarget(self, label_scorer(loaded, text_embeddings))
+
+
+def label_scorer(loaded, text_embeddings: np.ndarray) -> Callable[[Any], torch.Tensor]:
+    """Forward output -> label scores ``(B, K)`` as the two-tower model's ``logits_per_image`` computes them."""
+    fam, model = loaded.family, loaded.model
+    unit = torch.as_tensor(np.asarray(text_embeddings, np.float32))
+    unit = unit / unit.norm(dim=-1, keepdim=True)
+    scale = model.logit_scale
+    bias = getattr(model, "logit_bias", None)
+
+    def scores(out) -> torch.Tensor:
+        img = fam.image_embedding(model, out)
+        if img is None:
+            raise TargetError(f"'{loaded.name}' gives no image embedding to score labels with.")
+        got = scale.exp() * (img / img.norm(dim=-1, keepdim=True)) @ unit.to(img.device, img.dtype).T
+        return got + bias if isinstance(bias, torch.Tensor) else got
+
+    return scores
+
+
+@dataclass(frozen=True)
+class BoundTarget:
+    """A target bound to a model: ``scores(out)`` ``(B, K)`` and ``__call__(out)`` ``(B,)``, both differentiable."""
+
+    target: Target
+    scores: Callable[[Any], torch.Tensor]
+
+    def __call__(self, out) -> torch.Tensor:
+        return self.target.select(self.scores(out))
+
+
+def resolve_target(
+    target: Target | int | None,
+    *,
+    predicted: Callable[[], int | None] | None = None,
+    class_index: int | None = None,
+) -> Target | None:
+    """A :class:`Target` from what a caller gave: a target, a class index (as before), or None (the predicted
+    class, asked from ``predicted``; None when there is no classifier)."""
+    if isinstance(target, Target):
+        return target
+    if target is None:
+        target = class_index
+    if target is None:
+        c = predicted() if predicted is not None else None
+        return None if c is None else Target.of_class(c)
+    if isinstance(target, bool) or not isinstance(target, (int, np.integer)):
+        raise TargetError(f"a target is a Target or a class index, got {target!r}")
+    return Target.of_class(int(target))
+
+
+def targets_arrays(target: Target, id2label: dict[int, str] | None = None) -> dict[str, np.ndarray]:
+    """How export records a target: ``target_kind`` ("class" / "label"), ``target_index``, ``target_minus``
+    (-1: none), ``target_name`` (for display); label targets also ``target_label`` / ``target_minus_label``."""
+    arrays = {
+        "target_kind": np.array("label" if target.is_label else "class"),
+        "target_index": np.array(target.index, np.int64),
+        "target_minus": np.array(-1 if target.minus is None else target.minus, np.int64),
+        "target_name": np.array(target.name(id2label)),
+    }
+    if target.labels is not None:
+        arrays["target_label"] = np.array(target.labels[target.index])
+        if target.minus is not None:
+            arrays["target_minus_label"] = np.array(target.labels[target.minus])
+    return arrays
