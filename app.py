@@ -82,11 +82,15 @@ def model_ui() -> None:
             try:
                 common.get_model(name, progress=lambda msg: status.update(label=msg))
             except VitvizError as exc:
-                status.update(label="Model not loaded", state="error")
-                st.error(f"{exc} Still using {ss.model_name}.")
-                ss.model_refusal = (f"{exc} Still using {ss.model_name}.", False)  # not loaded again on reruns
-                return
-            status.update(label=f"Loaded {name}", state="complete")
+                status.update(label=f"{name} not loaded", state="error")
+                failure = f"{exc} Still using {ss.model_name}."
+            else:
+                failure = None
+                status.update(label=f"Loaded {name}", state="complete")
+        if failure:  # the reason in the open, not in the collapsed box
+            st.error(failure)
+            ss.model_refusal = (failure, False)  # not loaded again on reruns
+            return
         common.set_model(name)  # its own blocks, classes, labels (its suggestion) and knock-outs
 
 
@@ -195,6 +199,8 @@ with st.sidebar:
     st.title("vitviz")
     try:
         model_ui()
+        if ss.model_name in common.DEMO_NOTES:  # after a change: the note of the model now shown
+            st.caption(common.DEMO_NOTES[ss.model_name])
         labels_ui()
         image_ui()
         size_ui()
