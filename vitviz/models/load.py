@@ -26,7 +26,7 @@ from vitviz.models.families import Family, family_for
 from vitviz.models.hooks import install
 from vitviz.models.points import install_points
 from vitviz.models.weights_index import INDEX, index_problem
-from vitviz.models.zeroshot import TextTower, text_tower
+from vitviz.models.zeroshot import TextTower, text_tower, text_tower_note
 from vitviz.record import PositionInfo
 
 __all__ = ["LoadedModel", "DEMO_NAME", "load_model", "pick_device", "resolve_source", "parse_model_name"]
@@ -60,6 +60,7 @@ class LoadedModel:
     position: PositionInfo  # absolute tables per stage, relative biases, or a note saying why none
     patch_weights: np.ndarray | None = field(repr=False)  # (D, C, k, k) first convolution
     text: TextTower | None = field(default=None, repr=False)  # two-tower models: labels a user types
+    text_note: str = ""  # a text tower without its tokenizer: why there are no zero-shot labels
 
     @property
     def config(self):
@@ -85,6 +86,11 @@ class LoadedModel:
     @property
     def has_classifier(self) -> bool:
         return self.id2label is not None
+
+    @property
+    def no_classes(self) -> str:
+        """Why the model scores no classes: its text tower lacks a tokenizer, or it is a backbone without a classifier."""
+        return self.text_note or f"'{self.name}' is a backbone without a classifier."
 
     @property
     def zero_shot(self) -> bool:
@@ -471,6 +477,7 @@ def load_model(
 
     prep = _processor_settings(source, config, hub_kwargs)
     text = text_tower(model, source, hub_kwargs, info.get("missing_keys", ()))
+    text_note = text_tower_note(model, name.strip()) if text is None else ""
     try:
         position = family.position_info(model)
         weights = family.patch_weight(model)
@@ -500,6 +507,7 @@ def load_model(
         position=position,
         patch_weights=weights,
         text=text,
+        text_note=text_note,
     )
     try:  # here, not lazily: never while others run the model
         install_points(loaded)  # the named hook points (vitviz.models.points): idle outside a call
