@@ -116,3 +116,25 @@ def test_evaluate_csv_rows_naming_a_fifo_or_a_device_are_skipped(tmp_path, alarm
     assert [i.image_id for i in ds.items] == ["a.png"]
     assert [s.where for s in ds.skipped] == ["l.csv:3", "l.csv:4"]
     assert "FIFO" in ds.skipped[0].reason and "device" in ds.skipped[1].reason
+
+
+@pytest.mark.parametrize("where", ["read-only", "under a file"])
+def test_evaluate_out_that_cannot_be_written_is_a_message(tmp_path, capsys, where):
+    import os
+
+    from vitviz.data.shapes import write_dataset
+
+    data = write_dataset(tmp_path / "shapes", n=1, seed=5)
+    if where == "under a file":
+        out = data / "r.parquet"  # data is labels.csv: a file
+    elif os.geteuid() != 0:
+        (tmp_path / "ro").mkdir(mode=0o555)
+        out = tmp_path / "ro" / "r.parquet"
+    elif Path("/sys/kernel").is_dir():
+        out = Path("/sys/kernel/r.parquet")
+    else:
+        pytest.skip("no read-only folder available to root here")
+    args = ["evaluate", "--data", str(data), "--out", str(out), "--methods", "random", "--size", "48"]
+    proc = _cli(capsys, *args)
+    assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr
+    assert str(out.parent) in _one_line_error(proc, proc.returncode)
