@@ -159,6 +159,7 @@ EXPORT_CASES = {
     "out is a file": (["--out", "{file}"], 2, "is a file"),
     "out read-only": (["--out", "{ro}/vitviz-out"], 1, "cannot"),
     "query nan": (["--out", "{tmp}/o", "--query-xy", "nan,nan"], 2, "X,Y"),
+    "query 1e308": (["--out", "{tmp}/o", "--query-xy", "1e308,1e308"], 2, "X,Y"),
     "size three numbers": (["--out", "{tmp}/o", "--size", "96", "96", "96"], 2, "--size"),
     "size 0": (["--out", "{tmp}/o", "--size", "0"], 2, "--size 0"),
     "size -96": (["--out", "{tmp}/o", "--size", "-96"], 2, "--size -96"),
@@ -328,3 +329,9 @@ def test_a_missing_head_alone_still_loads(tmp_path):
         metadata={"format": "pt"},
     )
     assert load_model(str(folder), device="cpu").has_classifier
+
+
+def test_demo_data_out_a_file_is_a_message(tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    line = _one_line_error(_cli(capsys, "demo-data", "--n", "2", "--out", str(tmp_path / "f")), 2)
+    assert "is a file" in line and (tmp_path / "f").read_text() == "x"

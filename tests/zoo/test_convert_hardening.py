@@ -162,3 +162,15 @@ def test_convert_checks_the_class_count_the_name_implies(tmp_path, capsys, arch,
         line = _one_line_error(proc, 1)
         assert f"head has {head} classes" in line and "--labels" in line
         assert not (tmp_path / "out").exists()
+
+
+def test_a_file_that_is_no_checkpoint_gets_a_reason(tmp_path):
+    from vitviz.zoo.convert import ConvertError, read_state_dict
+
+    path = tmp_path / "photo.pth"
+    path.write_bytes(b"PK-not-really" + bytes(range(256)) * 4)
+    with pytest.raises(ConvertError) as info:
+        read_state_dict(path)
+    text = str(info.value)
+    assert "read safely ()" not in text and "weights_only=False" not in text and "\n" not in text
+    assert "read safely (it is not a PyTorch checkpoint" in text
