@@ -195,6 +195,7 @@ def test_export_bad_options_get_one_line(case, tmp_path, image, capsys):
     [
         (["--size", "96", "96", "96"], 2, "--size"),
         (["--size", "0"], 2, "--size 0"),
+        (["--size", "1"], 2, "patch"),
         (["--device", "cuda"], 1, "CUDA"),
     ],
 )

@@ -349,6 +349,10 @@ def evaluate_dataset(
     dataset = read_dataset(data, limit=limit)
     if loaded is None:
         loaded = load_model(model, device=device)
+    if size is not None:
+        from vitviz.cli_checks import check_against_model
+
+        check_against_model(loaded, size, None)  # at least one patch per side
     label_set, notes = None, []
     if labels is not None:
         if loaded.text is None:
