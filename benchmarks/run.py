@@ -387,7 +387,8 @@ def print_table(r: dict) -> None:
         print(
             f"Instant head view, {hv['model']} in Chromium: input -> redraw median {hv['redraw_ms_median']} ms, "
             f"p95 {hv['redraw_ms_p95']} ms; 16 pages at once p95 {hv['sessions16_redraw_ms_p95']} ms; "
-            f"page {hv['payload_MB']} MB (packed in {hv['pack_s']} s)"
+            f"page {hv['payload_MB']} MB (packed in {hv['pack_s']} s); vitviz.show first draw "
+            f"{hv['show_first_draw_s']} s = {hv['show_over_app']}x the app's upload -> map ({hv['app_upload_to_map_s']} s)"
         )
     if im := r.get("imports"):
         from benchmarks.imports import print_rows

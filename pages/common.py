@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -63,6 +63,7 @@ from vitviz.serve import (
     vet_model_request,
 )
 from vitviz.serve.settings import log_settings, server_log
+from vitviz.tables import csv_bytes, long_table
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,6 +94,15 @@ PRESETS = (
     "facebook/data2vec-vision-base-ft1k",
     "facebook/vit-msn-small",
 )
+_SHAPES = "circles, squares, triangles, crosses and stars"
+DEMO_NOTES = {  # shown where a demo model is chosen: what it was trained on, and what a photo then shows
+    "demo": f"The demo ViT was trained on synthetic shapes ({_SHAPES}): on a photo it shows where a shape "
+    "detector looks, not what a photo model sees.",
+    "demo-swin": f"The demo Swin was trained on synthetic shapes ({_SHAPES}): on a photo it shows where a shape "
+    "detector looks, not what a photo model sees.",
+    "demo-clip": f"The demo CLIP was trained on synthetic shapes ({_SHAPES}) and their names: on a photo it shows "
+    "where a shape detector looks; labels are best chosen among the shapes' names.",
+}
 DEFAULTS = {
     "model_name": "demo",
     "image_name": "demo-star.png",
@@ -104,7 +114,8 @@ DEFAULTS = {
     "query_stage": 0,
     "show_windows": True,
     "direction": "where does it look?",
-    "class_index": None,
+    "class_index": None,  # None: the image's top-1
+    "class_pinned": False,  # True: a new image keeps the class (else it explains its own top-1)
     "knockout": [],  # heads knocked out on the Heads page: [block, head] pairs
     "knockout_mode": "mean",
     "labels_text": None,  # zero-shot models: what the user typed (None: the model's suggestion)
@@ -112,11 +123,29 @@ DEFAULTS = {
     "fusion": "mean",
     "rollout_range": None,
     "discard": 0.0,
+    "relevance_from": 0,  # relevance through blocks k..L-1 (0: all blocks, MM-Explainability's start_layer=0)
     "tau": 0.6,
     "metric": "distance",
     "position": 0,
 }
 DIRECTIONS = ("where does it look?", "who looks at it?")
+# What belongs to a model and goes back to its default when the model changes: positions in its
+# blocks, heads and grids, its classes and labels, its knock-outs, computations asked of it.
+MODEL_STATE = (
+    "input_size",
+    "layer",
+    "head",
+    "query",
+    "query_stage",
+    "class_index",
+    "class_pinned",
+    "knockout",
+    "labels_text",
+    "template",
+    "rollout_range",
+    "position",
+)
+MODEL_REQUESTS = ("curves_wanted", "importance_wanted")  # "Compute ..." clicks; their Stop goes with the model
 
 
 @st.cache_resource(show_spinner=False)
@@ -342,18 +371,46 @@ def get_relevance(
     image_bytes: bytes,
     prompt: str | None = None,
     label: str = "",
+    start_block: int = 0,
 ):
-    """Relevance for a class logit, or for a zero-shot label's score (``prompt``: the label's prompt)."""
+    """Relevance for a class logit, or for a zero-shot label's score (``prompt``: the label's prompt).
+
+    ``start_block``: relevance through blocks k..L-1 only (0: all blocks).
+    """
 
     def compute():
         loaded = get_model(model_name)
         image = read_image(image_bytes, max_bytes=upload_limit()).image
+        kw = {"size": size, "start_block": start_block}
         if prompt is None:
-            return in_queue(lambda: explain_classes(loaded, image, [class_index], size=size)[class_index])
+            return in_queue(lambda: explain_classes(loaded, image, [class_index], **kw)[class_index])
         target = label_target(loaded.family, loaded.model, get_label_embeddings(model_name, (prompt,))[0])
-        return in_queue(lambda: explain_targets(loaded, image, {class_index: (label, target)}, size=size)[class_index])
+        return in_queue(lambda: explain_targets(loaded, image, {class_index: (label, target)}, **kw)[class_index])
 
-    key = ("relevance", model_name, image_digest, size, class_index, prompt)
+    key = ("relevance", model_name, image_digest, size, class_index, prompt, start_block)
+    return results_cache().get_or_compute(key, compute)
+
+
+def get_prompt_relevance(
+    model_name: str,
+    image_digest: str,
+    size: tuple[int, int] | None,
+    image_embedding: np.ndarray,
+    label: str,
+    prompt: str,
+    start_block: int = 0,
+):
+    """Relevance of the prompt's tokens for one label's score on the session's image (text tower only)."""
+    from vitviz.models.prompt_relevance import prompt_relevance
+
+    def compute():
+        loaded = get_model(model_name)
+        one = Labels((label,), (prompt,), "{}")
+        return in_queue(
+            lambda: prompt_relevance(loaded.model, loaded.text, image_embedding, one, start_block=start_block)
+        )[0]
+
+    key = ("prompt_relevance", model_name, image_digest, size, prompt, start_block)
     return results_cache().get_or_compute(key, compute)
 
 
@@ -465,13 +522,31 @@ def init_state() -> None:
         set_image((EXAMPLES / st.session_state.image_name).read_bytes(), st.session_state.image_name)
 
 
-def set_image(data: bytes, name: str, size: tuple[int, int] | None = None) -> None:
-    """Make ``data`` the session's image; its digest and (w, h) are kept so reruns never rehash or decode it."""
+def set_model(name: str) -> None:
+    """Make ``name`` the session's model; everything that belonged to the previous one goes back to its default."""
+    ss = st.session_state
+    ss.model_name = name
+    for key in MODEL_STATE:
+        ss[key] = DEFAULTS[key]
+    for key in MODEL_REQUESTS:
+        ss.pop(key, None)
+
+
+def set_image(data: bytes, name: str, size: tuple[int, int] | None = None, *, class_index: int | None = None) -> None:
+    """Make ``data`` the session's image; its digest and (w, h) are kept so reruns never rehash or decode it.
+
+    The explained class becomes ``class_index`` when given, else the new image's top-1 unless the
+    user pinned a class.
+    """
     if size is None:
         size = read_image(data, max_bytes=upload_limit()).image.size
     ss = st.session_state
     ss.image_bytes, ss.image_name, ss.image_digest, ss.image_wh = data, name, digest(data), size
     ss.query = None  # the model's default: CLS, else the pooled query
+    if class_index is not None:
+        ss.class_index = int(class_index)
+    elif not ss.get("class_pinned", False):
+        ss.class_index = None  # the new image's top-1
 
 
 def _copy(src: str, dst: str) -> None:
@@ -554,6 +629,22 @@ def require_current() -> Current:
     return cur
 
 
+# Plotly takes two clicks within ``doubleClickDelay`` (300 ms) for a double click, which clears the
+# selection: a user's second click 120 ms after the first was lost. Two clicks count as one double
+# click only within this many ms.
+DOUBLE_CLICK_MS = 60
+
+
+def chart(fig, *, key: str, **kwargs):
+    """``st.plotly_chart`` without Streamlit's Plotly theme, each quick click its own selection.
+
+    The theme replaces a figure's own colour scale (Inferno's near-black bottom rendered pink), so
+    every figure is drawn with the scale it names.
+    """
+    config = {"doubleClickDelay": DOUBLE_CLICK_MS, **kwargs.pop("config", {})}
+    return st.plotly_chart(fig, key=key, theme=None, config=config, **kwargs)
+
+
 def clicked_point(event) -> list | None:
     """The ``customdata`` of the point a user clicked in a ``st.plotly_chart(on_select="rerun")`` figure."""
     try:
@@ -586,29 +677,30 @@ def npz_bytes(**arrays: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def csv_bytes(values: np.ndarray) -> bytes:
-    buf = io.StringIO()
-    np.savetxt(buf, np.atleast_2d(values), delimiter=",", fmt="%.6g")
-    return buf.getvalue().encode()
+def downloads(stem: str, key: str, *, csv: Mapping[str, np.ndarray] | None = None, **arrays: np.ndarray) -> None:
+    """NPZ of all arrays and a CSV with a header row; PNG comes from each figure's camera button.
 
-
-def downloads(stem: str, key: str, **arrays: np.ndarray) -> None:
-    """NPZ of all arrays and CSV of the first (2-D) one; PNG comes from each figure's camera button.
-
-    The files are built only when a button is clicked (callables): compressing a
-    T x T attention matrix on every rerun would cost ~0.3 s at T = 1370.
+    ``csv``: the table's columns, named with their units (every plotted series); by default the
+    first array written long (one row per value, its indices first). The files are built only
+    when a button is clicked (callables): compressing a T x T attention matrix on every rerun
+    would cost ~0.3 s at T = 1370. ``on_click="ignore"``: a download starts no rerun, so a second
+    click right after the first starts its own download.
     """
-    first = next(iter(arrays.values()))
+    if csv is None:
+        name, first = next(iter(arrays.items()))
+        dims = ("row", "col") if first.ndim == 2 else tuple(f"axis {i}" for i in range(first.ndim))
+        csv = long_table(first, dims, name)
     c1, c2 = st.columns(2)
     c1.download_button(
-        "Download NPZ", lambda: npz_bytes(**arrays), f"{stem}.npz", "application/octet-stream", key=f"{key}-npz"
+        "Download NPZ",
+        lambda: npz_bytes(**arrays),
+        f"{stem}.npz",
+        "application/octet-stream",
+        key=f"{key}-npz",
+        on_click="ignore",
     )
     c2.download_button(
-        "Download CSV",
-        lambda: csv_bytes(first.reshape(first.shape[0], -1) if first.ndim > 1 else first),
-        f"{stem}.csv",
-        "text/csv",
-        key=f"{key}-csv",
+        "Download CSV", lambda: csv_bytes(csv), f"{stem}.csv", "text/csv", key=f"{key}-csv", on_click="ignore"
     )
 
 
@@ -711,32 +803,45 @@ def get_knockable_blocks(model_name: str) -> tuple[int, ...]:
     return knockable_blocks(get_model(model_name))
 
 
-def get_method_maps(cur: Current, class_index: int) -> dict:
-    """Every explanation method's map of the session's image for one class (``vitviz.methods``): cached, queued."""
+def labelled_model(model: LoadedModel, labels: Labels | None) -> LoadedModel:
+    """The model whose classes are ``labels`` (zero-shot: each label's score is its logit), or the model itself."""
+    if labels is None:
+        return model
+    from vitviz.models.zeroshot import as_classifier
+
+    return as_classifier(model, labels, get_label_embeddings(model.name, labels.prompts))
+
+
+def get_method_maps(cur: Current, class_index: int, labels: Labels | None = None) -> dict:
+    """Every explanation method's map of the session's image for one class or label (``vitviz.methods``): cached, queued."""
     from vitviz.methods import explain_many
 
     def compute():
         image = read_image(cur.image_bytes, max_bytes=upload_limit()).image
-        return in_queue(lambda: explain_many(cur.model, image, class_index=class_index, size=cur.key[2]))
+        model = labelled_model(cur.model, labels)
+        return in_queue(lambda: explain_many(model, image, class_index=class_index, size=cur.key[2]))
 
-    return results_cache().get_or_compute(("methods", *cur.key, class_index), compute)
+    prompts = None if labels is None else labels.prompts
+    return results_cache().get_or_compute(("methods", *cur.key, class_index, prompts), compute)
 
 
-def get_curves(cur: Current, class_index: int, progress=None) -> dict:
+def get_curves(cur: Current, class_index: int, progress=None, labels: Labels | None = None) -> dict:
     """Deletion and insertion curves of every method (``vitviz.evaluate``), computed on request: cached, queued."""
     from vitviz.evaluate.faithfulness import Perturbations
 
     def compute():
         image = read_image(cur.image_bytes, max_bytes=upload_limit()).image
-        maps = get_method_maps(cur, class_index)
+        maps = get_method_maps(cur, class_index, labels)
+        model = labelled_model(cur.model, labels)
 
         def run():
-            perturb = Perturbations(cur.model, image, size=cur.key[2], batch_size=20)
+            perturb = Perturbations(model, image, size=cur.key[2], batch_size=20)
             return perturb.curves_many(list(maps.values()), progress=progress)
 
         return in_queue(run)
 
-    return results_cache().get_or_compute(("curves", *cur.key, class_index), compute)
+    prompts = None if labels is None else labels.prompts
+    return results_cache().get_or_compute(("curves", *cur.key, class_index, prompts), compute)
 
 
 def target_ui(ranked: Classes, *, key: str, default: int | None = None):

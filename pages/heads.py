@@ -3,11 +3,13 @@
 import numpy as np
 import streamlit as st
 
-from pages import common, instant
+from pages import common, instant, photo
 from vitviz import figures
 from vitviz.analysis.blocks import head_maps, select, window_edges
 from vitviz.errors import VitvizError
+from vitviz.figures.animation import view_stack
 from vitviz.record import POOLED
+from vitviz.tables import long_table
 from vitviz.text import md_plain
 
 cur = common.require_current()
@@ -83,7 +85,7 @@ if g.kind == "separable":
 elif looking and ss.direction == common.DIRECTIONS[1]:
     st.caption("The pooled query is a mean of rows and has no column: the map shows where it looks.")
 
-st.plotly_chart(
+common.chart(
     figures.small_multiples_figure(
         maps.values,
         [f"head {h}" for h in range(block.num_heads)],
@@ -119,7 +121,7 @@ def _deformable_view(head: int, query: int) -> None:
     arrows = st.checkbox("Show the offsets (reference point -> sampled point)", key="deformable_arrows")
     qp = query_points(samples, head, query)
     title = f"{cap.block_label(ss.layer).capitalize()}, head {head}: {what}, over its {len(qp.weights)} sampled keys"
-    st.plotly_chart(deformable_figure(cap.image, qp, arrows=arrows, title=title), key="deformable")
+    common.chart(deformable_figure(cap.image, qp, arrows=arrows, title=title), key="deformable")
     st.caption(
         "Deformable attention samples the block input at a reference grid moved by learned offsets; the map "
         "above spreads each sampled key's weight onto the 4 cells around it (bilinear, as sampled), dropping "
@@ -146,7 +148,18 @@ with big:
         marked=marked,
         windows=window_edges(g) if (g.kind == "window" and ss.show_windows) else None,
     )
-    st.plotly_chart(fig, key="head_map", on_select="rerun", selection_mode="points")
+    common.chart(fig, key="head_map", on_select="rerun", selection_mode="points")
+    photo.photo_panel(
+        "head",
+        list(maps.values),
+        [f"{cap.block_label(ss.layer).capitalize()}, head {h}: {what}" for h in range(block.num_heads)],
+        index=head,
+        colorbar_title=f"attention (raw, {cap.attention_precision})",
+        set_name=f"the heads of {cap.block_label(ss.layer)}",
+        gif=lambda view: view_stack(cap, view, head=head, query=query if block.stage == 0 else None),
+        gif_views=("head", "mean") + (() if cap.rollout_note else ("rollout",)),
+        gif_key=(head, query, block.stage),
+    )
     if cur.model.family.name == "DAT" and looking:
         _deformable_view(head, query)
     if g.kind == "window":
@@ -161,13 +174,13 @@ with side:
         values = maps.prefix[head]
         if maps.padding[head] > 0:
             names, values = [*names, "padding"], np.append(values, maps.padding[head])
-        st.plotly_chart(figures.prefix_attention_figure(values, names, patch_total=total), key="prefix")
+        common.chart(figures.prefix_attention_figure(values, names, patch_total=total), key="prefix")
         st.caption(
             "Raw attention weights of this query: its row sums to 1 over all its keys, "
             "including tokens not on the image (prefix tokens, and padding in windowed blocks)."
         )
     else:
-        st.plotly_chart(
+        common.chart(
             figures.prefix_attention_figure(
                 maps.prefix[head],
                 g.prefix_kinds,
@@ -178,6 +191,7 @@ with side:
     common.downloads(
         f"block{ss.layer}_head{head}_token{query}",
         "heads",
+        csv=long_table(maps.values, ("head", "row", "col"), f"attention weight (raw, {cap.attention_precision})"),
         map=maps.values[head],
         all_heads=maps.values,
         attention=select(block, head=head),
@@ -227,7 +241,7 @@ else:
             name = next(p.label for p in ranked.ranked if p.index == cls)
             left, right = st.columns(2)
             with left:
-                st.plotly_chart(
+                common.chart(
                     figures.comparison_figure(
                         ranked.ranked[:5], after, title=f"Top classes before and after ({ranked.legend})"
                     ),
@@ -247,7 +261,7 @@ else:
                 first = min(b for b, _ in chosen)
                 if ss.layer > first:
                     after_maps = head_maps(knocked_cap.blocks[ss.layer], query, direction="query" if looking else "key")
-                    st.plotly_chart(
+                    common.chart(
                         figures.small_multiples_figure(
                             after_maps.values,
                             [f"head {h}" for h in range(block.num_heads)],

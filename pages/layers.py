@@ -3,17 +3,40 @@
 import numpy as np
 import streamlit as st
 
-from pages import common
+from pages import common, photo
 from vitviz import figures
 from vitviz.analysis import maps
 from vitviz.analysis.blocks import global_query, head_maps, row_map, select
 from vitviz.analysis.masks import mass_masks
 from vitviz.analysis.stats import SUMMARIES, summary_table
 from vitviz.errors import VitvizError
+from vitviz.figures.animation import view_stack
+from vitviz.tables import long_table
 from vitviz.text import plotly_plain
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
+
+
+def _through(k: int, n: int) -> str:
+    """Which blocks relevance runs through when it starts at block ``k`` of ``n``."""
+    return f"the last block ({k}) only" if k == n - 1 else f"blocks {k}-{n - 1}"
+
+
+def prompt_words_ui(cur, label: str, prompt: str) -> None:
+    """The label's prompt, each token coloured by its relevance for the label's score (text tower, Chefer et al.)."""
+    try:
+        words = common.get_prompt_relevance(*cur.key, cur.cap.image_embedding, label, prompt)
+    except VitvizError as exc:
+        st.error(str(exc))
+        return
+    st.markdown(figures.token_relevance_html(words.tokens, words.relevance), unsafe_allow_html=True)
+    pooled = "its end-of-text token" if words.pooled is not None else "its last position (SigLIP pools padding)"
+    st.caption(
+        f"Prompt words for '{label}': relevance of each token (as the tokenizer cut it) for the label's score, "
+        f"Chefer et al.'s rule on the text tower's attention from {pooled}, through all text blocks; "
+        "darker = more relevant (hover for the raw value)."
+    )
 
 
 def open_head(data) -> None:
@@ -43,7 +66,7 @@ for stage in cap.stages:
     )
     where = f"stage {stage.index + 1} ({stage.grid[0]} x {stage.grid[1]}): " if len(cap.stages) > 1 else ""
     st.subheader(f"{where}where {cap.token_label(q, stage.index)} looks, block by block ({ss.fusion} of heads)")
-    st.plotly_chart(
+    common.chart(
         figures.small_multiples_figure(
             tiles, [cap.block_label(b) for b in stage.blocks], colorbar_title=f"attention (raw, {precision})", cols=6
         ),
@@ -76,7 +99,7 @@ else:
     roll_map = row[rs.num_prefix :].reshape(rs.grid)
     left, right = st.columns(2)
     with left:
-        st.plotly_chart(
+        common.chart(
             figures.map_figure(
                 cap.image,
                 roll_map,
@@ -91,27 +114,50 @@ else:
                 f"On stage {st_idx + 1}'s grid: windows undone, reduced keys spread over the tokens they came from, "
                 "merged tokens averaged (ALGORITHMS.md). The row sums to 1."
             )
-        common.downloads("rollout", "rollout", rollout=roll_map, row=row)
+        common.downloads(
+            "rollout",
+            "rollout",
+            csv=long_table(roll_map, ("row", "col"), f"rollout weight (raw, {precision})"),
+            rollout=roll_map,
+            row=row,
+        )
     with right:
         ranked = common.classes(cur)
         if ranked is None:
             st.info(
                 "Label-specific relevance needs labels: type them in the sidebar."
                 if cur.model.zero_shot
-                else "Class-specific relevance needs a classifier; this checkpoint is a backbone."
+                else cur.model.text_note
+                or "Class-specific relevance needs a classifier; this checkpoint is a backbone."
             )
         else:
             known = {p.index: p.label for p in ranked.ranked}
             cls = ss.class_index if ss.class_index in known else ranked.ranked[0].index
+            n_enc = sum(b.kind != "pool" for b in cap.blocks)
+            if not 0 <= ss.relevance_from < n_enc:
+                ss.relevance_from = 0
+            st.selectbox(
+                "Relevance runs through",
+                list(range(n_enc)),
+                format_func=lambda k: "all blocks (default)" if k == 0 else _through(k, n_enc),
+                help="Default: all blocks, as MM-Explainability's start_layer=0. Its CLIP notebook uses the last "
+                "block only; earlier blocks then count as identities.",
+                **common.keep("relevance_from"),
+            )
             try:
                 with st.spinner("Computing gradients for the relevance map…"):
                     exp = common.get_relevance(
-                        *cur.key, cls, cur.image_bytes, prompt=ranked.prompt(cls), label=known[cls]
+                        *cur.key,
+                        cls,
+                        cur.image_bytes,
+                        prompt=ranked.prompt(cls),
+                        label=known[cls],
+                        start_block=ss.relevance_from,
                     )
             except VitvizError as exc:
                 st.error(str(exc))
             else:
-                st.plotly_chart(
+                common.chart(
                     figures.map_figure(
                         cap.image,
                         exp.patch_map(),
@@ -121,8 +167,29 @@ else:
                     key="relevance_map",
                 )
                 target = "the label's image-text score" if ranked.labels else "the class logit (before softmax)"
-                st.caption(f"Row of the {exp.readout}, for {target}. Choose it on the *Image & predictions* page.")
-                common.downloads(f"relevance_{exp.class_index}", "relevance", relevance=exp.patch_map())
+                through = "all blocks (the default)" if exp.start_block == 0 else _through(exp.start_block, n_enc)
+                st.caption(
+                    f"Row of the {exp.readout}, for {target}, through {through}. "
+                    "Choose it on the *Image & predictions* page."
+                )
+                common.downloads(
+                    f"relevance_{exp.class_index}",
+                    "relevance",
+                    csv=long_table(exp.patch_map(), ("row", "col"), f"relevance for '{exp.label}' (raw)"),
+                    relevance=exp.patch_map(),
+                )
+                if ranked.labels:
+                    prompt_words_ui(cur, known[cls], ranked.prompt(cls))
+    photo.photo_panel(
+        "rollout",
+        [roll_map],
+        [f"Rollout of {cap.token_label(q_end, cap.blocks[end].stage)}, blocks {start}-{end}"],
+        index=0,
+        colorbar_title=f"rollout (raw, {precision})",
+        set_name="one map",
+        gif=lambda view: view_stack(cap, view),
+        gif_views=("rollout", "mean"),
+    )
 
 # DINO masks on the last block's global map
 last = cap.blocks[-1]
@@ -130,7 +197,7 @@ gq = global_query(last)
 st.subheader(f"DINO attention masks (last block, {cap.token_label(gq, last.stage)})")
 st.slider("Kept attention mass (tau)", 0.1, 1.0, step=0.05, **common.keep("tau"))
 masks = mass_masks(head_maps(last, gq).values, tau=ss.tau).astype(np.float32)
-st.plotly_chart(
+common.chart(
     figures.small_multiples_figure(
         masks,
         [f"head {h}" for h in range(last.num_heads)],
@@ -149,7 +216,7 @@ values = summary_table(cap.blocks, ss.metric)
 labels = [cap.block_label(b) for b in range(cap.num_blocks)]
 s1, s2 = st.columns(2)
 with s1:
-    st.plotly_chart(
+    common.chart(
         figures.layer_head_figure(
             values,
             title=f"{SUMMARIES[ss.metric]}: click a cell to open that head",
@@ -166,12 +233,17 @@ with s1:
     common.downloads(
         "summaries",
         "summaries",
+        csv={
+            **long_table(summary_table(cap.blocks, "distance"), ("block", "head"), SUMMARIES["distance"]),
+            SUMMARIES["entropy"]: summary_table(cap.blocks, "entropy").reshape(-1),
+            SUMMARIES["entropy_norm"]: summary_table(cap.blocks, "entropy_norm").reshape(-1),
+        },
         mean_attention_distance=summary_table(cap.blocks, "distance"),
         attention_entropy=summary_table(cap.blocks, "entropy"),
         attention_entropy_normalised=summary_table(cap.blocks, "entropy_norm"),
     )
 with s2:
-    st.plotly_chart(
+    common.chart(
         figures.distance_depth_figure(
             summary_table(cap.blocks, "distance"),
             image_px=max(cap.input_size),
@@ -199,9 +271,18 @@ else:
         top = np.argsort(-final)[:5]
         probs = lens.probabilities()[:, top]
         names = [cur.model.id2label.get(int(c), f"class {c}") for c in top]
-        st.plotly_chart(figures.lens_figure(probs, names, lens.ranks(int(top[0])), target=names[0]), key="lens")
+        common.chart(figures.lens_figure(probs, names, lens.ranks(int(top[0])), target=names[0]), key="lens")
         st.caption(
             f"Each row: the residual stream after that block, through the model's final norm and head ({lens.readout}). "
             + (lens.note or "The last row is the model's own prediction.")
         )
-        common.downloads("logit_lens", "lens", logit_lens=lens.logits)
+        common.downloads(
+            "logit_lens",
+            "lens",
+            csv={
+                "residual stream after block (0: embeddings)": np.arange(len(probs)),
+                **{f"probability of '{n}'": probs[:, k] for k, n in enumerate(names)},
+                f"rank of '{names[0]}' (1 = top)": lens.ranks(int(top[0])),
+            },
+            logit_lens=lens.logits,
+        )
