@@ -188,7 +188,10 @@ def last_resort(exc: BaseException, where: str) -> str:
 @st.cache_resource(show_spinner=False)
 def model_cache() -> ModelCache:
     """Loaded models, bounded by the memory their parameters take; the least recently used go first."""
-    return ModelCache.from_settings(serve_settings())
+    from vitviz.capture.session import clear_runs
+
+    # an evicted model's cached runs hold it (and their graphs): drop them so its memory really goes
+    return ModelCache.from_settings(serve_settings(), on_evict=lambda loaded: clear_runs(loaded.model))
 
 
 @st.cache_resource(show_spinner=False)
