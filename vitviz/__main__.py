@@ -141,6 +141,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _demo_data(args: argparse.Namespace) -> int:
     from vitviz.data.shapes import write_dataset
 
+    check_output_folder(args.out)
     csv_path = write_dataset(args.out, n=args.n, seed=args.seed)
     print(f"wrote {args.n} images and {csv_path}")
     return 0

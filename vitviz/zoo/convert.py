@@ -175,9 +175,12 @@ def _refusal(exc: BaseException) -> str:
     found = re.search(r"GLOBAL ([\w.]+)", text)
     if found:
         return f"it holds an object of type {found.group(1)}, which only code could rebuild"
-    found = re.search(r"WeightsUnpickler error: ([^\n]*)", text)
+    found = re.search(r"WeightsUnpickler error:\s*([^\n]+)", text)
     line = found.group(1) if found else (text.strip().splitlines() or [type(exc).__name__])[0]
-    return re.split(r"\. (?:Please|Re-running|Check)", line)[0][:200]
+    line = re.split(r"\. (?:Please|Re-running|Check)", line)[0][:200].strip()
+    if not line or "weights_only" in line or "Weights only" in line or line.startswith("Unsupported operand"):
+        return "it is not a PyTorch checkpoint torch.load can read without running code"
+    return line
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
