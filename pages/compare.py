@@ -3,7 +3,7 @@
 import numpy as np
 import streamlit as st
 
-from pages import common
+from pages import common, photo
 from vitviz import figures
 from vitviz.errors import VitvizError
 from vitviz.methods import METHODS, why_unavailable
@@ -54,6 +54,15 @@ st.plotly_chart(
         zmax=1,
     ),
     key="method_maps",
+)
+photo.photo_panel(
+    "method",
+    [np.asarray(maps[m].values, np.float64) for m in names],
+    [f"{m} for '{name}'" for m in names],
+    index=None,
+    colorbar_title="raw value",
+    set_name="every method: raw units differ",
+    default_scale="per_map",
 )
 with st.expander("How each map is defined"):
     for m in names:

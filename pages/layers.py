@@ -165,6 +165,14 @@ else:
                     "Choose it on the *Image & predictions* page."
                 )
                 common.downloads(f"relevance_{exp.class_index}", "relevance", relevance=exp.patch_map())
+                photo.photo_panel(
+                    "relevance",
+                    [exp.patch_map()],
+                    [f"Relevance for '{exp.label}'"],
+                    index=0,
+                    colorbar_title="relevance (raw)",
+                    set_name="one map",
+                )
                 if ranked.labels:
                     prompt_words_ui(cur, known[cls], ranked.prompt(cls))
     photo.photo_panel(

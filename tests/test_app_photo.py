@@ -86,3 +86,20 @@ def test_layers_rollout_over_the_photo():
     fig = _photo_figure(at)
     assert fig["layout"]["title"]["text"].startswith("Rollout of CLS")
     assert fig["layout"]["xaxis"]["range"][1] == Image.open(io.BytesIO(at.session_state.image_bytes)).size[0]
+
+
+def test_compare_any_method_over_the_photo_and_relevance_on_layers():
+    at = _page("pages/compare.py")
+    at.toggle(key="method_photo_on").set_value(True).run()
+    no_trouble(at)
+    assert at.radio(key="method_photo_scale").value == "per_map"  # raw units differ between methods
+    at.selectbox(key="method_photo_pick").set_value(1).run()
+    assert _photo_figure(at)["layout"]["title"]["text"].startswith("rollout for")
+    at = _page("pages/layers.py")
+    at.toggle(key="relevance_photo_on").set_value(True).run()
+    no_trouble(at)
+    assert any(
+        json.loads(el.proto.spec)["layout"].get("title", {}).get("text", "").startswith("Relevance for")
+        and "over the photo" in el.proto.spec
+        for el in at.get("plotly_chart")
+    )
