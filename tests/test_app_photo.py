@@ -103,3 +103,15 @@ def test_compare_any_method_over_the_photo_and_relevance_on_layers():
         and "over the photo" in el.proto.spec
         for el in at.get("plotly_chart")
     )
+
+
+def test_patching_page_gif_of_the_per_patch_lens():
+    at = _page("pages/patching.py")
+    no_trouble(at)
+    at.toggle(key="patch_lens_photo_on").set_value(True).run()
+    at.toggle(key="patch_lens_gif_on").set_value(True).run()
+    no_trouble(at)
+    wanted, data, n = at.session_state["patch_lens_gif"]
+    gif = Image.open(io.BytesIO(data))
+    assert wanted[0] == "lens" and gif.n_frames == n == 5  # the demo ViT: embeddings + 4 blocks
+    assert _photo_figure(at)["layout"]["title"]["text"].startswith("Per-patch lens, layer 4")
