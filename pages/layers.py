@@ -107,6 +107,7 @@ else:
                 colorbar_title=f"rollout (raw, {precision})",
             ),
             key="rollout_map",
+            config=photo.camera_config("rollout"),
         )
         if cap.is_hierarchical:
             st.caption(
@@ -157,6 +158,7 @@ else:
                         colorbar_title="relevance (raw)",
                     ),
                     key="relevance_map",
+                    config=photo.camera_config("relevance"),
                 )
                 target = "the label's image-text score" if ranked.labels else "the class logit (before softmax)"
                 through = "all blocks (the default)" if exp.start_block == 0 else _through(exp.start_block, n_enc)

@@ -26,6 +26,12 @@ def _photo(image_digest: str, _data: bytes) -> np.ndarray:
     return overlay.fit_photo(read_image(_data, max_bytes=common.upload_limit()).image)
 
 
+def camera_config(filename: str) -> dict:
+    """``st.plotly_chart`` config: the camera button saves the figure at the photo's size (at most 2048 px long)."""
+    wh = st.session_state.get("image_wh")
+    return overlay.image_config(wh, filename=filename) if wh else {}
+
+
 def photo_panel(
     key: str,
     maps: Sequence[np.ndarray],

@@ -115,3 +115,16 @@ def test_patching_page_gif_of_the_per_patch_lens():
     gif = Image.open(io.BytesIO(data))
     assert wanted[0] == "lens" and gif.n_frames == n == 5  # the demo ViT: embeddings + 4 blocks
     assert _photo_figure(at)["layout"]["title"]["text"].startswith("Per-patch lens, layer 4")
+
+
+def test_camera_button_of_the_main_maps_saves_at_the_photos_size():
+    for page, words in (("pages/heads.py", "head 0"), ("pages/layers.py", "Rollout of CLS")):
+        at = _page(page)
+        w, h = Image.open(io.BytesIO(at.session_state.image_bytes)).size
+        chart = next(
+            el
+            for el in at.get("plotly_chart")
+            if words in json.loads(el.proto.spec)["layout"].get("title", {}).get("text", "")
+        )
+        opts = json.loads(chart.proto.config)["toImageButtonOptions"]
+        assert (opts["width"], opts["height"]) == (w, h)
