@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -63,6 +63,7 @@ from vitviz.serve import (
     vet_model_request,
 )
 from vitviz.serve.settings import log_settings, server_log
+from vitviz.tables import csv_bytes, long_table
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,6 +94,15 @@ PRESETS = (
     "facebook/data2vec-vision-base-ft1k",
     "facebook/vit-msn-small",
 )
+_SHAPES = "circles, squares, triangles, crosses and stars"
+DEMO_NOTES = {  # shown where a demo model is chosen: what it was trained on, and what a photo then shows
+    "demo": f"The demo ViT was trained on synthetic shapes ({_SHAPES}): on a photo it shows where a shape "
+    "detector looks, not what a photo model sees.",
+    "demo-swin": f"The demo Swin was trained on synthetic shapes ({_SHAPES}): on a photo it shows where a shape "
+    "detector looks, not what a photo model sees.",
+    "demo-clip": f"The demo CLIP was trained on synthetic shapes ({_SHAPES}) and their names: on a photo it shows "
+    "where a shape detector looks; labels are best chosen among the shapes' names.",
+}
 DEFAULTS = {
     "model_name": "demo",
     "image_name": "demo-star.png",
@@ -104,7 +114,8 @@ DEFAULTS = {
     "query_stage": 0,
     "show_windows": True,
     "direction": "where does it look?",
-    "class_index": None,
+    "class_index": None,  # None: the image's top-1
+    "class_pinned": False,  # True: a new image keeps the class (else it explains its own top-1)
     "knockout": [],  # heads knocked out on the Heads page: [block, head] pairs
     "knockout_mode": "mean",
     "labels_text": None,  # zero-shot models: what the user typed (None: the model's suggestion)
@@ -118,6 +129,23 @@ DEFAULTS = {
     "position": 0,
 }
 DIRECTIONS = ("where does it look?", "who looks at it?")
+# What belongs to a model and goes back to its default when the model changes: positions in its
+# blocks, heads and grids, its classes and labels, its knock-outs, computations asked of it.
+MODEL_STATE = (
+    "input_size",
+    "layer",
+    "head",
+    "query",
+    "query_stage",
+    "class_index",
+    "class_pinned",
+    "knockout",
+    "labels_text",
+    "template",
+    "rollout_range",
+    "position",
+)
+MODEL_REQUESTS = ("curves_wanted", "importance_wanted")  # "Compute ..." clicks; their Stop goes with the model
 
 
 @st.cache_resource(show_spinner=False)
@@ -160,7 +188,10 @@ def last_resort(exc: BaseException, where: str) -> str:
 @st.cache_resource(show_spinner=False)
 def model_cache() -> ModelCache:
     """Loaded models, bounded by the memory their parameters take; the least recently used go first."""
-    return ModelCache.from_settings(serve_settings())
+    from vitviz.capture.session import clear_runs
+
+    # an evicted model's cached runs hold it (and their graphs): drop them so its memory really goes
+    return ModelCache.from_settings(serve_settings(), on_evict=lambda loaded: clear_runs(loaded.model))
 
 
 @st.cache_resource(show_spinner=False)
@@ -494,13 +525,31 @@ def init_state() -> None:
         set_image((EXAMPLES / st.session_state.image_name).read_bytes(), st.session_state.image_name)
 
 
-def set_image(data: bytes, name: str, size: tuple[int, int] | None = None) -> None:
-    """Make ``data`` the session's image; its digest and (w, h) are kept so reruns never rehash or decode it."""
+def set_model(name: str) -> None:
+    """Make ``name`` the session's model; everything that belonged to the previous one goes back to its default."""
+    ss = st.session_state
+    ss.model_name = name
+    for key in MODEL_STATE:
+        ss[key] = DEFAULTS[key]
+    for key in MODEL_REQUESTS:
+        ss.pop(key, None)
+
+
+def set_image(data: bytes, name: str, size: tuple[int, int] | None = None, *, class_index: int | None = None) -> None:
+    """Make ``data`` the session's image; its digest and (w, h) are kept so reruns never rehash or decode it.
+
+    The explained class becomes ``class_index`` when given, else the new image's top-1 unless the
+    user pinned a class.
+    """
     if size is None:
         size = read_image(data, max_bytes=upload_limit()).image.size
     ss = st.session_state
     ss.image_bytes, ss.image_name, ss.image_digest, ss.image_wh = data, name, digest(data), size
     ss.query = None  # the model's default: CLS, else the pooled query
+    if class_index is not None:
+        ss.class_index = int(class_index)
+    elif not ss.get("class_pinned", False):
+        ss.class_index = None  # the new image's top-1
 
 
 def _copy(src: str, dst: str) -> None:
@@ -583,6 +632,22 @@ def require_current() -> Current:
     return cur
 
 
+# Plotly takes two clicks within ``doubleClickDelay`` (300 ms) for a double click, which clears the
+# selection: a user's second click 120 ms after the first was lost. Two clicks count as one double
+# click only within this many ms.
+DOUBLE_CLICK_MS = 60
+
+
+def chart(fig, *, key: str, **kwargs):
+    """``st.plotly_chart`` without Streamlit's Plotly theme, each quick click its own selection.
+
+    The theme replaces a figure's own colour scale (Inferno's near-black bottom rendered pink), so
+    every figure is drawn with the scale it names.
+    """
+    config = {"doubleClickDelay": DOUBLE_CLICK_MS, **kwargs.pop("config", {})}
+    return st.plotly_chart(fig, key=key, theme=None, config=config, **kwargs)
+
+
 def clicked_point(event) -> list | None:
     """The ``customdata`` of the point a user clicked in a ``st.plotly_chart(on_select="rerun")`` figure."""
     try:
@@ -615,29 +680,30 @@ def npz_bytes(**arrays: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def csv_bytes(values: np.ndarray) -> bytes:
-    buf = io.StringIO()
-    np.savetxt(buf, np.atleast_2d(values), delimiter=",", fmt="%.6g")
-    return buf.getvalue().encode()
+def downloads(stem: str, key: str, *, csv: Mapping[str, np.ndarray] | None = None, **arrays: np.ndarray) -> None:
+    """NPZ of all arrays and a CSV with a header row; PNG comes from each figure's camera button.
 
-
-def downloads(stem: str, key: str, **arrays: np.ndarray) -> None:
-    """NPZ of all arrays and CSV of the first (2-D) one; PNG comes from each figure's camera button.
-
-    The files are built only when a button is clicked (callables): compressing a
-    T x T attention matrix on every rerun would cost ~0.3 s at T = 1370.
+    ``csv``: the table's columns, named with their units (every plotted series); by default the
+    first array written long (one row per value, its indices first). The files are built only
+    when a button is clicked (callables): compressing a T x T attention matrix on every rerun
+    would cost ~0.3 s at T = 1370. ``on_click="ignore"``: a download starts no rerun, so a second
+    click right after the first starts its own download.
     """
-    first = next(iter(arrays.values()))
+    if csv is None:
+        name, first = next(iter(arrays.items()))
+        dims = ("row", "col") if first.ndim == 2 else tuple(f"axis {i}" for i in range(first.ndim))
+        csv = long_table(first, dims, name)
     c1, c2 = st.columns(2)
     c1.download_button(
-        "Download NPZ", lambda: npz_bytes(**arrays), f"{stem}.npz", "application/octet-stream", key=f"{key}-npz"
+        "Download NPZ",
+        lambda: npz_bytes(**arrays),
+        f"{stem}.npz",
+        "application/octet-stream",
+        key=f"{key}-npz",
+        on_click="ignore",
     )
     c2.download_button(
-        "Download CSV",
-        lambda: csv_bytes(first.reshape(first.shape[0], -1) if first.ndim > 1 else first),
-        f"{stem}.csv",
-        "text/csv",
-        key=f"{key}-csv",
+        "Download CSV", lambda: csv_bytes(csv), f"{stem}.csv", "text/csv", key=f"{key}-csv", on_click="ignore"
     )
 
 

@@ -18,7 +18,7 @@ if ranked is None:
     st.info(
         "Deletion and insertion follow the probability of a class or label: type labels in the sidebar."
         if cur.model.zero_shot
-        else "Deletion and insertion follow the probability of a class: they need a classifier."
+        else cur.model.text_note or "Deletion and insertion follow the probability of a class: they need a classifier."
     )
     st.stop()
 labels = ranked.labels  # zero-shot: every method explains the label's score, and the curves follow its probability
@@ -43,7 +43,7 @@ names = list(maps)
 tiles = np.stack([np.asarray(maps[m].values, np.float64) for m in names])
 scale = np.abs(tiles).reshape(len(names), -1).max(axis=1)
 tiles = tiles / np.where(scale > 0, scale, 1.0)[:, None, None]
-st.plotly_chart(
+common.chart(
     figures.small_multiples_figure(
         tiles.astype(np.float32),
         names,
@@ -113,7 +113,7 @@ else:
     else:
         bar.empty()
         curves = {r.method: (r.deletion, r.insertion) for r in results}
-        st.plotly_chart(figures.curves_figure(results[0].fractions, curves, target=name), key="curves")
+        common.chart(figures.curves_figure(results[0].fractions, curves, target=name), key="curves")
         rows = [
             {
                 "method": r.method,
@@ -136,6 +136,11 @@ else:
         common.downloads(
             "faithfulness",
             "curves",
+            csv={
+                "fraction of patches": results[0].fractions,
+                **{f"{r.method} deletion (probability of '{name}')": r.deletion for r in results},
+                **{f"{r.method} insertion (probability of '{name}')": r.insertion for r in results},
+            },
             fractions=results[0].fractions,
             **{f"{r.method}_deletion": r.deletion for r in results},
             **{f"{r.method}_insertion": r.insertion for r in results},

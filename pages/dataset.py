@@ -27,24 +27,34 @@ if ss.pop("open_compare", False):
     st.switch_page("pages/compare.py")
 
 
-def _open(path: str, model: str | None, labels: list[str] | None = None, template: str | None = None) -> None:
+def _open(
+    path: str,
+    model: str | None,
+    class_index: int | None = None,
+    labels: list[str] | None = None,
+    template: str | None = None,
+) -> None:
     """An "Open" click (a callback: it runs before the sidebar is drawn, so the sidebar shows the new model).
 
+    The pages then explain the class the results file explained for that image (when its model is shown).
     A zero-shot run (``labels`` in its metadata) opens with its labels and template in the sidebar.
     """
     try:
-        common.set_image(Path(path).read_bytes(), Path(path).name)
-    except (OSError, VitvizError) as exc:
+        data = Path(path).read_bytes()
+    except OSError as exc:
         ss.open_error = f"{path} cannot be opened: {exc}"
         return
     if model and model != ss.model_name and model in common.model_options():
-        ss.model_name = model
-        ss.input_size = ss.layer = ss.query = ss.class_index = None
-        ss.labels_text = ss.template = None
+        common.set_model(model)
         for key in ("model_pick", "model_text"):
             ss.pop(key, None)
     if labels:
-        ss.labels_text, ss.template, ss.class_index = "\n".join(labels), template or "{}", None
+        ss.labels_text, ss.template = "\n".join(labels), template or "{}"
+    try:
+        common.set_image(data, Path(path).name, class_index=class_index if model == ss.model_name else None)
+    except VitvizError as exc:
+        ss.open_error = f"{path} cannot be opened: {exc}"
+        return
     ss.open_compare = True
 
 
@@ -140,10 +150,10 @@ st.caption("Mean ± standard error over the images; the random map is the floor.
 
 deletion = {plotly_plain(m): results.method_rows(m).column("deletion_area").to_numpy() for m in results.methods}
 insertion = {plotly_plain(m): results.method_rows(m).column("insertion_area").to_numpy() for m in results.methods}
-st.plotly_chart(figures.areas_figure(deletion, insertion), key="areas")
+common.chart(figures.areas_figure(deletion, insertion), key="areas")
 curves = results.mean_curves()
 any_method = next(iter(curves.values()))
-st.plotly_chart(
+common.chart(
     figures.curves_figure(
         any_method[0], {plotly_plain(m): (c[1], c[2]) for m, c in curves.items()}, target="the explained class"
     ),
@@ -156,7 +166,7 @@ if dist.size:
     image_px = max(max(results.images().column(c).to_pylist()) for c in ("input_height", "input_width"))
     with np.errstate(all="ignore"):
         mean, spread = np.nanmean(dist, axis=0), np.nanstd(dist, axis=0)
-    st.plotly_chart(figures.distance_depth_figure(mean, image_px=image_px, spread=spread), key="distance_depth")
+    common.chart(figures.distance_depth_figure(mean, image_px=image_px, spread=spread), key="distance_depth")
     st.caption(
         f"Each point: one head's mean over {dist.shape[0]} images; bars: the standard deviation over them "
         "(the ViT paper's Figure 7 right averaged 128 images)."
@@ -166,15 +176,21 @@ st.subheader("Where the methods disagree most")
 methods = [m for m in results.methods if m != "random"]
 ids = results.images().column("image_id").to_pylist()
 paths = dict(zip(ids, results.images().column("path").to_pylist(), strict=True))
+explained = dict(zip(ids, results.images().column("class_index").to_pylist(), strict=True))
 areas = np.full((len(ids), len(methods)), np.nan)
 index = {i: k for k, i in enumerate(ids)}
 for j, m in enumerate(methods):
     t = results.method_rows(m)
     for image_id, a in zip(t.column("image_id").to_pylist(), t.column("deletion_area").to_pylist(), strict=True):
         areas[index[image_id], j] = a
-with np.errstate(all="ignore"):
-    spread = np.nanmax(areas, axis=1) - np.nanmin(areas, axis=1)
-order = np.argsort(-np.nan_to_num(spread, nan=-1))[:10]
+if methods:
+    with np.errstate(all="ignore"):
+        spread = np.nanmax(areas, axis=1) - np.nanmin(areas, axis=1)
+    order = np.argsort(-np.nan_to_num(spread, nan=-1))[:10]
+else:  # a run of the random baseline alone: no methods to disagree
+    spread = np.zeros(len(ids))
+    order = np.arange(min(len(ids), 10))
+    st.caption("This run holds only the random baseline: there is no disagreement between methods to rank by.")
 public = common.serve_settings().public
 for k in order:
     image_id = ids[k]
@@ -188,7 +204,7 @@ for k in order:
             "Open",
             key=f"open_{image_id}",
             on_click=_open,
-            args=(paths[image_id], meta.get("model"), meta.get("labels"), meta.get("template")),
+            args=(paths[image_id], meta.get("model"), explained[image_id], meta.get("labels"), meta.get("template")),
             help="Show this image on the per-image pages (Compare explanations first)",
         )
 if public:

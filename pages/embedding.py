@@ -6,6 +6,7 @@ import streamlit as st
 from pages import common
 from vitviz import figures
 from vitviz.analysis.embeddings import token_norm_outliers
+from vitviz.tables import long_table
 
 cur = common.require_current()
 cap = cur.cap
@@ -15,10 +16,16 @@ pcs = common.get_patch_components(cap.model_name)
 if pcs is None:
     st.info(f"{cap.family} has no patch-embedding filters vitviz can show.")
 else:
-    st.plotly_chart(figures.patch_components_figure(pcs.components, pcs.explained_variance_ratio), key="components")
+    common.chart(figures.patch_components_figure(pcs.components, pcs.explained_variance_ratio), key="components")
     common.downloads(
         "patch_components",
         "components",
+        csv={
+            **long_table(pcs.components, ("component", "row", "col", "channel"), "filter weight (unit-norm component)"),
+            "explained variance of the component (fraction)": np.repeat(
+                pcs.explained_variance_ratio, pcs.components[0].size
+            ),
+        },
         explained_variance_ratio=pcs.explained_variance_ratio,
         components=pcs.components,
     )
@@ -37,7 +44,7 @@ if stage.token_norms is None:
     st.info(f"{cap.family} gives no token states vitviz can measure at this stage.")
     st.stop()
 kinds = stage.prefix_kinds + ("patch",) * (stage.grid[0] * stage.grid[1])
-st.plotly_chart(figures.token_norms_figure(stage.token_norms, kinds), key="norms")
+common.chart(figures.token_norms_figure(stage.token_norms, kinds), key="norms")
 outliers = token_norm_outliers(stage.token_norms)
 layers, tokens = np.nonzero(outliers)
 if len(tokens):
@@ -47,4 +54,10 @@ if len(tokens):
     )
 else:
     st.caption("No token's norm exceeds 3x its block's median.")
-common.downloads("token_norms", "norms", token_norms=stage.token_norms)
+norms = long_table(stage.token_norms, ("after layer (0: embeddings)", "token"), "token norm (L2)")
+common.downloads(
+    "token_norms",
+    "norms",
+    csv={**norms, "token kind": np.asarray(kinds)[norms["token"]]},
+    token_norms=stage.token_norms,
+)

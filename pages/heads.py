@@ -9,6 +9,7 @@ from vitviz.analysis.blocks import head_maps, select, window_edges
 from vitviz.errors import VitvizError
 from vitviz.figures.animation import view_stack
 from vitviz.record import POOLED
+from vitviz.tables import long_table
 from vitviz.text import md_plain
 
 cur = common.require_current()
@@ -84,7 +85,7 @@ if g.kind == "separable":
 elif looking and ss.direction == common.DIRECTIONS[1]:
     st.caption("The pooled query is a mean of rows and has no column: the map shows where it looks.")
 
-st.plotly_chart(
+common.chart(
     figures.small_multiples_figure(
         maps.values,
         [f"head {h}" for h in range(block.num_heads)],
@@ -120,7 +121,7 @@ def _deformable_view(head: int, query: int) -> None:
     arrows = st.checkbox("Show the offsets (reference point -> sampled point)", key="deformable_arrows")
     qp = query_points(samples, head, query)
     title = f"{cap.block_label(ss.layer).capitalize()}, head {head}: {what}, over its {len(qp.weights)} sampled keys"
-    st.plotly_chart(deformable_figure(cap.image, qp, arrows=arrows, title=title), key="deformable")
+    common.chart(deformable_figure(cap.image, qp, arrows=arrows, title=title), key="deformable")
     st.caption(
         "Deformable attention samples the block input at a reference grid moved by learned offsets; the map "
         "above spreads each sampled key's weight onto the 4 cells around it (bilinear, as sampled), dropping "
@@ -147,7 +148,7 @@ with big:
         marked=marked,
         windows=window_edges(g) if (g.kind == "window" and ss.show_windows) else None,
     )
-    st.plotly_chart(
+    common.chart(
         fig, key="head_map", on_select="rerun", selection_mode="points", config=photo.camera_config("head_map")
     )
     photo.photo_panel(
@@ -175,13 +176,13 @@ with side:
         values = maps.prefix[head]
         if maps.padding[head] > 0:
             names, values = [*names, "padding"], np.append(values, maps.padding[head])
-        st.plotly_chart(figures.prefix_attention_figure(values, names, patch_total=total), key="prefix")
+        common.chart(figures.prefix_attention_figure(values, names, patch_total=total), key="prefix")
         st.caption(
             "Raw attention weights of this query: its row sums to 1 over all its keys, "
             "including tokens not on the image (prefix tokens, and padding in windowed blocks)."
         )
     else:
-        st.plotly_chart(
+        common.chart(
             figures.prefix_attention_figure(
                 maps.prefix[head],
                 g.prefix_kinds,
@@ -192,6 +193,7 @@ with side:
     common.downloads(
         f"block{ss.layer}_head{head}_token{query}",
         "heads",
+        csv=long_table(maps.values, ("head", "row", "col"), f"attention weight (raw, {cap.attention_precision})"),
         map=maps.values[head],
         all_heads=maps.values,
         attention=select(block, head=head),
@@ -241,7 +243,7 @@ else:
             name = next(p.label for p in ranked.ranked if p.index == cls)
             left, right = st.columns(2)
             with left:
-                st.plotly_chart(
+                common.chart(
                     figures.comparison_figure(
                         ranked.ranked[:5], after, title=f"Top classes before and after ({ranked.legend})"
                     ),
@@ -261,7 +263,7 @@ else:
                 first = min(b for b, _ in chosen)
                 if ss.layer > first:
                     after_maps = head_maps(knocked_cap.blocks[ss.layer], query, direction="query" if looking else "key")
-                    st.plotly_chart(
+                    common.chart(
                         figures.small_multiples_figure(
                             after_maps.values,
                             [f"head {h}" for h in range(block.num_heads)],

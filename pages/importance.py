@@ -7,6 +7,7 @@ from pages import common
 from vitviz import figures
 from vitviz.errors import VitvizError
 from vitviz.evaluate.head_estimate import trust_note
+from vitviz.tables import long_table
 from vitviz.text import md_plain, plotly_plain
 
 cur = common.require_current()
@@ -114,7 +115,7 @@ with left:
                     on_click=lambda: ss.update(importance_method=EXACT, importance_wanted=exact_key),
                     help="One knock-out per head, in batches; replaces the estimate on this page.",
                 )
-            st.plotly_chart(
+            common.chart(
                 fig,
                 key="importance_map",
                 on_select="rerun",
@@ -133,9 +134,21 @@ with left:
             else:
                 st.caption("First order: it can miss effects that need a large change (compare with the exact table).")
             if fast:
-                common.downloads("head_importance_estimate", "importance", estimated_effects=result.effects)
+                common.downloads(
+                    "head_importance_estimate",
+                    "importance",
+                    csv=long_table(
+                        result.effects, ("block", "head"), f"estimated change of the logit of '{name}' (first order)"
+                    ),
+                    estimated_effects=result.effects,
+                )
             else:
-                common.downloads("head_importance", "importance", effects=result.effects)
+                common.downloads(
+                    "head_importance",
+                    "importance",
+                    csv=long_table(result.effects, ("block", "head"), f"change of the logit of '{name}' (logits)"),
+                    effects=result.effects,
+                )
 with right:
     if notes["attribution"]:
         st.info(f"Direct logit attribution: {notes['attribution']}")
@@ -148,7 +161,7 @@ with right:
         except (VitvizError, ValueError) as exc:
             st.error(str(exc))
         else:
-            st.plotly_chart(
+            common.chart(
                 figures.layer_head_figure(
                     attr.heads,
                     title=f"Direct contribution of each head to '{plotly_plain(name)}'",
@@ -166,4 +179,17 @@ with right:
                 f"The logit {attr.logit:.3f} = heads {np.nansum(attr.heads):.3f} + MLPs {attr.mlps.sum():.3f} + "
                 f"embeddings and biases {attr.rest:.3f}, with the final norm's scale frozen at the image's value."
             )
-            common.downloads("head_attribution", "attribution", heads=attr.heads, mlps=attr.mlps)
+            heads_table = long_table(attr.heads, ("block", "head"), "direct contribution (logits)")
+            common.downloads(
+                "head_attribution",
+                "attribution",
+                csv={
+                    "block": np.concatenate([heads_table["block"], np.arange(len(attr.mlps))]),
+                    "part": [f"head {h}" for h in heads_table["head"]] + ["MLP"] * len(attr.mlps),
+                    f"direct contribution to the logit of '{name}' (logits)": np.concatenate(
+                        [heads_table["direct contribution (logits)"], attr.mlps]
+                    ),
+                },
+                heads=attr.heads,
+                mlps=attr.mlps,
+            )

@@ -11,6 +11,7 @@ from vitviz.analysis.masks import mass_masks
 from vitviz.analysis.stats import SUMMARIES, summary_table
 from vitviz.errors import VitvizError
 from vitviz.figures.animation import view_stack
+from vitviz.tables import long_table
 from vitviz.text import plotly_plain
 
 cur = common.require_current()
@@ -65,7 +66,7 @@ for stage in cap.stages:
     )
     where = f"stage {stage.index + 1} ({stage.grid[0]} x {stage.grid[1]}): " if len(cap.stages) > 1 else ""
     st.subheader(f"{where}where {cap.token_label(q, stage.index)} looks, block by block ({ss.fusion} of heads)")
-    st.plotly_chart(
+    common.chart(
         figures.small_multiples_figure(
             tiles, [cap.block_label(b) for b in stage.blocks], colorbar_title=f"attention (raw, {precision})", cols=6
         ),
@@ -98,7 +99,7 @@ else:
     roll_map = row[rs.num_prefix :].reshape(rs.grid)
     left, right = st.columns(2)
     with left:
-        st.plotly_chart(
+        common.chart(
             figures.map_figure(
                 cap.image,
                 roll_map,
@@ -114,14 +115,21 @@ else:
                 f"On stage {st_idx + 1}'s grid: windows undone, reduced keys spread over the tokens they came from, "
                 "merged tokens averaged (ALGORITHMS.md). The row sums to 1."
             )
-        common.downloads("rollout", "rollout", rollout=roll_map, row=row)
+        common.downloads(
+            "rollout",
+            "rollout",
+            csv=long_table(roll_map, ("row", "col"), f"rollout weight (raw, {precision})"),
+            rollout=roll_map,
+            row=row,
+        )
     with right:
         ranked = common.classes(cur)
         if ranked is None:
             st.info(
                 "Label-specific relevance needs labels: type them in the sidebar."
                 if cur.model.zero_shot
-                else "Class-specific relevance needs a classifier; this checkpoint is a backbone."
+                else cur.model.text_note
+                or "Class-specific relevance needs a classifier; this checkpoint is a backbone."
             )
         else:
             known = {p.index: p.label for p in ranked.ranked}
@@ -150,7 +158,7 @@ else:
             except VitvizError as exc:
                 st.error(str(exc))
             else:
-                st.plotly_chart(
+                common.chart(
                     figures.map_figure(
                         cap.image,
                         exp.patch_map(),
@@ -166,7 +174,12 @@ else:
                     f"Row of the {exp.readout}, for {target}, through {through}. "
                     "Choose it on the *Image & predictions* page."
                 )
-                common.downloads(f"relevance_{exp.class_index}", "relevance", relevance=exp.patch_map())
+                common.downloads(
+                    f"relevance_{exp.class_index}",
+                    "relevance",
+                    csv=long_table(exp.patch_map(), ("row", "col"), f"relevance for '{exp.label}' (raw)"),
+                    relevance=exp.patch_map(),
+                )
                 photo.photo_panel(
                     "relevance",
                     [exp.patch_map()],
@@ -194,7 +207,7 @@ gq = global_query(last)
 st.subheader(f"DINO attention masks (last block, {cap.token_label(gq, last.stage)})")
 st.slider("Kept attention mass (tau)", 0.1, 1.0, step=0.05, **common.keep("tau"))
 masks = mass_masks(head_maps(last, gq).values, tau=ss.tau).astype(np.float32)
-st.plotly_chart(
+common.chart(
     figures.small_multiples_figure(
         masks,
         [f"head {h}" for h in range(last.num_heads)],
@@ -213,7 +226,7 @@ values = summary_table(cap.blocks, ss.metric)
 labels = [cap.block_label(b) for b in range(cap.num_blocks)]
 s1, s2 = st.columns(2)
 with s1:
-    st.plotly_chart(
+    common.chart(
         figures.layer_head_figure(
             values,
             title=f"{SUMMARIES[ss.metric]}: click a cell to open that head",
@@ -230,12 +243,17 @@ with s1:
     common.downloads(
         "summaries",
         "summaries",
+        csv={
+            **long_table(summary_table(cap.blocks, "distance"), ("block", "head"), SUMMARIES["distance"]),
+            SUMMARIES["entropy"]: summary_table(cap.blocks, "entropy").reshape(-1),
+            SUMMARIES["entropy_norm"]: summary_table(cap.blocks, "entropy_norm").reshape(-1),
+        },
         mean_attention_distance=summary_table(cap.blocks, "distance"),
         attention_entropy=summary_table(cap.blocks, "entropy"),
         attention_entropy_normalised=summary_table(cap.blocks, "entropy_norm"),
     )
 with s2:
-    st.plotly_chart(
+    common.chart(
         figures.distance_depth_figure(
             summary_table(cap.blocks, "distance"),
             image_px=max(cap.input_size),
@@ -263,9 +281,18 @@ else:
         top = np.argsort(-final)[:5]
         probs = lens.probabilities()[:, top]
         names = [cur.model.id2label.get(int(c), f"class {c}") for c in top]
-        st.plotly_chart(figures.lens_figure(probs, names, lens.ranks(int(top[0])), target=names[0]), key="lens")
+        common.chart(figures.lens_figure(probs, names, lens.ranks(int(top[0])), target=names[0]), key="lens")
         st.caption(
             f"Each row: the residual stream after that block, through the model's final norm and head ({lens.readout}). "
             + (lens.note or "The last row is the model's own prediction.")
         )
-        common.downloads("logit_lens", "lens", logit_lens=lens.logits)
+        common.downloads(
+            "logit_lens",
+            "lens",
+            csv={
+                "residual stream after block (0: embeddings)": np.arange(len(probs)),
+                **{f"probability of '{n}'": probs[:, k] for k, n in enumerate(names)},
+                f"rank of '{names[0]}' (1 = top)": lens.ranks(int(top[0])),
+            },
+            logit_lens=lens.logits,
+        )

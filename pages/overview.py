@@ -29,11 +29,11 @@ if cur.model.family.fixed_size(cur.model.config) is not None:
 left, right = st.columns([3, 2])
 with left:
     fig = figures.image_figure(cap.image, patch_size=cap.patch_size, num_prefix_tokens=cap.num_prefix_tokens)
-    st.plotly_chart(fig, key="patch_grid")
+    common.chart(fig, key="patch_grid")
 with right:
     ranked = common.classes(cur)
     if ranked is not None:
-        st.plotly_chart(figures.predictions_figure(ranked.ranked[:5], how=ranked.legend), key="predictions")
+        common.chart(figures.predictions_figure(ranked.ranked[:5], how=ranked.legend), key="predictions")
         names = {p.index: f"{p.label} ({p.probability:.1%})" for p in ranked.ranked}
         if ss.class_index not in names:
             ss.class_index = ranked.ranked[0].index
@@ -45,6 +45,11 @@ with right:
             format_func=names.get,
             **common.keep("class_index"),
         )
+        st.checkbox(
+            "Keep this class for the next images",
+            **common.keep("class_pinned"),
+            help="Unticked, a new image explains its own most probable class.",
+        )
     elif cur.model.zero_shot:
         st.info("Type labels in the sidebar to see how the image scores against them.")
     elif cur.model.text_note:
@@ -53,7 +58,7 @@ with right:
         st.info(
             f"{cap.model_name} is a backbone without a classifier: no predictions, and no class-specific relevance."
         )
-st.plotly_chart(figures.token_sequence_figure(cap.token_kinds, cap.grid), key="sequence")
+common.chart(figures.token_sequence_figure(cap.token_kinds, cap.grid), key="sequence")
 st.caption(
     "As in the ViT paper, the image is cut into patches, each flattened and linearly projected, "
     "and the sequence starts with the prefix tokens (CLS, and DeiT's DIST or DINOv2's registers)."

@@ -10,6 +10,7 @@ from vitviz.data.images import read_image
 from vitviz.errors import VitvizError
 from vitviz.figures.animation import view_stack
 from vitviz.figures.patching import patching_grid_figure
+from vitviz.text import md_plain, plotly_plain
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
@@ -39,15 +40,22 @@ upload = c2.file_uploader(
 )
 source_bytes, source_name = (common.EXAMPLES / pick).read_bytes(), pick
 if upload is not None:
-    try:
-        read_image(upload.getvalue(), max_bytes=common.upload_limit())
-    except VitvizError as exc:
-        st.error(f"{upload.name}: {exc} The example is used as the source.")
+    seen = ss.get("patch_upload_seen")
+    if seen is None or seen[0] != upload.file_id:  # each file is judged (and counted as an upload) once
+        try:
+            common.session_limits().uploads.acquire()  # public mode: the same limit as the sidebar's uploads
+            read_image(upload.getvalue(), max_bytes=common.upload_limit())
+            seen = (upload.file_id, None)
+        except VitvizError as exc:
+            seen = (upload.file_id, f"{md_plain(upload.name)}: {exc} The example is used as the source.")
+        ss.patch_upload_seen = seen
+    if seen[1]:
+        st.error(seen[1])
     else:
         source_bytes, source_name = upload.getvalue(), upload.name
 source_digest = common.digest(source_bytes)
 target = common.target_ui(ranked, key="patch_target")
-st.caption(f"Source: **{source_name}**; measured: **{target.name(cur.model.id2label)}**.")
+st.caption(f"Source: **{md_plain(source_name)}**; measured: **{md_plain(target.name(cur.model.id2label))}**.")
 
 
 def get_patching(exact: bool, progress=None):
@@ -121,7 +129,7 @@ if res is not None:
     block = st.slider("Block drawn on the image", 0, res.shape[0] - 1, res.shape[0] - 1, key="patch_block")
     with left:
         cols = [f"{k} {t}" for t, k in enumerate(shown.token_kinds)]
-        st.plotly_chart(
+        common.chart(
             patching_grid_figure(
                 res,
                 clean=shown.clean,
@@ -137,7 +145,7 @@ if res is not None:
     with right:
         row = res[block, shown.num_prefix :].reshape(shown.grid) - shown.clean
         span = float(np.nanmax(np.abs(row))) or 1.0
-        st.plotly_chart(
+        common.chart(
             figures.map_figure(
                 cap.image,
                 row,
@@ -150,7 +158,7 @@ if res is not None:
             key="patch_row_map",
         )
 if heads is not None:
-    st.plotly_chart(
+    common.chart(
         patching_grid_figure(
             heads,
             clean=shown.clean,
@@ -179,11 +187,11 @@ except (VitvizError, ValueError) as exc:
     st.info(str(exc))
 else:
     layer = st.slider("Layer (0 = embeddings)", 0, lens.shape[0] - 1, lens.shape[0] - 1, key="patch_lens_layer")
-    st.plotly_chart(
+    common.chart(
         figures.map_figure(
             cap.image,
             lens[layer],
-            title=f"Per-patch lens, layer {layer}: {target.name(cur.model.id2label)}",
+            title=f"Per-patch lens, layer {layer}: {plotly_plain(target.name(cur.model.id2label))}",
             colorbar_title="score (raw)",
         ),
         key="patch_lens_map",

@@ -79,7 +79,7 @@ def photo_panel(
     )
     h, w = composite.shape[:2]
     fmt = st.radio("Camera button saves", ["png", "svg"], horizontal=True, key=f"{key}_photo_fmt")
-    st.plotly_chart(
+    common.chart(
         overlay.photo_overlay_figure(
             composite,
             limits=(lo, hi),

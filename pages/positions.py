@@ -5,6 +5,7 @@ import streamlit as st
 
 from pages import common
 from vitviz import figures
+from vitviz.tables import long_table
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
@@ -38,14 +39,14 @@ if info.tables:
     )
     left, right = st.columns([3, 2])
     with left:
-        st.plotly_chart(
+        common.chart(
             figures.position_similarity_figure(sim, g), key="position_grid", on_select="rerun", selection_mode="points"
         )
     with right:
         st.number_input("Position (row-major index)", 0, g[0] * g[1] - 1, **common.keep("position"))
         r, c = divmod(ss.position, g[1])
         tile = sim[ss.position].reshape(g)
-        st.plotly_chart(
+        common.chart(
             figures.map_figure(
                 None,
                 tile,
@@ -54,13 +55,18 @@ if info.tables:
                 colorbar_title="cosine similarity (raw)",
                 zmin=-1,
                 zmax=1,
-                colorscale=figures.SIMILARITY_SCALE,
+                colorscale=figures.rgb_scale(figures.SIMILARITY_SCALE),
                 marked=(r, c),
                 height=420,
             ),
             key="position_tile",
         )
-        common.downloads("position_similarity", "positions", similarity=sim)
+        common.downloads(
+            "position_similarity",
+            "positions",
+            csv=long_table(sim, ("position (row-major)", "other position (row-major)"), "cosine similarity"),
+            similarity=sim,
+        )
 
 if info.biases:
     st.subheader("Relative position bias")
@@ -68,7 +74,7 @@ if info.biases:
     bias = info.biases[b].bias
     w = (bias.shape[-1] + 1) // 2
     lim = float(np.abs(bias).max()) or 1.0
-    st.plotly_chart(
+    common.chart(
         figures.small_multiples_figure(
             bias,
             [f"head {h}" for h in range(bias.shape[0])],
@@ -76,7 +82,7 @@ if info.biases:
             cols=6,
             zmin=-lim,
             zmax=lim,
-            colorscale=figures.SIMILARITY_SCALE,
+            colorscale=figures.rgb_scale(figures.SIMILARITY_SCALE),
         ),
         key="bias_grid",
     )
@@ -85,6 +91,8 @@ if info.biases:
         f"centre is what the head adds to the attention logit of a key dy rows below and dx columns right of the "
         f"query, inside a {w} x {w} window."
     )
-    common.downloads(f"relative_bias_{b}", "bias", bias=bias)
+    offsets = long_table(bias, ("head", "dy", "dx"), "bias added to the attention logit (raw)")
+    offsets["dy"], offsets["dx"] = offsets["dy"] - (w - 1), offsets["dx"] - (w - 1)
+    common.downloads(f"relative_bias_{b}", "bias", csv=offsets, bias=bias)
 if info.note:
     st.caption(info.note)

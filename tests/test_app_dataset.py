@@ -107,3 +107,29 @@ def test_a_zero_shot_run_shows_its_labels_and_opens_with_them(tmp_path, monkeypa
     assert at.session_state.labels_text.split("\n") == labels.split(",")
     assert any("Which map can you trust?" in h.value for h in at.header)
     assert any("Zero-shot: the label's score" in c.value for c in at.caption)
+
+
+def test_open_explains_the_class_the_results_explained_for_that_image(last_results):
+    at = _page()
+    at.button[0].click().run()
+    images = read_results(last_results).images()
+    explained = dict(zip(images.column("image_id").to_pylist(), images.column("class_index").to_pylist(), strict=True))
+    opens = [b for b in at.button if b.label == "Open"]
+    image_id = opens[0].key.removeprefix("open_")
+    at.session_state["class_index"] = (explained[image_id] + 1) % 5  # an earlier image's class
+    opens[0].click().run()
+    no_trouble(at)
+    assert at.session_state.class_index == explained[image_id]
+
+
+def test_a_run_with_the_random_baseline_alone_opens(tmp_path, monkeypatch):
+    monkeypatch.setenv("VITVIZ_HOME", str(tmp_path / "home"))
+    csv_path = write_dataset(tmp_path / "shapes", n=2, seed=7)
+    out = tmp_path / "random.parquet"
+    argv = ["evaluate", "--data", str(csv_path), "--out", str(out), "--methods", "random", "--size", "48"]
+    assert main(argv) == 0
+    at = _page()
+    at.button[0].click().run()
+    no_trouble(at)
+    assert list(at.dataframe[0].value["method"]) == ["random"]
+    assert any("only the random baseline" in c.value for c in at.caption)

@@ -30,8 +30,8 @@ from PIL import Image, ImageDraw, ImageFont
 
 from vitviz.analysis.blocks import global_query, head_maps, row_map, select
 from vitviz.analysis.rollout import capture_rollout
-from vitviz.record import Capture
 from vitviz.figures.overlay import Scale, Upsampling, colour_limits, fit_photo, photo_overlay
+from vitviz.record import Capture
 
 __all__ = ["VIEWS", "View", "BAND", "view_stack", "gif_frames", "gif_bytes"]
 

@@ -25,7 +25,7 @@ def deformable_figure(image: np.ndarray, qp: QueryPoints, *, arrows: bool = Fals
     runs from 0 to the largest weight). ``arrows``: each offset, from reference point to
     sampled point. The axes extend past the image where points left the map.
     """
-    from vitviz.figures.views import ATTENTION_SCALE, _data_uri
+    from vitviz.figures.views import ATTENTION_SCALE, _data_uri, rgb_scale
 
     h, w = image.shape[:2]
     fig = go.Figure(go.Image(source=_data_uri(image), hoverinfo="skip"))
@@ -40,7 +40,7 @@ def deformable_figure(image: np.ndarray, qp: QueryPoints, *, arrows: bool = Fals
             marker=dict(
                 size=sizes,
                 color=qp.weights,
-                colorscale=ATTENTION_SCALE,
+                colorscale=rgb_scale(ATTENTION_SCALE),
                 cmin=0.0,
                 cmax=wmax,
                 opacity=0.85,

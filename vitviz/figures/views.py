@@ -20,6 +20,7 @@ from vitviz.text import plotly_plain
 
 __all__ = [
     "ATTENTION_SCALE",
+    "rgb_scale",
     "image_figure",
     "map_figure",
     "small_multiples_figure",
@@ -42,6 +43,24 @@ SIMILARITY_SCALE = "RdBu_r"
 NORM_SCALE = "Viridis"
 KIND_COLOURS = {"CLS": "#d62728", "DIST": "#9467bd", "REG": "#2ca02c", "patch": "#1f77b4"}
 _MARGIN = dict(l=10, r=10, t=40, b=10)
+
+
+def rgb_scale(scale: str | Sequence) -> list[list]:
+    """A Plotly colour scale (a name or ``[[position, colour], ...]``) with every colour as ``rgb(r, g, b)``.
+
+    Streamlit's chart element rewrites the colours ``#000001``..``#000010`` anywhere in a figure (its
+    placeholders for theme colours), and Inferno starts at ``#000004``: its bottom rendered pink. Written
+    as ``rgb(0, 0, 4)`` the colour survives.
+    """
+    from plotly.colors import get_colorscale, hex_to_rgb
+
+    pairs = get_colorscale(scale) if isinstance(scale, str) else scale
+    out = []
+    for pos, colour in pairs:
+        if isinstance(colour, str) and colour.startswith("#"):
+            colour = "rgb({}, {}, {})".format(*hex_to_rgb(colour))
+        out.append([float(pos), colour])
+    return out
 
 
 def _kind_colour(kind: str) -> str:
@@ -110,7 +129,7 @@ def map_figure(
     zmin: float | None = None,
     zmax: float | None = None,
     colorscale: str = ATTENTION_SCALE,
-    opacity: float = 0.65,
+    opacity: float = 1.0,
     marked: tuple[int, int] | None = None,
     windows: tuple[Sequence[int], Sequence[int]] | None = None,
     height: int = 480,
@@ -140,7 +159,7 @@ def map_figure(
             dy=ch,
             zmin=zmin,
             zmax=zmax,
-            colorscale=colorscale,
+            colorscale=rgb_scale(colorscale),
             opacity=opacity if image is not None else 1.0,
             colorbar=dict(title=dict(text=colorbar_title, side="right"), thickness=12),
             hoverinfo="skip",
@@ -198,7 +217,7 @@ def small_multiples_figure(
     colorscale: str = ATTENTION_SCALE,
     tile_px: int = 170,
     image: np.ndarray | None = None,
-    opacity: float = 0.7,
+    opacity: float = 1.0,
 ) -> go.Figure:
     """``(K, gh, gw)`` maps as a grid of tiles on one shared colour scale (default: shared min/max).
 
@@ -221,7 +240,7 @@ def small_multiples_figure(
                 z=big,
                 zmin=float(np.min(maps)) if zmin is None else zmin,
                 zmax=float(np.max(maps)) if zmax is None else zmax,
-                colorscale=colorscale,
+                colorscale=rgb_scale(colorscale),
                 opacity=opacity if image is not None else 1.0,
                 colorbar=dict(title=dict(text=colorbar_title, side="right"), thickness=12),
                 hovertemplate="value %{z:.4g}<extra></extra>",
@@ -393,7 +412,7 @@ def layer_head_figure(
             z=values,
             x=np.arange(num_heads),
             y=np.arange(num_layers),
-            colorscale=SIMILARITY_SCALE if diverging else NORM_SCALE,
+            colorscale=rgb_scale(SIMILARITY_SCALE if diverging else NORM_SCALE),
             zmid=0.0 if diverging else None,
             colorbar=dict(title=dict(text=colorbar_title, side="right"), thickness=12),
             customdata=np.broadcast_to(np.array(labels, dtype=object)[:, None], values.shape),
@@ -518,7 +537,7 @@ def position_similarity_figure(similarity: np.ndarray, grid: tuple[int, int], *,
             z=big,
             zmin=-1,
             zmax=1,
-            colorscale=SIMILARITY_SCALE,
+            colorscale=rgb_scale(SIMILARITY_SCALE),
             hoverinfo="skip",
             colorbar=dict(title=dict(text="cosine similarity (raw)", side="right"), thickness=12),
             hoverongaps=False,
@@ -597,7 +616,7 @@ def token_norms_figure(norms: np.ndarray, token_kinds: Sequence[str]) -> go.Figu
             z=norms,
             x=np.arange(norms.shape[1]),
             y=np.arange(norms.shape[0]),
-            colorscale=NORM_SCALE,
+            colorscale=rgb_scale(NORM_SCALE),
             customdata=np.broadcast_to(np.array(labels, dtype=object), norms.shape),
             hovertemplate="after layer %{y}<br>token %{x} (%{customdata})<br>norm %{z:.3g}<extra></extra>",
             colorbar=dict(title=dict(text="L2 norm (raw)", side="right"), thickness=12),

@@ -1,0 +1,153 @@
+"""What a user sees in a real browser (issue 22): colours, clicks, downloads, layout.
+
+One Streamlit server and one Chromium for the module (see tests/browser_tools.py).
+"""
+
+from __future__ import annotations
+
+import io
+import time
+
+import pytest
+from browser_tools import (
+    CHROMIUM,
+    FLAGS,
+    PLOTS,
+    ROOT,
+    plot_state,
+    require_chromium,
+    settle,
+    streamlit_server,
+    wait_for_title,
+)
+
+require_chromium()
+OUTPUT = ROOT / "test-output"
+
+# Page coordinates of the centre of the heatmap cell holding the map's minimum, in the figure titled ``words``.
+MIN_CELL_JS = f"""(words) => {{
+    const el = Array.from(document.querySelectorAll("{PLOTS}"))
+        .find(el => ((el.layout.title || {{}}).text || "").includes(words));
+    const hm = el._fullData.find(t => t.type === "heatmap");
+    const z = hm._z || hm.z;
+    let best = [Infinity, 0, 0];
+    z.forEach((row, r) => row.forEach((v, c) => {{ if (v < best[0]) best = [v, r, c]; }}));
+    const xa = el._fullLayout.xaxis, ya = el._fullLayout.yaxis, box = el.getBoundingClientRect();
+    return {{
+        x: box.left + xa._offset + xa.l2p(hm.x0 + best[2] * hm.dx),
+        y: box.top + ya._offset + ya.l2p(hm.y0 + best[1] * hm.dy),
+        colorscale: hm.colorscale, opacity: hm.opacity,
+    }};
+}}"""
+
+
+@pytest.fixture(scope="module")
+def server():
+    OUTPUT.mkdir(exist_ok=True)
+    with (
+        open(OUTPUT / "streamlit-pages.log", "w") as log,
+        streamlit_server({"HF_HUB_OFFLINE": "1"}, log=log) as (url, _),
+    ):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield b
+        b.close()
+
+
+def server_heads(page) -> None:
+    """The Heads page's server-drawn view (the instant in-browser view is on by default for plain ViTs)."""
+    toggle = page.get_by_test_id("stCheckbox").filter(has_text="Instant view")
+    toggle.wait_for(timeout=60_000)
+    if toggle.locator("input").is_checked():
+        toggle.locator("label").click()
+
+
+def _pixel(page, x: float, y: float) -> tuple[int, int, int]:
+    from PIL import Image
+
+    png = page.screenshot(clip={"x": x - 1, "y": y - 1, "width": 3, "height": 3})
+    return Image.open(io.BytesIO(png)).convert("RGB").getpixel((1, 1))
+
+
+def test_the_lowest_colour_of_a_map_is_its_own_scale_bottom(server, browser):
+    """22.5: Inferno starts at #000004; Streamlit's theme used to repaint it pink, at 65 % over a white page."""
+    page = browser.new_page(viewport={"width": 1500, "height": 1100})
+    try:
+        page.goto(f"{server}/heads")
+        server_heads(page)
+        wait_for_title(page, "head 0: where CLS looks", timeout=90)
+        settle(page)
+        cell = page.evaluate(MIN_CELL_JS, "head 0: where CLS looks")
+        page.mouse.move(5, 5)  # no hover label over the cell
+        page.wait_for_timeout(200)
+        rgb = _pixel(page, cell["x"], cell["y"])
+        assert max(abs(a - b) for a, b in zip(rgb, (0, 0, 4), strict=True)) <= 6, (rgb, cell["colorscale"][:2])
+        assert cell["opacity"] == 1
+    finally:
+        page.close()
+
+
+def test_two_quick_downloads_both_start(server, browser, tmp_path):
+    """22.1: a download used to rerun the page; a second click during that rerun started nothing."""
+    page = browser.new_page(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
+    got = []
+    page.on("download", lambda d: got.append(d))
+    try:
+        page.goto(f"{server}/heads")
+        server_heads(page)
+        wait_for_title(page, "head 0: where CLS looks", timeout=90)
+        settle(page)
+        page.get_by_role("button", name="Download NPZ").first.click()
+        page.wait_for_timeout(120)
+        page.get_by_role("button", name="Download CSV").first.click()
+        deadline = time.time() + 30
+        while len(got) < 2:
+            assert time.time() < deadline, [d.suggested_filename for d in got]
+            page.wait_for_timeout(200)
+        assert sorted(d.suggested_filename.rsplit(".", 1)[1] for d in got) == ["csv", "npz"]
+        saved = tmp_path / "map.csv"
+        next(d for d in got if d.suggested_filename.endswith(".csv")).save_as(saved)
+        assert saved.read_text().splitlines()[0].startswith('head,row,col,"attention weight (raw')
+    finally:
+        page.close()
+
+
+def _quick_clicks(page, words: str, where: list[tuple[float, float]], gap_ms: int = 120) -> None:
+    """Clicks at fractions of the plot area of the figure titled ``words``, ``gap_ms`` apart (a user's double take)."""
+    plot = page.locator(PLOTS).filter(has=page.locator(f"text={words}")).first
+    box = plot.locator(".nsewdrag").first.bounding_box()
+    for k, (fx, fy) in enumerate(where):
+        if k:
+            page.wait_for_timeout(gap_ms)
+        page.mouse.click(box["x"] + box["width"] * fx, box["y"] + box["height"] * fy)
+
+
+def _title_now(page, words: str) -> str:
+    return next(f["title"] for f in plot_state(page) if words in f["title"])
+
+
+def test_the_last_of_quick_clicks_wins(server, browser):
+    """22.4: clicks 120 ms apart on the head grid: the page ends on the last one (Plotly took them for a double
+    click, which clears the selection)."""
+    page = browser.new_page(viewport={"width": 1500, "height": 1100})
+    try:
+        page.goto(f"{server}/heads")
+        server_heads(page)
+        wait_for_title(page, "Layer 3, head 0: where CLS looks", timeout=90)
+        settle(page)
+        for first, last in [(0.12, 0.87), (0.62, 0.37)]:  # the demo's 4 heads in a row: tiles 0 -> 3, 2 -> 1
+            _quick_clicks(page, "head 3", [(first, 0.5), (last, 0.5)])
+            settle(page)
+            page.wait_for_timeout(1500)
+            settle(page)
+            want = int(last * 4)
+            assert f"Layer 3, head {want}:" in _title_now(page, "Layer 3, head"), (first, last)
+    finally:
+        page.close()
