@@ -1,7 +1,7 @@
 """Import time of vitviz's entry points, each in a fresh interpreter.
 
 :func:`import_times`: wall time of ``python -c "import X"`` for ``vitviz`` (lazy, PEP 562),
-``vitviz.analysis`` and ``vitviz.figures`` (no torch), and ``vitviz.models.load`` (torch and
+every module of ``vitviz.analysis`` and of ``vitviz.figures`` (no torch), and ``vitviz.models.load`` (torch and
 transformers, for scale), against ``python -c pass`` (the interpreter's own start). Runs are
 interleaved so that drift of the machine's speed hits every row alike; medians are reported.
 """
@@ -20,12 +20,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 __all__ = ["TARGETS", "import_times"]
 
+_ALL = "import importlib, pkgutil, {p} as p; [importlib.import_module(f'{p}.' + m.name) for m in pkgutil.iter_modules(p.__path__)]"
 TARGETS = {  # row name: the code run in a fresh interpreter
     "python -c pass": "pass",
     "import vitviz": "import vitviz",
-    "import vitviz.analysis": "import vitviz.analysis",
-    "import vitviz.figures": "import vitviz.figures",
-    "import vitviz.analysis, vitviz.figures": "import vitviz.analysis, vitviz.figures",
+    "vitviz.analysis, every module": _ALL.format(p="vitviz.analysis"),
+    "vitviz.figures, every module": _ALL.format(p="vitviz.figures"),
     "import vitviz.models.load (torch)": "import vitviz.models.load",
 }
 

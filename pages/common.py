@@ -94,6 +94,15 @@ PRESETS = (
     "facebook/data2vec-vision-base-ft1k",
     "facebook/vit-msn-small",
 )
+_SHAPES = "circles, squares, triangles, crosses and stars"
+DEMO_NOTES = {  # shown where a demo model is chosen: what it was trained on, and what a photo then shows
+    "demo": f"The demo ViT was trained on synthetic shapes ({_SHAPES}): on a photo it shows where a shape "
+    "detector looks, not what a photo model sees.",
+    "demo-swin": f"The demo Swin was trained on synthetic shapes ({_SHAPES}): on a photo it shows where a shape "
+    "detector looks, not what a photo model sees.",
+    "demo-clip": f"The demo CLIP was trained on synthetic shapes ({_SHAPES}) and their names: on a photo it shows "
+    "where a shape detector looks; labels are best chosen among the shapes' names.",
+}
 DEFAULTS = {
     "model_name": "demo",
     "image_name": "demo-star.png",

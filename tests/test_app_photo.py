@@ -18,7 +18,10 @@ def _page(page: str) -> AppTest:
     at = AppTest.from_file(APP, default_timeout=120)
     at.run()
     at.switch_page(page)
-    return at.run()
+    at.run()
+    if page == "pages/heads.py":  # the photo panel is part of the server-drawn view (the instant view is the browser's)
+        at.toggle(key="instant_heads").set_value(False).run()
+    return at
 
 
 def _photo_figure(at: AppTest) -> dict:

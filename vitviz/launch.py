@@ -87,6 +87,13 @@ def run_app(port: int = 8501, address: str = "127.0.0.1") -> int:
         raise VitvizError(problem)
     if importlib.util.find_spec("streamlit") is None:
         raise VitvizError("Streamlit is not installed: pip install streamlit (or reinstall vitviz)")
+    from vitviz.serve.settings import SettingsError, load_settings, log_settings
+
+    try:  # the app's vitviz.toml (beside app.py, or $VITVIZ_CONFIG): a typo stops here, naming the file in full
+        settings = load_settings(folder=app_script().parent)
+    except SettingsError as exc:
+        raise VitvizError(exc.detail) from None
+    log_settings(settings)  # which file was read, and whether public mode is on
     cmd = app_command(port, address)
     print(f"vitviz app: http://{address}:{port} (Ctrl-C stops it)", file=sys.stderr)
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -189,6 +189,24 @@ def test_notes_stay_few_however_many_labels_are_cut():
     assert len(labels.notes) == 8 and labels.notes[-1] == "33 more notes like these."
 
 
+def test_the_command_line_caps_labels_and_says_so(tmp_path, capsys):
+    """Issue 23.2, CLI: `export --labels` goes through the same caps, each with a note on stderr."""
+    from PIL import Image
+
+    from vitviz.__main__ import main
+
+    image = tmp_path / "img.png"
+    Image.new("RGB", (40, 30), (200, 30, 30)).save(image)
+    labels = ",".join(["star", "red"] * 2000)  # 17,999 characters, 2 distinct labels (words the demo knows)
+    assert main(["export", "--model", "demo-clip", "--out", str(tmp_path / "out"), "--labels", labels, str(image)]) == 0
+    err = capsys.readouterr().err
+    assert "note: The labels text is 17,999 characters long; only the first 10,000 were read." in err
+    # "star,red," is 9 characters: 1,111 pairs fill 9,999 of the 10,000, the last comma closes the last whole label
+    assert "note: Repeated labels are scored once: 'star' 1,111 times, 'red' 1,111 times." in err
+    with np.load(tmp_path / "out" / "img.npz", allow_pickle=False) as z:
+        assert z["label_probabilities"].shape == (2,)
+
+
 def test_words_the_tokenizer_does_not_know_are_named():
     from vitviz.models.load import load_model
     from vitviz.models.zeroshot import unknown_words, vocabulary_warning
