@@ -11,7 +11,7 @@ import streamlit as st
 import streamlit.components.v1 as components
 
 from pages import common
-from vitviz.figures.headview import HeadViewData, HeadViewTooLarge, head_view_data, head_view_html, head_view_problem
+from vitviz.figures.headview import HeadViewData, HeadViewTooLarge, head_view_data, head_view_html, record_problem
 from vitviz.record import POOLED
 
 KEY = "instant_heads"
@@ -41,7 +41,7 @@ def _height(layers: int) -> int:
 def draw(cur: common.Current) -> bool:
     """Offer and draw the instant view; True when it was drawn (the caller then skips the server view)."""
     cap = cur.cap
-    problem = head_view_problem(cap.attention_stack, cap.grid, cap.num_prefix_tokens)
+    problem = record_problem(cap)
     if problem:
         return False
     on = st.toggle(

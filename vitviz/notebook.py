@@ -168,10 +168,10 @@ def show(target: NotebookRun | Capture, view: str = "heads", **options: Any) -> 
 
 
 def _heads(cap: Capture, *, height: int = 640, max_bytes: int | None = None) -> HeadView | go.Figure:
-    from vitviz.figures.headview import DEFAULT_MAX_BYTES, head_view_data, head_view_html, head_view_problem
+    from vitviz.figures.headview import DEFAULT_MAX_BYTES, head_view_data, head_view_html, record_problem
 
     stack = cap.attention_stack
-    problem = head_view_problem(stack, cap.grid, cap.num_prefix_tokens)
+    problem = record_problem(cap)
     if not problem:
         try:
             data = head_view_data(

@@ -119,3 +119,21 @@ def test_shared_scale_lowers_weaker_heads_codes(page):
     shared = np.rint(codes[0, 1, 0] * top[0, 1, 0] / top[0, :, 0].max()).astype(int)
     pixels = np.array(page.evaluate("window.vitvizBigPixels()")).reshape(4, 4)[:, :3]
     assert np.array_equal(pixels, np.array([lut[c] for c in shared]))
+
+
+def test_a_record_whose_last_block_is_a_pooling_head_is_drawn_on_the_server():
+    from types import SimpleNamespace
+
+    from vitviz.figures.headview import record_problem
+
+    cap = SimpleNamespace(
+        attention_stack=np.zeros((2, 1, 5, 5)),
+        num_blocks=3,  # two attention blocks in the stack, then the pooling head outside it
+        model_name="cct",
+        grid=(2, 2),
+        num_prefix_tokens=1,
+        block_label=lambda b: "pooling head" if b == 2 else f"layer {b}",
+    )
+    assert "pooling head" in record_problem(cap)
+    cap.num_blocks = 2
+    assert record_problem(cap) == ""

@@ -38,6 +38,7 @@ __all__ = [
     "head_view_data",
     "head_view_html",
     "head_view_problem",
+    "record_problem",
     "pack_rows",
     "unpack_rows",
 ]
@@ -67,6 +68,18 @@ def head_view_problem(attention: np.ndarray | None, grid: tuple[int, int], num_p
             "(padding tokens?): its heads are drawn on the server"
         )
     return ""
+
+
+def record_problem(cap) -> str:
+    """:func:`head_view_problem` for a capture record, which must also hold every block in its stack (an
+    attention-pooling head, as CCT's or SigLIP's, is a block outside the stack: its view is server-drawn)."""
+    stack = cap.attention_stack
+    if stack is not None and stack.shape[0] != cap.num_blocks:
+        return (
+            f"{cap.model_name} ends in a {cap.block_label(cap.num_blocks - 1)} that attends from a probe, not "
+            "from the tokens: its heads are drawn on the server"
+        )
+    return head_view_problem(stack, cap.grid, cap.num_prefix_tokens)
 
 
 def pack_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
