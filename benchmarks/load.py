@@ -793,6 +793,8 @@ class Session:
 
     # -- after the run: split each step with the frames it caused --------------------------------
     def attribute_frames(self) -> None:
+        if not self.steps:  # a session that never got to act (its page did not load): nothing to split
+            return
         bounds = [st.sent_from for st in self.steps[1:]] + [len(self.sent)]
         for step, stop in zip(self.steps, bounds, strict=True):
             if not step.ok or step.kind == "load":
