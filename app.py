@@ -82,11 +82,15 @@ def model_ui() -> None:
             try:
                 common.get_model(name, progress=lambda msg: status.update(label=msg))
             except VitvizError as exc:
-                status.update(label="Model not loaded", state="error")
-                st.error(f"{exc} Still using {ss.model_name}.")
-                ss.model_refusal = (f"{exc} Still using {ss.model_name}.", False)  # not loaded again on reruns
-                return
-            status.update(label=f"Loaded {name}", state="complete")
+                status.update(label=f"{name} not loaded", state="error")
+                failure = f"{exc} Still using {ss.model_name}."
+            else:
+                failure = None
+                status.update(label=f"Loaded {name}", state="complete")
+        if failure:  # the reason in the open, not in the collapsed box
+            st.error(failure)
+            ss.model_refusal = (failure, False)  # not loaded again on reruns
+            return
         common.set_model(name)  # its own blocks, classes, labels (its suggestion) and knock-outs
 
 
@@ -195,6 +199,8 @@ with st.sidebar:
     st.title("vitviz")
     try:
         model_ui()
+        if ss.model_name in common.DEMO_NOTES:  # after a change: the note of the model now shown
+            st.caption(common.DEMO_NOTES[ss.model_name])
         labels_ui()
         image_ui()
         size_ui()
@@ -210,6 +216,7 @@ pages = [
     st.Page("pages/importance.py", title="Head importance", icon=":material/science:"),
     st.Page("pages/patching.py", title="Activation patching", icon=":material/swap_horiz:"),
     st.Page("pages/compare.py", title="Compare explanations", icon=":material/compare:"),
+    st.Page("pages/side_by_side.py", title="Side by side", icon=":material/splitscreen:"),
     st.Page("pages/dataset.py", title="Data set", icon=":material/dataset:"),
     st.Page("pages/positions.py", title="Position embeddings", icon=":material/explore:"),
     st.Page("pages/embedding.py", title="Patch embedding & norms", icon=":material/extension:"),

@@ -6,7 +6,8 @@ Sections (all by default): ``overhead`` (ViT-B/16, DINOv2-base at 518, Swin-T: f
 against the plain SDPA forward, records, DINOv2's peak memory), ``interaction`` (Heads page
 reruns), ``export``, ``browser``, ``zeroshot`` (CLIP ViT-B/16, SigLIP-base: overhead and label
 change; ``benchmarks/zeroshot.py``), ``causal`` (head importance in forward-equivalents, fast
-vs exact rank correlation on 50 demo images; ``benchmarks/causal.py``), ``faithfulness``
+vs exact rank correlation on 50 demo images; ``benchmarks/causal.py``), ``patching`` (activation
+patching in forward-equivalents, estimate vs exact on 50 demo image pairs; ``benchmarks/patching.py``), ``faithfulness``
 (deletion + insertion of one ViT-B/16 image over one forward; ``benchmarks/faithfulness.py``),
 ``evaluate`` (``python -m vitviz evaluate`` throughput, local vs Ray; ``benchmarks/evaluate.py``),
 ``headview`` (the instant head view in Chromium: input -> redraw, payload; ``benchmarks/headview.py``).
@@ -226,10 +227,12 @@ SECTIONS = (
     "browser",
     "zeroshot",
     "causal",
+    "patching",
     "faithfulness",
     "evaluate",
     "headview",
     "imports",
+    "attnlrp",
 )
 
 
@@ -289,6 +292,13 @@ def main(argv: list[str] | None = None) -> int:
                 "one_run": causal.one_run_views(vit, runs=max(2, runs // 3)),
                 "fast_vs_exact": causal.fast_vs_exact_rank_correlation(50, mode="mean"),
             }
+        if "patching" in sections:
+            from benchmarks import patching
+
+            results["patching"] = {
+                "cost": patching.patching_cost(vit, runs=max(1, runs // 3)),
+                "estimate_vs_exact": patching.estimate_vs_exact(50),
+            }
         if "faithfulness" in sections:
             from benchmarks import faithfulness
 
@@ -305,6 +315,10 @@ def main(argv: list[str] | None = None) -> int:
             from benchmarks import imports
 
             results["imports"] = imports.import_times(3 if args.quick else 7)
+        if "attnlrp" in sections:
+            from benchmarks import attnlrp
+
+            results["attnlrp"] = attnlrp.attnlrp_cost(vit, runs=max(2, runs // 3))
     results["peak_rss_MiB"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     out.write_text(json.dumps(results, indent=2))
     print_table(results)
@@ -372,6 +386,11 @@ def print_table(r: dict) -> None:
             f"evaluate, demo model, {ev['images']} images, {', '.join(ev['methods'])}: local "
             f"{ev['local']['steady_images_per_s']} img/s, Ray ({ev['ray_cpus']} CPUs) "
             f"{ev['ray']['steady_images_per_s']} img/s = {ev['ray_over_local']}x"
+        )
+    if lrp := r.get("attnlrp"):
+        print(
+            f"AttnLRP, ViT-B/16 at 224: {lrp['forward_equivalents']} forward-equivalents "
+            f"({lrp['attnlrp_s']} s against a {lrp['forward_s']} s forward)"
         )
     if hv := r.get("headview"):
         print(

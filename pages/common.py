@@ -94,6 +94,15 @@ PRESETS = (
     "facebook/data2vec-vision-base-ft1k",
     "facebook/vit-msn-small",
 )
+_SHAPES = "circles, squares, triangles, crosses and stars"
+DEMO_NOTES = {  # shown where a demo model is chosen: what it was trained on, and what a photo then shows
+    "demo": f"The demo ViT was trained on synthetic shapes ({_SHAPES}): on a photo it shows where a shape "
+    "detector looks, not what a photo model sees.",
+    "demo-swin": f"The demo Swin was trained on synthetic shapes ({_SHAPES}): on a photo it shows where a shape "
+    "detector looks, not what a photo model sees.",
+    "demo-clip": f"The demo CLIP was trained on synthetic shapes ({_SHAPES}) and their names: on a photo it shows "
+    "where a shape detector looks; labels are best chosen among the shapes' names.",
+}
 DEFAULTS = {
     "model_name": "demo",
     "image_name": "demo-star.png",
@@ -179,7 +188,10 @@ def last_resort(exc: BaseException, where: str) -> str:
 @st.cache_resource(show_spinner=False)
 def model_cache() -> ModelCache:
     """Loaded models, bounded by the memory their parameters take; the least recently used go first."""
-    return ModelCache.from_settings(serve_settings())
+    from vitviz.capture.session import clear_runs
+
+    # an evicted model's cached runs hold it (and their graphs): drop them so its memory really goes
+    return ModelCache.from_settings(serve_settings(), on_evict=lambda loaded: clear_runs(loaded.model))
 
 
 @st.cache_resource(show_spinner=False)
@@ -816,8 +828,12 @@ def get_method_maps(cur: Current, class_index: int, labels: Labels | None = None
     return results_cache().get_or_compute(("methods", *cur.key, class_index, prompts), compute)
 
 
-def get_curves(cur: Current, class_index: int, progress=None, labels: Labels | None = None) -> dict:
-    """Deletion and insertion curves of every method (``vitviz.evaluate``), computed on request: cached, queued."""
+def get_curves(
+    cur: Current, class_index: int, progress=None, labels: Labels | None = None, insertion_start: str = "mean"
+) -> dict:
+    """Deletion and insertion curves of every method (``vitviz.evaluate``), computed on request: cached, queued.
+
+    ``insertion_start``: what insertion starts from (``vitviz.evaluate.faithfulness.INSERTION_STARTS``)."""
     from vitviz.evaluate.faithfulness import Perturbations
 
     def compute():
@@ -826,13 +842,13 @@ def get_curves(cur: Current, class_index: int, progress=None, labels: Labels | N
         model = labelled_model(cur.model, labels)
 
         def run():
-            perturb = Perturbations(model, image, size=cur.key[2], batch_size=20)
+            perturb = Perturbations(model, image, size=cur.key[2], batch_size=20, insertion_start=insertion_start)
             return perturb.curves_many(list(maps.values()), progress=progress)
 
         return in_queue(run)
 
     prompts = None if labels is None else labels.prompts
-    return results_cache().get_or_compute(("curves", *cur.key, class_index, prompts), compute)
+    return results_cache().get_or_compute(("curves", *cur.key, class_index, prompts, insertion_start), compute)
 
 
 def target_ui(ranked: Classes, *, key: str, default: int | None = None):

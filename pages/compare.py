@@ -3,7 +3,7 @@
 import numpy as np
 import streamlit as st
 
-from pages import common
+from pages import common, photo
 from vitviz import figures
 from vitviz.errors import VitvizError
 from vitviz.methods import METHODS, why_unavailable
@@ -18,7 +18,7 @@ if ranked is None:
     st.info(
         "Deletion and insertion follow the probability of a class or label: type labels in the sidebar."
         if cur.model.zero_shot
-        else "Deletion and insertion follow the probability of a class: they need a classifier."
+        else cur.model.text_note or "Deletion and insertion follow the probability of a class: they need a classifier."
     )
     st.stop()
 labels = ranked.labels  # zero-shot: every method explains the label's score, and the curves follow its probability
@@ -55,12 +55,36 @@ common.chart(
     ),
     key="method_maps",
 )
+photo.photo_panel(
+    "method",
+    [np.asarray(maps[m].values, np.float64) for m in names],
+    [f"{m} for '{name}'" for m in names],
+    index=None,
+    colorbar_title="raw value",
+    set_name="every method: raw units differ",
+    default_scale="per_map",
+)
 with st.expander("How each map is defined"):
     for m in names:
         st.markdown(f"**{m}**: {maps[m].definition}")
 
 st.subheader("Deletion and insertion")
-key = ("curves", *cur.key, cls, None if labels is None else labels.prompts)
+STARTS = {
+    "mean": "the image's mean colour",
+    "blur": "the image blurred",
+    "grey": "a fixed grey",
+    "noise": "seeded noise",
+}
+start = st.radio(
+    "Insertion starts from",
+    list(STARTS),
+    format_func=STARTS.get,
+    horizontal=True,
+    key="insertion_start",
+    help="Blur keeps each region's colour: where colour is the evidence (the demo shapes), insertion from blur is "
+    "flat for every method. The default, the mean colour, hides colour and shape.",
+)
+key = ("curves", *cur.key, cls, None if labels is None else labels.prompts, start)
 if ss.get("curves_wanted") != key:
     st.button(
         "Compute the curves",
@@ -70,7 +94,7 @@ if ss.get("curves_wanted") != key:
     )
     st.caption(
         "Deletion removes the most important patches first (replaced by the image's mean colour); insertion "
-        "puts them back into a blurred image. The random map is the floor."
+        f"puts them back into {STARTS[start]}. The random map is the floor."
     )
 else:
     st.button("Stop", on_click=lambda: ss.update(curves_wanted=None))
@@ -81,6 +105,7 @@ else:
             cls,
             progress=lambda done, total: bar.progress(done / max(total, 1), text=f"{done} of {total} images"),
             labels=labels,
+            insertion_start=start,
         )
     except (VitvizError, ValueError) as exc:
         bar.empty()
@@ -105,7 +130,7 @@ else:
         flat = np.ptp([r.insertion_area for r in results]) < 1e-3
         if flat:
             st.caption(
-                "Every insertion area is the same here: the blurred image alone already gives the class "
+                f"Every insertion area is the same here: {STARTS[start]} alone already gives the class "
                 "its full probability, so insertion tells the methods apart on this image no better than chance."
             )
         common.downloads(

@@ -183,9 +183,14 @@ for j, m in enumerate(methods):
     t = results.method_rows(m)
     for image_id, a in zip(t.column("image_id").to_pylist(), t.column("deletion_area").to_pylist(), strict=True):
         areas[index[image_id], j] = a
-with np.errstate(all="ignore"):
-    spread = np.nanmax(areas, axis=1) - np.nanmin(areas, axis=1)
-order = np.argsort(-np.nan_to_num(spread, nan=-1))[:10]
+if methods:
+    with np.errstate(all="ignore"):
+        spread = np.nanmax(areas, axis=1) - np.nanmin(areas, axis=1)
+    order = np.argsort(-np.nan_to_num(spread, nan=-1))[:10]
+else:  # a run of the random baseline alone: no methods to disagree
+    spread = np.zeros(len(ids))
+    order = np.arange(min(len(ids), 10))
+    st.caption("This run holds only the random baseline: there is no disagreement between methods to rank by.")
 public = common.serve_settings().public
 for k in order:
     image_id = ids[k]

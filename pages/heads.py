@@ -148,7 +148,9 @@ with big:
         marked=marked,
         windows=window_edges(g) if (g.kind == "window" and ss.show_windows) else None,
     )
-    common.chart(fig, key="head_map", on_select="rerun", selection_mode="points")
+    common.chart(
+        fig, key="head_map", on_select="rerun", selection_mode="points", config=photo.camera_config("head_map")
+    )
     photo.photo_panel(
         "head",
         list(maps.values),

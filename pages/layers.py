@@ -108,6 +108,7 @@ else:
                 colorbar_title=f"rollout (raw, {precision})",
             ),
             key="rollout_map",
+            config=photo.camera_config("rollout"),
         )
         if cap.is_hierarchical:
             st.caption(
@@ -127,7 +128,8 @@ else:
             st.info(
                 "Label-specific relevance needs labels: type them in the sidebar."
                 if cur.model.zero_shot
-                else "Class-specific relevance needs a classifier; this checkpoint is a backbone."
+                else cur.model.text_note
+                or "Class-specific relevance needs a classifier; this checkpoint is a backbone."
             )
         else:
             known = {p.index: p.label for p in ranked.ranked}
@@ -164,6 +166,7 @@ else:
                         colorbar_title="relevance (raw)",
                     ),
                     key="relevance_map",
+                    config=photo.camera_config("relevance"),
                 )
                 target = "the label's image-text score" if ranked.labels else "the class logit (before softmax)"
                 through = "all blocks (the default)" if exp.start_block == 0 else _through(exp.start_block, n_enc)
@@ -176,6 +179,14 @@ else:
                     "relevance",
                     csv=long_table(exp.patch_map(), ("row", "col"), f"relevance for '{exp.label}' (raw)"),
                     relevance=exp.patch_map(),
+                )
+                photo.photo_panel(
+                    "relevance",
+                    [exp.patch_map()],
+                    [f"Relevance for '{exp.label}'"],
+                    index=0,
+                    colorbar_title="relevance (raw)",
+                    set_name="one map",
                 )
                 if ranked.labels:
                     prompt_words_ui(cur, known[cls], ranked.prompt(cls))

@@ -375,6 +375,13 @@ def test_siglip_scores_are_sigmoids_and_bad_labels_are_a_message(modern_dirs):
     _no_trouble(at)
 
 
+def _shown(markdown: str) -> str:
+    """What a Markdown element shows: backslash escapes and zero-width spaces (vitviz.text.md_plain) removed."""
+    import re
+
+    return re.sub(r"\\(.)", r"\1", markdown).replace("\u200b", "")
+
+
 def test_labels_the_tokenizer_does_not_know_are_named_and_a_missing_tokenizer_said(modern_dirs, tmp_path):
     import shutil
 
@@ -382,7 +389,7 @@ def test_labels_the_tokenizer_does_not_know_are_named_and_a_missing_tokenizer_sa
     at.selectbox(key="model_pick").set_value("demo-clip").run()
     at.text_area(key="labels_demo-clip").input("cat, dog, circle").run()
     _no_trouble(at)
-    warned = [w.value for w in at.warning if "does not know" in w.value]
+    warned = [_shown(w.value) for w in at.warning if "does not know" in w.value]
     assert len(warned) == 1 and "'cat', 'dog'" in warned[0] and "'circle'" not in warned[0]
     at.text_area(key="labels_demo-clip").input("circle, star").run()
     assert not [w for w in at.warning if "does not know" in w.value]
@@ -390,8 +397,12 @@ def test_labels_the_tokenizer_does_not_know_are_named_and_a_missing_tokenizer_sa
     shutil.copytree(modern_dirs["siglip"], folder, ignore=shutil.ignore_patterns("*token*"))
     _choose_model(at, str(folder))
     _no_trouble(at)
-    assert any("no tokenizer files" in w.value and "zero-shot" in w.value for w in at.warning)
+    assert any("no tokenizer files" in _shown(w.value) and "zero-shot" in _shown(w.value) for w in at.warning)
     assert not any("backbone without" in i.value for i in at.info)
+    at.switch_page("pages/layers.py").run()
+    _no_trouble(at)
+    assert any("no tokenizer files" in _shown(i.value) for i in at.info)
+    assert not any("backbone" in i.value for i in at.info)
 
 
 def test_knock_out_a_head_on_the_heads_page():
@@ -455,15 +466,16 @@ def test_compare_explanations_maps_then_curves_on_request(monkeypatch):
         "relevance",
         "gradcam",
         "integrated_gradients",
+        "attnlrp",
         "random",
     ]
     assert not calls  # curves only on request
     next(b for b in at.button if b.label == "Compute the curves").click().run()
     _no_trouble(at)
     curves = _titled(at, "Deletion and insertion curves")
-    assert len(curves["data"]) == 12  # six methods, two curves each
+    assert len(curves["data"]) == 14  # seven methods, two curves each
     table = at.dataframe[0].value
-    assert list(table["method"]).count("random") == 1 and len(table) == 6
+    assert list(table["method"]).count("random") == 1 and len(table) == 7
     assert len(calls) == 1
     at.switch_page("pages/heads.py").run()
     at.switch_page("pages/compare.py").run()  # back again: the curves come from the cache

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -30,15 +31,6 @@ def last_results(tmp_path_factory) -> Path:
     mp.undo()
 
 
-def _shown(markdown: str) -> str:
-    """The text a caption shows: the file's fields are written as plain text (vitviz.text.md_plain)."""
-    import re
-
-    from vitviz.text import ZWSP
-
-    return re.sub(r"\\(.)", r"\1", markdown).replace(ZWSP, "")
-
-
 def _page() -> AppTest:
     at = AppTest.from_file(APP, default_timeout=120)
     at.run()
@@ -61,7 +53,8 @@ def test_the_last_local_run_shows_its_areas_distances_and_disagreements(last_res
     results = read_results(last_results)
     table = at.dataframe[0].value
     assert list(table["method"]) == [s.method for s in results.summary()]
-    assert any("insertion from the image's mean colour" in _shown(c.value) for c in at.caption)  # the run's start
+    shown = [re.sub(r"\\(.)", r"\1", c.value).replace("\u200b", "") for c in at.caption]  # md_plain undone
+    assert any("insertion from the image's mean colour" in c for c in shown)  # the run's start
     rollout = next(s for s in results.summary() if s.method == "rollout")
     assert table.set_index("method").loc["rollout", "deletion area"].startswith(f"{rollout.deletion_mean:.3f}")
     figs = {el.proto.id: json.loads(el.proto.spec) for el in at.get("plotly_chart")}
@@ -108,7 +101,8 @@ def test_a_zero_shot_run_shows_its_labels_and_opens_with_them(tmp_path, monkeypa
     at = _page()
     at.button[0].click().run()
     no_trouble(at)
-    assert any("Zero-shot labels 'circle', 'square'" in _shown(c.value) for c in at.caption)
+    shown = [re.sub(r"\\(.)", r"\1", c.value).replace("\u200b", "") for c in at.caption]  # md_plain undone
+    assert any("Zero-shot labels 'circle', 'square'" in c for c in shown)
     assert set(at.dataframe[0].value["method"]) == {"rollout", "random"}
     next(b for b in at.button if b.label == "Open").click().run()
     no_trouble(at)
@@ -129,3 +123,16 @@ def test_open_explains_the_class_the_results_explained_for_that_image(last_resul
     opens[0].click().run()
     no_trouble(at)
     assert at.session_state.class_index == explained[image_id]
+
+
+def test_a_run_with_the_random_baseline_alone_opens(tmp_path, monkeypatch):
+    monkeypatch.setenv("VITVIZ_HOME", str(tmp_path / "home"))
+    csv_path = write_dataset(tmp_path / "shapes", n=2, seed=7)
+    out = tmp_path / "random.parquet"
+    argv = ["evaluate", "--data", str(csv_path), "--out", str(out), "--methods", "random", "--size", "48"]
+    assert main(argv) == 0
+    at = _page()
+    at.button[0].click().run()
+    no_trouble(at)
+    assert list(at.dataframe[0].value["method"]) == ["random"]
+    assert any("only the random baseline" in c.value for c in at.caption)

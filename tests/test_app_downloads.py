@@ -34,6 +34,7 @@ def _rows(data) -> list[list[str]]:
 
 def _app(page: str) -> AppTest:
     at = AppTest.from_file(APP, default_timeout=120)
+    at.session_state["instant_heads"] = False  # the Heads page server-drawn (its instant view draws no figures)
     at.run()
     at.switch_page(page).run()
     no_trouble(at)

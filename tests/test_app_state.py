@@ -15,6 +15,7 @@ EXAMPLES = "assets/examples"
 
 def _app(page: str | None = None) -> AppTest:
     at = AppTest.from_file(APP, default_timeout=120)
+    at.session_state["instant_heads"] = False  # the Heads page server-drawn (its instant view draws no figures)
     at.run()
     if page:
         at.switch_page(page)
@@ -67,3 +68,32 @@ def test_state_of_a_model_goes_back_to_its_default_when_the_model_changes():
     no_trouble(at)
     num_blocks = at.session_state.layer + 1  # the last block, after a model change
     assert tuple(at.session_state.rollout_range) == (0, num_blocks - 1)
+
+
+def _in_collapsed_box(at: AppTest, text: str) -> bool:
+    """Whether an error holding ``text`` sits inside a status box or expander of the sidebar."""
+    boxes = [*at.sidebar.status, *at.sidebar.expander] if hasattr(at.sidebar, "status") else [*at.sidebar.expander]
+    return any(text in e.value for box in boxes for e in box.error)
+
+
+def test_why_a_model_failed_to_load_is_shown_in_the_open(tmp_path):
+    empty = tmp_path / "not-a-model"
+    empty.mkdir()
+    at = _app()
+    at.selectbox(key="model_pick").set_value("other (hub id or local folder)…").run()
+    at.text_input(key="model_text").input(str(empty)).run()
+    assert not at.exception
+    assert at.session_state.model_name == "demo"
+    shown = [e.value for e in at.sidebar.error]
+    assert any("Still using demo" in e for e in shown), shown
+    assert not _in_collapsed_box(at, "Still using demo")
+
+
+def test_the_demo_models_say_they_classify_synthetic_shapes():
+    at = _app()
+    notes = " ".join(c.value for c in at.sidebar.caption)
+    assert "synthetic shapes" in notes and "photo" in notes
+    at.selectbox(key="model_pick").set_value("demo-swin").run()
+    assert "demo Swin was trained on synthetic shapes" in " ".join(c.value for c in at.sidebar.caption)
+    at.selectbox(key="model_pick").set_value("other (hub id or local folder)…").run()
+    assert "synthetic shapes" in " ".join(c.value for c in at.sidebar.caption)  # still demo-swin until another loads

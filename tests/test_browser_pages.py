@@ -61,6 +61,14 @@ def browser():
         b.close()
 
 
+def server_heads(page) -> None:
+    """The Heads page's server-drawn view (the instant in-browser view is on by default for plain ViTs)."""
+    toggle = page.get_by_test_id("stCheckbox").filter(has_text="Instant view")
+    toggle.wait_for(timeout=60_000)
+    if toggle.locator("input").is_checked():
+        toggle.locator("label").click()
+
+
 def _pixel(page, x: float, y: float) -> tuple[int, int, int]:
     from PIL import Image
 
@@ -73,6 +81,7 @@ def test_the_lowest_colour_of_a_map_is_its_own_scale_bottom(server, browser):
     page = browser.new_page(viewport={"width": 1500, "height": 1100})
     try:
         page.goto(f"{server}/heads")
+        server_heads(page)
         wait_for_title(page, "head 0: where CLS looks", timeout=90)
         settle(page)
         cell = page.evaluate(MIN_CELL_JS, "head 0: where CLS looks")
@@ -92,6 +101,7 @@ def test_two_quick_downloads_both_start(server, browser, tmp_path):
     page.on("download", lambda d: got.append(d))
     try:
         page.goto(f"{server}/heads")
+        server_heads(page)
         wait_for_title(page, "head 0: where CLS looks", timeout=90)
         settle(page)
         page.get_by_role("button", name="Download NPZ").first.click()
@@ -129,6 +139,7 @@ def test_the_last_of_quick_clicks_wins(server, browser):
     page = browser.new_page(viewport={"width": 1500, "height": 1100})
     try:
         page.goto(f"{server}/heads")
+        server_heads(page)
         wait_for_title(page, "Layer 3, head 0: where CLS looks", timeout=90)
         settle(page)
         for first, last in [(0.12, 0.87), (0.62, 0.37)]:  # the demo's 4 heads in a row: tiles 0 -> 3, 2 -> 1

@@ -348,3 +348,27 @@ def test_export_gif_steps_through_the_blocks(tiny_models, tiny_dirs, image_files
     argv = ["export", "--model", str(tiny_dirs["vit"]), "--out", str(tmp_path / "b"), "--gif", "head"]
     assert main([*argv, "--gif-head", "1", str(p)]) == 0
     assert Image.open(tmp_path / "b" / f"{p.stem}_head.gif").n_frames == cap.num_blocks
+
+
+def test_export_methods_write_the_maps_explain_gives(tiny_models, image_files, tmp_path):
+    from PIL import Image as PILImage
+
+    from vitviz.methods import MethodError, explain
+
+    loaded = tiny_models["vit"]
+    export_images(loaded, image_files[:2], tmp_path / "m", methods=["attnlrp", "rollout"], class_index=2)
+    for p in image_files[:2]:
+        with np.load(tmp_path / "m" / f"{p.stem}.npz") as z:
+            assert int(z["method_class"]) == 2
+            for name in ("attnlrp", "rollout"):
+                ref = explain(loaded, PILImage.open(p).convert("RGB"), name, class_index=2).values
+                np.testing.assert_allclose(z[f"method_{name}"], ref, rtol=1e-5, atol=1e-7)
+    with pytest.raises(MethodError, match="backbone without a classifier"):
+        export_images(tiny_models["dino"], image_files[:1], tmp_path / "d", methods=["attnlrp"])
+    assert not (tmp_path / "d" / "img0.npz").exists()  # refused before any image
+
+
+def test_cli_export_unknown_method_is_a_clear_error(tmp_path, image_files):
+    res = _run_cli("export", "--methods", "attnlrp,nope", "--out", str(tmp_path), str(image_files[0]))
+    assert res.returncode == 1 and "unknown explanation method 'nope'" in res.stderr
+    assert "Traceback" not in res.stderr

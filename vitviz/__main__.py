@@ -70,6 +70,7 @@ def _export(args: argparse.Namespace) -> int:
             class_index=class_index,
             minus_index=minus_index,
             patch_from=args.patch_from,
+            methods=None if args.methods is None else [m.strip() for m in args.methods.split(",") if m.strip()],
             progress=bar.update,
             gif=args.gif,
             gif_head=args.gif_head,
@@ -140,6 +141,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _demo_data(args: argparse.Namespace) -> int:
     from vitviz.data.shapes import write_dataset
 
+    check_output_folder(args.out)
     csv_path = write_dataset(args.out, n=args.n, seed=args.seed)
     print(f"wrote {args.n} images and {csv_path}")
     return 0
@@ -242,7 +244,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="C",
-        help="with --causal: the class explained (default: the top-1)",
+        help="with --causal or --methods: the class explained (default: the top-1)",
+    )
+    ex.add_argument(
+        "--methods",
+        default=None,
+        metavar="M1,M2",
+        help="also write method_<name>: explanation maps on the patch grid (e.g. attnlrp,rollout,relevance)",
     )
     ex.add_argument(
         "--class-minus",
@@ -310,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="M1,M2",
         help="comma-separated methods (default: all that apply): attention, rollout, relevance, "
-        "gradcam, integrated_gradients, random",
+        "gradcam, integrated_gradients, attnlrp, random",
     )
     ev.add_argument("--limit", type=int, default=None, metavar="N", help="evaluate the first N images only")
     ev.add_argument("--size", type=int, nargs="+", metavar="PX", help="input size: one number (square) or H W")

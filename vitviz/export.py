@@ -59,7 +59,7 @@ class LabelScorer:
             )
         scorer = cls(labels, encode_labels(loaded.model, loaded.text, labels), loaded.model, loaded.text, start_block)
         n = install_text_hooks(loaded.model)
-        if not -n <= start_block < n:
+        if n and not -n <= start_block < n:
             raise ZeroShotError(
                 f"--relevance-from-block {start_block}: the text tower has {n} blocks, numbered 0..{n - 1} "
                 "(or -1 for the last block)."
@@ -68,15 +68,17 @@ class LabelScorer:
 
     def arrays(self, cap: Capture) -> dict[str, np.ndarray]:
         scores = score(self.model, self.tower, cap.image_embedding, self.text)
-        words = prompt_relevance(self.model, self.tower, cap.image_embedding, self.labels, start_block=self.start_block)
-        tokens, relevance = token_table(words)
-        return {
+        arrays = {
             "label_names": np.array(self.labels.names, dtype=str),
             "logits": scores.logits,
             "label_probabilities": scores.probabilities.astype(np.float32),
-            "label_tokens": tokens,
-            "label_token_relevance": relevance,
         }
+        if install_text_hooks(self.model):  # a text tower whose attention vitviz reads (CLIP, SigLIP)
+            words = prompt_relevance(
+                self.model, self.tower, cap.image_embedding, self.labels, start_block=self.start_block
+            )
+            arrays["label_tokens"], arrays["label_token_relevance"] = token_table(words)
+        return arrays
 
 
 def capture_arrays(
@@ -178,6 +180,7 @@ def export_images(
     labels: Labels | None = None,
     causal: bool = False,
     class_index: int | None = None,
+    methods: Sequence[str] | None = None,
     minus_index: int | None = None,
     patch_from: str | Path | None = None,
     progress: Callable[[int], None] | None = None,
@@ -211,7 +214,11 @@ def export_images(
     ``gif_side`` px on its long side, one colour scale for all frames; where the view is
     undefined the GIF is left out and the reason is in ``report.notes``.
     ``relevance_from_block``: prompt-word relevance through text blocks k..L-1 (0: all; -1: the last only).
+    ``methods``: explanation methods (:mod:`vitviz.methods`, e.g. ``attnlrp``): ``method_<name>`` ``(gh, gw)``
+    float32, each method's raw map on the first stage's grid for ``method_class`` (``class_index``, else the
+    top-1); a method that does not apply is refused before any image is read.
     """
+    chosen = _methods(loaded, methods)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     report = ExportReport()
@@ -258,6 +265,8 @@ def export_images(
                     continue
                 for key, reason in arrays.pop("_notes", {}).items():
                     report.notes.setdefault(key, reason)
+            if chosen:
+                arrays.update(_method_arrays(loaded, images[names.index(path)], chosen, size, class_index))
             target = out / f"{stem}.npz"
             _write_npz(target, arrays)
             name, grid_map = overlay_map(cap, arrays)
@@ -280,6 +289,28 @@ def export_images(
         if progress:
             progress(len(chunk))
     return report
+
+
+def _methods(loaded: LoadedModel, methods: Sequence[str] | None) -> list:
+    from vitviz.methods import MethodError, get_method
+
+    chosen = [get_method(m) for m in methods or ()]
+    for m in chosen:
+        why = m.unavailable(loaded)
+        if why:
+            raise MethodError(why)
+    return chosen
+
+
+def _method_arrays(loaded: LoadedModel, image, chosen: list, size, class_index: int | None) -> dict[str, np.ndarray]:
+    from vitviz.methods import Inputs
+
+    inputs = Inputs(loaded, image, size=size)
+    cls = class_index if class_index is not None else inputs.predicted_class()
+    arrays = {f"method_{m.name}": m(inputs, class_index=cls).values for m in chosen}
+    if cls is not None:
+        arrays["method_class"] = np.int64(cls)
+    return arrays
 
 
 _PATCHING_KEYS = (

@@ -22,21 +22,9 @@ import tomllib
 from pathlib import Path
 
 from vitviz.errors import VitvizError
+from vitviz.serve.settings import app_script
 
 __all__ = ["app_script", "streamlit_flags", "port_problem", "app_command", "run_app"]
-
-
-def app_script() -> Path:
-    """``app.py`` of the installed package ``vitviz_app``, else of the source checkout beside ``vitviz/``."""
-    spec = importlib.util.find_spec("vitviz_app")
-    if spec is not None and spec.submodule_search_locations:
-        for root in spec.submodule_search_locations:
-            if (Path(root) / "app.py").is_file():
-                return Path(root) / "app.py"
-    source = Path(__file__).resolve().parents[1] / "app.py"
-    if source.is_file():
-        return source
-    raise VitvizError("the vitviz app (app.py and pages/) is not installed: reinstall vitviz with pip")
 
 
 def streamlit_flags(config: Path) -> list[str]:

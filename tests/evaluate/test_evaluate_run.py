@@ -5,6 +5,7 @@ The demo model at 48 px (a 6 x 6 grid) with the cheap methods keeps every run to
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -286,3 +287,11 @@ def test_zero_shot_labels_are_the_classes(demo_csv: Path, tmp_path: Path, capsys
     assert "has no text tower" in capsys.readouterr().err
     assert main([*args, "--out", str(tmp_path / "n.parquet")]) == 1
     assert "--labels" in capsys.readouterr().err
+
+
+def test_run_config_with_labels_survives_the_trip_to_ray_actors() -> None:
+    cfg = RunConfig("demo-clip", ("rollout",), labels=("circle", "star"), template="a {}.", relevance_from_block=-1)
+    back = RunConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert back == cfg
+    assert back.label_set().prompts == ("a circle.", "a star.")
+    assert RunConfig("demo", ("rollout",)).label_set() is None

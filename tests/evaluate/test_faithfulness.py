@@ -245,7 +245,7 @@ def test_evaluate_methods_scores_every_available_method(tiny_models):
     loaded, image = tiny_models["deit"], random_image(34)
     seen = []
     res = evaluate_methods(loaded, image, box=(0, 0, 16, 16), progress=lambda d, t: seen.append((d, t)))
-    assert tuple(res) == ("attention", "rollout", "relevance", "gradcam", "integrated_gradients", "random")
+    assert tuple(res) == ("attention", "rollout", "relevance", "gradcam", "integrated_gradients", "attnlrp", "random")
     assert len({f.class_index for f in res.values()}) == 1
     for f in res.values():
         assert f.deletion.shape == f.insertion.shape == (21,) and f.peak_in_box in (True, False)

@@ -343,9 +343,16 @@ def evaluate_dataset(
     out = Path(out)
     if out.is_dir():
         raise EvaluateError(f"--out '{out}' is a folder; give a file name such as results.parquet")
+    from vitviz.cli_checks import check_output_folder
+
+    check_output_folder(out.parent, "--out's folder")  # writable (created if missing) before any work
     dataset = read_dataset(data, limit=limit)
     if loaded is None:
         loaded = load_model(model, device=device)
+    if size is not None:
+        from vitviz.cli_checks import check_against_model
+
+        check_against_model(loaded, size, None)  # at least one patch per side
     label_set, notes = None, []
     if labels is not None:
         if loaded.text is None:

@@ -150,8 +150,13 @@ class Inputs:
 
     @property
     def capture(self) -> Capture:
-        if self._capture is None:
-            self._capture = capture(self.loaded, self.image, size=self.size, top_k=1)
+        if self._capture is None:  # the image's Run's, where a view made one (no second forward)
+            from vitviz.capture.session import peek_run
+
+            run = peek_run(self.loaded, self.image, size=self.size)
+            self._capture = (
+                run.capture if run is not None else capture(self.loaded, self.image, size=self.size, top_k=1)
+            )
         return self._capture
 
     def pixels(self) -> torch.Tensor:

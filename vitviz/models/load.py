@@ -8,6 +8,7 @@ message that says how to fix it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -24,6 +25,7 @@ from vitviz.models.bundled import bundled
 from vitviz.models.families import Family, family_for
 from vitviz.models.hooks import install
 from vitviz.models.points import install_points
+from vitviz.models.weights_index import INDEX, index_problem
 from vitviz.models.zeroshot import TextTower, text_tower, text_tower_note
 from vitviz.record import PositionInfo
 
@@ -174,6 +176,16 @@ def _check_local_weights(folder: Path, allow_pickle: bool) -> bool:
     if not (folder / "config.json").is_file():
         raise ModelLoadError(f"'{folder}' has no config.json: point to a folder written by save_pretrained.")
     if any((folder / f).is_file() for f in _SAFE_WEIGHTS):
+        index = folder / INDEX
+        if index.is_file():
+            try:
+                why = index_problem(index.read_text(encoding="utf-8"), {p.name for p in folder.glob("*.safetensors")})
+            except (OSError, UnicodeDecodeError):
+                why = "that cannot be read"
+            if why is not None:
+                raise ModelLoadError(
+                    f"'{folder}' has a weights index ({INDEX}) {why}; vitviz loads only its own files."
+                )
         return True
     if any((folder / f).is_file() for f in _PICKLE_WEIGHTS):
         if allow_pickle:
@@ -241,6 +253,20 @@ def _refuse_remote_code(name: str, files: list[Path]) -> None:
                 f"'{name}' asks to run code shipped with it (auto_map in {path.name}); vitviz never runs a "
                 "checkpoint's own code. Use a checkpoint of an architecture transformers provides."
             )
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """transformers' own load report (coloured, many lines) off while loading: vitviz says what matters itself
+    (:func:`_refuse_incomplete`). Process-wide; two loads at once may leave it at errors only."""
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(before)
 
 
 _SHOWN = 3  # keys named in a message
@@ -431,7 +457,7 @@ def load_model(
     family = family_for(config)  # raises UnsupportedModelError before any weights load
 
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _quiet_transformers():
             warnings.simplefilter("ignore")
             model, info = _auto_class(config).from_pretrained(
                 source,

@@ -25,55 +25,15 @@ text embeddings; they act only inside :func:`prompt_relevance`'s call (a
 
 from __future__ import annotations
 
-import threading
-import weakref
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from vitviz.models.text_hooks import _ACTIVE, install_text_hooks
 from vitviz.models.zeroshot import Labels, TextTower, ZeroShotError, _scale_bias
 
 __all__ = ["PromptRelevance", "install_text_hooks", "pooled_position", "prompt_relevance", "token_table"]
-
-_ACTIVE: ContextVar[list | None] = ContextVar("vitviz_text_recorder", default=None)
-_LOCK = threading.Lock()
-_INSTALLED: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
-
-
-def _text_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    text = getattr(model, "text_model", None)
-    layers = getattr(getattr(text, "encoder", None), "layers", None)
-    if layers is None:
-        return []
-    return [layer.self_attn for layer in layers]
-
-
-def install_text_hooks(model: torch.nn.Module) -> int:
-    """Hooks on the text tower's attention modules and embeddings, once per model; returns the number of blocks."""
-    with _LOCK:
-        if model in _INSTALLED:
-            return _INSTALLED[model]
-        attns = _text_layers(model)
-        if attns:
-
-            def on_attention(module, args, kwargs, output):
-                rec = _ACTIVE.get()
-                if rec is not None:
-                    rec.append(output[1])  # (B, H, T, T): the probabilities the block multiplied with the values
-
-            def on_embeddings(module, args, output):
-                rec = _ACTIVE.get()
-                if rec is not None:  # the graph starts here: token ids carry no gradient
-                    return output.detach().requires_grad_(True)
-                return None
-
-            for a in attns:
-                a.register_forward_hook(on_attention, with_kwargs=True)
-            model.text_model.embeddings.register_forward_hook(on_embeddings)
-        _INSTALLED[model] = len(attns)
-        return len(attns)
 
 
 def pooled_position(model: torch.nn.Module, input_ids: torch.Tensor) -> int:
@@ -141,7 +101,7 @@ def prompt_relevance(
         kwargs = {"input_ids": ids}
         if tower.padding != "max_length" and "attention_mask" in enc:
             kwargs["attention_mask"] = enc["attention_mask"].to(device)
-        real = int(enc["attention_mask"][0].sum()) if "attention_mask" in enc else ids.shape[1]
+        real = len(tower.tokenizer(prompt, truncation=True, max_length=tower.max_length)["input_ids"])  # no padding
         recorded: list[torch.Tensor] = []
         token = _ACTIVE.set(recorded)
         try:

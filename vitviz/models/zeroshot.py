@@ -177,7 +177,7 @@ def text_tower(
             tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **hub_kwargs)
     except Exception:  # no tokenizer files: the image side still works, without typed labels
         return None
-    from vitviz.models.prompt_relevance import install_text_hooks
+    from vitviz.models.text_hooks import install_text_hooks
 
     install_text_hooks(model)  # once, before the model is shared: prompt-word relevance reads the text attention
     config = model.config
@@ -397,6 +397,8 @@ class LabelScores:
         self.probability_rule = rule
 
     def __getattr__(self, name: str):
+        if name.startswith("__") or name == "_family":  # copy/pickle probes before __init__ ran: no recursion
+            raise AttributeError(name)
         return getattr(self._family, name)
 
     def logits(self, model: torch.nn.Module, out) -> torch.Tensor | None:
