@@ -793,6 +793,8 @@ class Session:
 
     # -- after the run: split each step with the frames it caused --------------------------------
     def attribute_frames(self) -> None:
+        if not self.steps:  # a session that never got to act (its page did not load): nothing to split
+            return
         bounds = [st.sent_from for st in self.steps[1:]] + [len(self.sent)]
         for step, stop in zip(self.steps, bounds, strict=True):
             if not step.ok or step.kind == "load":
@@ -822,8 +824,8 @@ async def warm_up(browser, url: str, viewport: dict) -> dict:
         await page.goto(url)
         await page.wait_for_selector("text=Top predictions", timeout=120_000)
         first = time.monotonic() - t
-        await page.get_by_role("link", name="Heads").click()
-        await page.wait_for_selector("text=Head shown large", timeout=120_000)
+        await page.get_by_role("link", name="Heads").click()  # the instant view by default, else the server's
+        await page.wait_for_selector("text=/Instant view|Head shown large/", timeout=120_000)
         return {"first_page_s": round(first, 2), "heads_s": round(time.monotonic() - t - first, 2)}
     finally:
         with contextlib.suppress(Exception):  # e.g. the browser already gone after a Ctrl-C
