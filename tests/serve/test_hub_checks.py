@@ -162,3 +162,16 @@ def test_a_hub_config_naming_code_is_refused_before_any_weight(tmp_path):
         vet_model_request("someone/evil", OPEN, hub=fake.hub())
     assert err.value.reason == "remote_code" and "auto_map" in str(err.value)
     assert [c for c in fake.calls if c[0] == "download"] == [("download", "config.json")]
+
+
+def test_the_hub_config_limits_come_from_the_settings():
+    """vitviz.toml's hub_max_layers (and width, image size) bound a typed hub id's config before any download."""
+    from vitviz.serve.hub_checks import ConfigLimits, config_problem
+    from vitviz.serve.settings import ServeSettings
+
+    config = {"model_type": "vit", "num_hidden_layers": 24, "hidden_size": 64, "image_size": 224}
+    s = ServeSettings(public=True, hub_max_layers=12)
+    limits = ConfigLimits(layers=s.hub_max_layers, width=s.hub_max_width, image_size=s.hub_max_image_size)
+    problem = config_problem(config, None, limits)
+    assert problem is not None and "24" in problem[1] and "12" in problem[2]
+    assert config_problem(config, None) is None  # the default allows 64

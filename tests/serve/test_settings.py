@@ -182,7 +182,8 @@ def test_unknown_key(tmp_path):
         "vitviz.toml has unknown setting(s) max_downlod_gb in [public]; the known ones are enabled, allow, "
         "allow_hub_ids, max_download_gb, model_memory_gib, forward_slots, uploads_per_minute, "
         "model_changes_per_minute, hub_downloads_per_hour, hub_timeout_s, results_max_mb, results_max_rows, "
-        "results_cache_mb, image_max_megapixels, image_max_side, decode_budget_mb."
+        "results_cache_mb, image_max_megapixels, image_max_side, decode_budget_mb, hub_max_layers, hub_max_width, "
+        "hub_max_image_size."
     )
     assert str(tmp_path) not in str(err.value)  # issue 23.15: a visitor never sees the server's folders
     assert err.value.detail == f"{err.value} (settings file: {path})"  # the server log gets the full path

@@ -304,7 +304,10 @@ def _model_type(repo: str, revision: str | None, settings: ServeSettings, hub: H
         raise PolicyError(BAD_CONFIG.format(name=repo, detail="it names no model_type"), "bad_config")
     if "auto_map" in config:  # code shipped with the checkpoint: never downloaded, never run
         raise PolicyError(hub_checks.REMOTE_CODE.format(name=repo), "remote_code")
-    problem = hub_checks.config_problem(config, settings.model_memory_bytes)  # before any weight is downloaded
+    limits = hub_checks.ConfigLimits(
+        layers=settings.hub_max_layers, width=settings.hub_max_width, image_size=settings.hub_max_image_size
+    )
+    problem = hub_checks.config_problem(config, settings.model_memory_bytes, limits)  # before any weight download
     if problem is not None:
         what, value, limit = problem
         message = hub_checks.CONFIG_TOO_LARGE.format(name=repo, what=what, value=value, limit=limit)

@@ -24,6 +24,9 @@ Where they come from, later sources winning:
        image_max_megapixels = 40      # pixels of an image, checked from its header before decoding
        image_max_side = 16384         # longest side of an image in pixels (long thin images)
        decode_budget_mb = 2048        # memory for images being decoded at once, whole server
+       hub_max_layers = 64            # a typed hub id's config: blocks (all stages, every tower), before download
+       hub_max_width = 4096           # its hidden size (widest stage)
+       hub_max_image_size = 2048      # its image_size, each side
 
 3. environment variables: ``VITVIZ_PUBLIC``, ``VITVIZ_ALLOW`` (comma-separated; replaces the
    file's ``allow``, both extend the default allowlist), ``VITVIZ_ALLOW_HUB_IDS``,
@@ -31,7 +34,8 @@ Where they come from, later sources winning:
    ``VITVIZ_UPLOADS_PER_MINUTE``, ``VITVIZ_MODEL_CHANGES_PER_MINUTE``,
    ``VITVIZ_HUB_DOWNLOADS_PER_HOUR``, ``VITVIZ_HUB_TIMEOUT_S``, ``VITVIZ_RESULTS_MAX_MB``,
    ``VITVIZ_RESULTS_MAX_ROWS``, ``VITVIZ_RESULTS_CACHE_MB``, ``VITVIZ_IMAGE_MAX_MEGAPIXELS``,
-   ``VITVIZ_IMAGE_MAX_SIDE``, ``VITVIZ_DECODE_BUDGET_MB``.
+   ``VITVIZ_IMAGE_MAX_SIDE``, ``VITVIZ_DECODE_BUDGET_MB``, ``VITVIZ_HUB_MAX_LAYERS``,
+   ``VITVIZ_HUB_MAX_WIDTH``, ``VITVIZ_HUB_MAX_IMAGE_SIZE``.
 
 Only the Streamlit app reads these; the command line is never affected. A value that does
 not parse raises :class:`SettingsError` naming where it came from, so a typo in an operator's
@@ -138,6 +142,9 @@ class ServeSettings:
     ``image_max_megapixels``    40 megapixels per image, both modes
     ``image_max_side``          16,384 px longest side, both modes
     ``decode_budget_mb``        2,048 MB of images decoding at once, whole server
+    ``hub_max_layers``          64 blocks in a hub config        public mode (hub ids)
+    ``hub_max_width``           4,096 hidden size                public mode (hub ids)
+    ``hub_max_image_size``      2,048 px image_size              public mode (hub ids)
     ==========================  ===============================  ==================
 
     A value set explicitly (file or environment) applies in both modes, except the model
@@ -160,6 +167,9 @@ class ServeSettings:
     image_max_megapixels: float = DEFAULT_IMAGE_MAX_MEGAPIXELS
     image_max_side: int = DEFAULT_IMAGE_MAX_SIDE
     decode_budget_mb: float = DEFAULT_DECODE_BUDGET_MB
+    hub_max_layers: int = 64
+    hub_max_width: int = 4096
+    hub_max_image_size: int = 2048
     origin: str = field(default="defaults", compare=False)  # where the values came from, for logs
 
     def __post_init__(self) -> None:
@@ -176,6 +186,7 @@ class ServeSettings:
         object.__setattr__(self, "allow", tuple(dict.fromkeys(a.strip() for a in self.allow if a.strip())))
         positive = ("max_download_gb", "model_memory_gib", "hub_timeout_s", "results_max_mb", "results_max_rows")
         positive += ("results_cache_mb", "image_max_megapixels", "image_max_side", "decode_budget_mb")
+        positive += ("hub_max_layers", "hub_max_width", "hub_max_image_size")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise SettingsError(f"{name} must be a positive number, not {getattr(self, name)!r}.")
@@ -228,6 +239,9 @@ _FILE_KEYS = {
     "image_max_megapixels": "image_max_megapixels",
     "image_max_side": "image_max_side",
     "decode_budget_mb": "decode_budget_mb",
+    "hub_max_layers": "hub_max_layers",
+    "hub_max_width": "hub_max_width",
+    "hub_max_image_size": "hub_max_image_size",
 }
 _ENV_KEYS = {
     "VITVIZ_PUBLIC": "public",
@@ -246,6 +260,9 @@ _ENV_KEYS = {
     "VITVIZ_IMAGE_MAX_MEGAPIXELS": "image_max_megapixels",
     "VITVIZ_IMAGE_MAX_SIDE": "image_max_side",
     "VITVIZ_DECODE_BUDGET_MB": "decode_budget_mb",
+    "VITVIZ_HUB_MAX_LAYERS": "hub_max_layers",
+    "VITVIZ_HUB_MAX_WIDTH": "hub_max_width",
+    "VITVIZ_HUB_MAX_IMAGE_SIZE": "hub_max_image_size",
 }
 _KINDS = {f.name: f.type for f in fields(ServeSettings)}
 
