@@ -5,6 +5,7 @@ import streamlit as st
 
 from pages import common
 from vitviz import figures
+from vitviz.analysis.scales import SCALES, scale_maps
 from vitviz.errors import VitvizError
 from vitviz.methods import METHODS, why_unavailable
 from vitviz.text import md_plain
@@ -34,21 +35,29 @@ except (VitvizError, ValueError) as exc:
     st.error(str(exc))
     st.stop()
 names = list(maps)
-tiles = np.stack([np.asarray(maps[m].values, np.float64) for m in names])
-scale = np.abs(tiles).reshape(len(names), -1).max(axis=1)
-tiles = tiles / np.where(scale > 0, scale, 1.0)[:, None, None]
+how = st.radio(
+    "Colour scale",
+    SCALES,
+    horizontal=True,
+    key="compare_scale",
+    help="fixed [0, max]: each map over its own maximum, a flat map stays flat (the default: it invents no "
+    "contrast); per map: each map stretched from its min to its max (small differences look large); shared: "
+    "one raw range for the whole panel.",
+)
+scaled = scale_maps(np.stack([np.asarray(maps[m].values, np.float64) for m in names]), how)
 common.chart(
     figures.small_multiples_figure(
-        tiles.astype(np.float32),
-        names,
-        colorbar_title="normalised per map (value / max |value|)",
+        scaled.values,
+        [f"{m} [{lo:.3g}, {hi:.3g}]" for m, (lo, hi) in zip(names, scaled.ranges, strict=True)],
+        colorbar_title=scaled.colorbar_title,
         cols=6,
         image=cap.image,
-        zmin=-1 if (tiles < 0).any() else 0,
-        zmax=1,
+        zmin=scaled.zmin,
+        zmax=scaled.zmax,
     ),
     key="method_maps",
 )
+st.caption("Each tile's title gives the map's own range [min, max] before scaling.")
 with st.expander("How each map is defined"):
     for m in names:
         st.markdown(f"**{m}**: {maps[m].definition}")
