@@ -23,6 +23,7 @@ def open_head(data) -> None:
 
 
 common.take_click("summary_map", open_head)
+common.take_click("rollout_map", lambda data: common.click_query(cap, ss.get("_rollout_stage", 0), data))
 if ss.pop("open_heads_page", False):
     st.switch_page("pages/heads.py")
 common.clamp_state(cap)
@@ -84,9 +85,13 @@ else:
                 title=f"Rollout of {cap.token_label(q_end, cap.blocks[end].stage)}, "
                 f"{'blocks' if cap.is_hierarchical else 'layers'} {start}-{end}",
                 colorbar_title=f"rollout (raw, {precision})",
+                click_hint="click to make it the query",
             ),
             key="rollout_map",
+            on_select="rerun",
+            selection_mode="points",
         )
+        ss._rollout_stage = st_idx  # the grid the next click on this map lands on
         if cap.is_hierarchical:
             st.caption(
                 f"On stage {st_idx + 1}'s grid: windows undone, reduced keys spread over the tokens they came from, "

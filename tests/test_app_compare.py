@@ -61,3 +61,24 @@ def test_compare_maps_default_to_zero_to_max_and_show_each_range(demo_model):
     all_values = np.concatenate([np.ravel(want[n].values) for n in want])
     assert heat["zmin"] == np.float32(all_values.min()) or np.isclose(heat["zmin"], all_values.min(), rtol=1e-5)
     assert np.isclose(heat["zmax"], all_values.max(), rtol=1e-5)
+
+
+def test_only_maps_whose_click_sets_the_query_promise_it():
+    """22.3: rollout takes a click (it sets the query); relevance has no query and promises nothing."""
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    at.switch_page("pages/layers.py").run()
+    no_trouble(at)
+    charts = {el.proto.id: el for el in at.get("plotly_chart")}
+    by_title = {}
+    for el in charts.values():
+        spec = json.loads(el.proto.spec)
+        by_title[str(spec["layout"].get("title", {}).get("text", ""))] = (spec, el.proto)
+    rollout = next(v for t, v in by_title.items() if t.startswith("Rollout of"))
+    relevance = next(v for t, v in by_title.items() if t.startswith("Relevance for"))
+
+    def hover(spec):
+        return next(t["hovertemplate"] for t in spec["data"] if t["type"] == "scatter")
+
+    assert "click to make it the query" in hover(rollout[0]) and list(rollout[1].selection_mode)
+    assert "click" not in hover(relevance[0])

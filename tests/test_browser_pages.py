@@ -151,3 +151,19 @@ def test_the_last_of_quick_clicks_wins(server, browser):
             assert f"Layer 3, head {want}:" in _title_now(page, "Layer 3, head"), (first, last)
     finally:
         page.close()
+
+
+def test_a_click_on_the_rollout_map_sets_the_query(server, browser):
+    """22.3: the rollout map's hover says "click to make it the query": the click does it."""
+    page = browser.new_page(viewport={"width": 1500, "height": 1100})
+    try:
+        page.goto(f"{server}/layers")
+        wait_for_title(page, "Rollout of CLS", timeout=90)
+        settle(page)
+        plot = page.locator(PLOTS).filter(has=page.locator("text=Rollout of CLS")).first
+        plot.scroll_into_view_if_needed()
+        settle(page)
+        _quick_clicks(page, "Rollout of CLS", [(7.5 / 12, 3.5 / 12)])  # cell (3, 7) of the demo's 12 x 12 grid
+        wait_for_title(page, "Rollout of patch (3, 7)")
+    finally:
+        page.close()
