@@ -76,7 +76,8 @@ if ss.get("curves_wanted") != key:
         "puts them back into a blurred image. The random map is the floor."
     )
 else:
-    st.button("Stop", on_click=lambda: ss.update(curves_wanted=None))
+    stop = st.empty()  # the Stop button lives while the curves are computed, and goes with them
+    stop.button("Stop", on_click=lambda: ss.update(curves_wanted=None))
     bar = st.progress(0.0, text="Forwarding the perturbed images…")
     try:
         results = common.get_curves(
@@ -84,9 +85,11 @@ else:
         )
     except (VitvizError, ValueError) as exc:
         bar.empty()
+        stop.empty()
         st.error(str(exc))
     else:
         bar.empty()
+        stop.empty()
         curves = {r.method: (r.deletion, r.insertion) for r in results}
         common.chart(figures.curves_figure(results[0].fractions, curves, target=name), key="curves")
         rows = [
