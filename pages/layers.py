@@ -206,7 +206,8 @@ with s2:
 st.subheader("Logit lens")
 ranked = common.classes(cur)
 notes = common.get_causal_notes(cap.model_name)
-if notes["lens"]:
+partial_lens = cur.model.family.hierarchical and cur.model.has_classifier  # the last stage's rows only
+if notes["lens"] and not partial_lens:
     st.info(notes["lens"])
 elif ranked is None or ranked.labels is not None:
     st.info("The logit lens reads class logits through the model's own head: it needs a classifier.")
@@ -222,9 +223,18 @@ else:
         probs = lens.probabilities()[:, top]
         names = [cur.model.id2label.get(int(c), f"class {c}") for c in top]
         common.chart(figures.lens_figure(probs, names, lens.ranks(int(top[0])), target=names[0]), key="lens")
+        shown = [int(r) for r in np.flatnonzero(lens.defined)]
+        where = (
+            ""
+            if len(shown) == len(lens.defined)
+            else f" Points drawn: after block{'s' if len(shown) > 1 else ''} {', '.join(map(str, shown))} "
+            f"of {len(lens.defined) - 1} (0 is the embeddings); the others are not defined here."
+        )
         st.caption(
-            f"Each row: the residual stream after that block, through the model's final norm and head ({lens.readout}). "
-            + (lens.note or "The last row is the model's own prediction.")
+            f"Each point: the residual stream after that block, through the model's final norm and head "
+            f"({lens.readout}); the last is the model's own prediction."
+            + where
+            + (f" {lens.note}" if lens.note else "")
         )
         common.downloads(
             "logit_lens",
