@@ -739,13 +739,18 @@ def get_knockable_blocks(model_name: str) -> tuple[int, ...]:
     return knockable_blocks(get_model(model_name))
 
 
-def get_method_maps(cur: Current, class_index: int) -> dict:
-    """Every explanation method's map of the session's image for one class (``vitviz.methods``): cached, queued."""
+def get_method_maps(cur: Current, class_index: int, progress=None) -> dict:
+    """Every explanation method's map of the session's image for one class (``vitviz.methods``): cached, queued.
+
+    ``progress(done, total, name)``: called before each method and at the end (see ``explain_many``).
+    """
     from vitviz.methods import explain_many
 
     def compute():
         image = read_image(cur.image_bytes, max_bytes=upload_limit()).image
-        return in_queue(lambda: explain_many(cur.model, image, class_index=class_index, size=cur.key[2]))
+        return in_queue(
+            lambda: explain_many(cur.model, image, class_index=class_index, size=cur.key[2], progress=progress)
+        )
 
     return results_cache().get_or_compute(("methods", *cur.key, class_index), compute)
 

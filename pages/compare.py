@@ -28,12 +28,21 @@ skipped = {m: why_unavailable(cur.model, m) for m in METHODS if why_unavailable(
 for method, why in skipped.items():
     st.caption(f"{method}: {why}")
 
+maps_bar = st.empty()  # per-method progress on the first open; gone once the maps are drawn
+
+
+def _method_progress(done: int, total: int, name: str) -> None:
+    text = f"Maps: {done} of {total} done" + (f", computing {name}…" if name else ".")
+    maps_bar.progress(done / max(total, 1), text=text)
+
+
 try:
-    with st.spinner("Computing every method's map…"):
-        maps = common.get_method_maps(cur, cls)
+    maps = common.get_method_maps(cur, cls, progress=_method_progress)
 except (VitvizError, ValueError) as exc:
+    maps_bar.empty()
     st.error(str(exc))
     st.stop()
+maps_bar.empty()
 names = list(maps)
 how = st.radio(
     "Colour scale",

@@ -82,3 +82,13 @@ def test_only_maps_whose_click_sets_the_query_promise_it():
 
     assert "click to make it the query" in hover(rollout[0]) and list(rollout[1].selection_mode)
     assert "click" not in hover(relevance[0])
+
+
+def test_compare_first_open_leaves_no_progress_bar():
+    """22.15: per-method progress while the maps are computed, and nothing of it once they are drawn."""
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    at.switch_page("pages/compare.py").run()
+    no_trouble(at)
+    assert not at.get("progress")
+    assert any("Colour scale" in r.label for r in at.radio)
