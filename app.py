@@ -11,7 +11,7 @@ import streamlit as st
 from pages import common
 from vitviz.data.images import read_image
 from vitviz.errors import VitvizError
-from vitviz.models.zeroshot import MAX_LABELS_TEXT, MAX_TEMPLATE_CHARS, parse_labels
+from vitviz.models.zeroshot import MAX_LABELS_TEXT, MAX_TEMPLATE_CHARS, parse_labels, vocabulary_warning
 from vitviz.presets import DEMO_NOTES
 from vitviz.text import md_plain
 
@@ -131,6 +131,9 @@ def labels_ui() -> None:
         return
     for note in labels.notes:
         st.caption(md_plain(note))  # notes quote what the visitor typed
+    unknown = vocabulary_warning(model.text, labels, ss.model_name)
+    if unknown:
+        st.warning(md_plain(unknown))
     st.caption(f"{len(labels.names)} labels, e.g. '{md_plain(labels.prompts[0])}'.")
 
 
@@ -214,6 +217,7 @@ pages = [
     st.Page("pages/importance.py", title="Head importance", icon=":material/science:"),
     st.Page("pages/patching.py", title="Activation patching", icon=":material/swap_horiz:"),
     st.Page("pages/compare.py", title="Compare explanations", icon=":material/compare:"),
+    st.Page("pages/side_by_side.py", title="Side by side", icon=":material/splitscreen:"),
     st.Page("pages/dataset.py", title="Data set", icon=":material/dataset:"),
     st.Page("pages/positions.py", title="Position embeddings", icon=":material/explore:"),
     st.Page("pages/embedding.py", title="Patch embedding & norms", icon=":material/extension:"),

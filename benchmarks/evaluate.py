@@ -31,13 +31,20 @@ if str(ROOT) not in sys.path:
 from vitviz.data.shapes import write_dataset  # noqa: E402
 from vitviz.evaluate.run import evaluate_dataset  # noqa: E402
 
-__all__ = ["evaluate_throughput", "engine_throughput"]
+__all__ = ["evaluate_throughput", "engine_throughput", "labels_throughput"]
 
 DATA_SEED = 31337  # demo images never used for training (write_dataset: seed * 1_000_003 + i)
 
 
 def engine_throughput(
-    csv_path: Path, out: Path, *, engine: str, methods: Sequence[str] | None, actors: int | None = None
+    csv_path: Path,
+    out: Path,
+    *,
+    engine: str,
+    methods: Sequence[str] | None,
+    actors: int | None = None,
+    model: str = "demo",
+    labels: str | None = None,
 ) -> dict:
     """One run of one engine: end-to-end and steady images/s (module docstring)."""
     stamps: list[float] = []
@@ -50,7 +57,7 @@ def engine_throughput(
 
     t0 = time.perf_counter()
     report = evaluate_dataset(
-        "demo", csv_path, out, methods=methods, engine=engine, progress=progress, ray_actors=actors
+        model, csv_path, out, methods=methods, engine=engine, progress=progress, ray_actors=actors, labels=labels
     )
     total = time.perf_counter() - t0
     n = report.evaluated
@@ -101,13 +108,48 @@ def evaluate_throughput(
     }
 
 
+def labels_throughput(n: int = 20, *, methods: Sequence[str] | None = None, repeats: int = 2) -> dict:
+    """``evaluate --labels`` on demo-clip (its five class names) against ``evaluate`` on demo, same images, local.
+
+    Runs alternate (demo, demo-clip, demo, ...) ``repeats`` times; the best steady rate of each
+    counts. Goal: demo-clip's images/s within 20 % of demo's (``labels_over_classes`` >= 0.8).
+    """
+    from vitviz.demo.clip import LABELS
+
+    rates: dict[str, list[dict]] = {"demo": [], "demo-clip": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        csv_path = write_dataset(root / "shapes", n=n, seed=DATA_SEED)
+        for r in range(repeats):
+            for model, labels in (("demo", None), ("demo-clip", LABELS)):
+                out = root / f"{model}-{r}.parquet"
+                rates[model].append(
+                    engine_throughput(csv_path, out, engine="local", methods=methods, model=model, labels=labels)
+                )
+    best = {m: max(x["steady_images_per_s"] for x in runs) for m, runs in rates.items()}
+    return {
+        "images": n,
+        "methods": rates["demo"][0]["methods"],
+        "labels": LABELS,
+        "torch_threads": torch.get_num_threads(),
+        "demo_steady_images_per_s": best["demo"],
+        "demo_clip_labels_steady_images_per_s": best["demo-clip"],
+        "labels_over_classes": round(best["demo-clip"] / best["demo"], 2),
+        "target_labels_over_classes": 0.8,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.evaluate")
     parser.add_argument("--n", type=int, default=40)
     parser.add_argument("--methods", default=None, help="comma-separated (default: all that apply)")
     parser.add_argument("--cpus", type=int, default=2)
+    parser.add_argument("--labels", action="store_true", help="evaluate --labels on demo-clip vs evaluate on demo")
     args = parser.parse_args(argv)
     methods = None if args.methods is None else args.methods.split(",")
+    if args.labels:
+        print(json.dumps(labels_throughput(args.n, methods=methods), indent=2))
+        return 0
     print(json.dumps(evaluate_throughput(args.n, methods=methods, cpus=args.cpus), indent=2))
     return 0
 

@@ -89,6 +89,48 @@ def _p95(values: list[float]) -> float:
     return round(float(np.percentile(values, 95)), 1)
 
 
+def show_vs_app(vit_folder: Path, runs: int = 3) -> dict:
+    """``vitviz.run`` + ``vitviz.show`` (the head view page) against what the app does from an upload to its first
+    map (capture + the head figures), both from a loaded model, medians of ``runs``."""
+    import statistics as stats
+
+    from PIL import Image
+
+    import vitviz
+    from vitviz import figures
+    from vitviz.analysis.blocks import global_query, head_maps
+    from vitviz.capture.run import capture
+    from vitviz.models.load import load_model
+
+    loaded = load_model(str(vit_folder), device="cpu")
+    image = Image.fromarray(np.random.default_rng(1).integers(0, 255, (480, 640, 3), dtype=np.uint8))
+
+    def app() -> None:
+        cap = capture(loaded, image)
+        block = cap.blocks[-1]
+        maps = head_maps(block, global_query(block))
+        figures.small_multiples_figure(maps.values, [str(h) for h in range(block.num_heads)], colorbar_title="a")
+        figures.map_figure(cap.image, maps.values[0], title="t", colorbar_title="a")
+
+    def notebook() -> None:
+        vitviz.show(vitviz.run(loaded, image))._repr_mimebundle_()
+
+    times = {}
+    for name, fn in (("app", app), ("notebook", notebook)):
+        fn()
+        samples = []
+        for _ in range(runs):
+            t = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t)
+        times[name] = stats.median(samples)
+    return {
+        "app_upload_to_map_s": round(times["app"], 3),
+        "show_first_draw_s": round(times["notebook"], 3),
+        "show_over_app": round(times["notebook"] / times["app"], 2),
+    }
+
+
 def head_view_timings(vit_folder: Path, *, changes: int = 60) -> dict:
     """Input -> redraw (ms, median and p95) in one page and in 16 at once; payload MB; packing seconds."""
     html, pack_s = _html(vit_folder)
@@ -101,4 +143,5 @@ def head_view_timings(vit_folder: Path, *, changes: int = 60) -> dict:
         "redraw_ms_median": round(statistics.median(one), 1),
         "redraw_ms_p95": _p95(one),
         "sessions16_redraw_ms_p95": _p95(many),
+        **show_vs_app(vit_folder),
     }

@@ -950,7 +950,7 @@ def run_load(
     if not Path(CHROMIUM).exists():
         raise RuntimeError(f"the load test needs Debian's Chromium at {CHROMIUM}")
     env = dict(SERVER_ENV)
-    settings = load_settings({**os.environ, **env}, cwd=ROOT)
+    settings = load_settings({**os.environ, **env}, folder=ROOT)
     args = argparse.Namespace(
         sessions=sessions,
         seconds=seconds,

@@ -57,8 +57,10 @@ def _image(seed: int, side: int) -> Image.Image:
     return Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8))
 
 
-def _ratio(loaded, size: tuple[int, int], fn: Callable[[], object], runs: int) -> tuple[float, float, float]:
-    """(median seconds of ``fn``, median plain forward, median ratio), rounds interleaved."""
+def _ratio(loaded, size: tuple[int, int], fn: Callable[[], object], runs: int) -> tuple[float, float, float, object]:
+    """(median seconds of ``fn``, median plain forward, median ratio, ``fn``'s last result), rounds interleaved.
+
+    Warm-up: the plain forward only (the patching calls are long enough that their first call is typical)."""
     pixels, _ = preprocess(loaded, [_image(0, size[0])], size)
     inputs = loaded.family.model_inputs(loaded, pixels, size)
 
@@ -67,16 +69,20 @@ def _ratio(loaded, size: tuple[int, int], fn: Callable[[], object], runs: int) -
             loaded.family.forward(loaded.model, inputs)
 
     plain()
-    fn()  # warm-up
+    plain()  # warm-up
     times, plains, ratios = [], [], []
+    result = None
     for _ in range(runs):
         before = _seconds(plain)
-        t = _seconds(fn)
+        clear_runs()
+        t = time.perf_counter()
+        result = fn()
+        t = time.perf_counter() - t
         after = _seconds(plain)
         times.append(t)
         plains += [before, after]
         ratios.append(t / ((before + after) / 2))
-    return statistics.median(times), statistics.median(plains), statistics.median(ratios)
+    return statistics.median(times), statistics.median(plains), statistics.median(ratios), result
 
 
 def patching_cost(folder: str | Path, *, runs: int = 3, residual_size: int = 96) -> dict:
@@ -99,9 +105,9 @@ def patching_cost(folder: str | Path, *, runs: int = 3, residual_size: int = 96)
     def residual():
         return activation_patching(loaded, tgt_s, src_s, size=small, heads=False, estimate=False)
 
-    h_s, plain_s, h_ratio = _ratio(loaded, size, heads, runs)
-    e_s, _, e_ratio = _ratio(loaded, size, estimate, runs)
-    r_s, plain_small, r_ratio = _ratio(loaded, small, residual, max(1, runs - 1))
+    e_s, _, e_ratio, e = _ratio(loaded, size, estimate, runs)
+    h_s, plain_s, h_ratio, h = _ratio(loaded, size, heads, runs)
+    r_s, plain_small, r_ratio, r = _ratio(loaded, small, residual, runs)
     tokens_small = 1 + (residual_size // 16) ** 2
     tokens_224 = 1 + (size[0] // 16) ** 2
     clear_runs()
@@ -113,15 +119,17 @@ def patching_cost(folder: str | Path, *, runs: int = 3, residual_size: int = 96)
         "plain_forward_s": round(plain_s, 4),
         "heads_exact_s": round(h_s, 3),
         "heads_exact_forward_equivalents": round(h_ratio, 1),
-        "heads_exact_work": heads().forward_equivalents,  # counted: 2 + H (L + 1) / 2
+        "heads_exact_work": h.forward_equivalents,  # counted: 2 + H (L + 1) / 2
         "estimate_s": round(e_s, 3),
         "estimate_forward_equivalents": round(e_ratio, 2),
+        "estimate_work": e.forward_equivalents,  # counted: 2 clean runs + 1 backward
         "residual_size": residual_size,
         "residual_tokens": tokens_small,
         "residual_plain_forward_s": round(plain_small, 4),
         "residual_exact_s": round(r_s, 2),
         "residual_exact_forward_equivalents": round(r_ratio, 1),
         "residual_over_L_T": round(r_ratio / (n_layers * tokens_small), 3),
+        "residual_work": r.forward_equivalents,  # counted: 2 + T (L - 1) / 2
         "residual_work_224_over_L_T": round((2 + tokens_224 * (n_layers - 1) / 2) / (n_layers * tokens_224), 3),
     }
 

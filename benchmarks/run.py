@@ -230,6 +230,7 @@ SECTIONS = (
     "evaluate",
     "headview",
     "imports",
+    "attnlrp",
 )
 
 
@@ -305,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
             from benchmarks import imports
 
             results["imports"] = imports.import_times(3 if args.quick else 7)
+        if "attnlrp" in sections:
+            from benchmarks import attnlrp
+
+            results["attnlrp"] = attnlrp.attnlrp_cost(vit, runs=max(2, runs // 3))
     results["peak_rss_MiB"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     out.write_text(json.dumps(results, indent=2))
     print_table(results)
@@ -373,11 +378,17 @@ def print_table(r: dict) -> None:
             f"{ev['local']['steady_images_per_s']} img/s, Ray ({ev['ray_cpus']} CPUs) "
             f"{ev['ray']['steady_images_per_s']} img/s = {ev['ray_over_local']}x"
         )
+    if lrp := r.get("attnlrp"):
+        print(
+            f"AttnLRP, ViT-B/16 at 224: {lrp['forward_equivalents']} forward-equivalents "
+            f"({lrp['attnlrp_s']} s against a {lrp['forward_s']} s forward)"
+        )
     if hv := r.get("headview"):
         print(
             f"Instant head view, {hv['model']} in Chromium: input -> redraw median {hv['redraw_ms_median']} ms, "
             f"p95 {hv['redraw_ms_p95']} ms; 16 pages at once p95 {hv['sessions16_redraw_ms_p95']} ms; "
-            f"page {hv['payload_MB']} MB (packed in {hv['pack_s']} s)"
+            f"page {hv['payload_MB']} MB (packed in {hv['pack_s']} s); vitviz.show first draw "
+            f"{hv['show_first_draw_s']} s = {hv['show_over_app']}x the app's upload -> map ({hv['app_upload_to_map_s']} s)"
         )
     if im := r.get("imports"):
         from benchmarks.imports import print_rows

@@ -32,7 +32,7 @@ from benchmarks.common import overhead as run_overhead  # noqa: E402
 from vitviz.models.load import load_model  # noqa: E402
 from vitviz.models.zeroshot import encode_labels, parse_labels  # noqa: E402
 
-__all__ = ["make_zero_shot", "overhead", "label_change", "LABELS"]
+__all__ = ["make_zero_shot", "overhead", "label_change", "last_token_gain", "LABELS"]
 
 LABELS = "cat, dog, car, bird, airplane, ship, truck, horse, frog, deer"  # 10 labels
 MODELS = {
@@ -88,10 +88,55 @@ def label_change(kind: str, folder: Path, runs: int) -> dict:
     }
 
 
+def last_token_gain(folder: Path, runs: int) -> dict:
+    """SigLIP: 10 new labels with the last text block run for the pooled token only (``encode_labels``) against
+    the model's whole ``get_text_features`` (before), interleaved, medians of ``runs``."""
+    import vitviz.models.zeroshot as zs
+
+    loaded = load_model(str(folder))
+    labels = parse_labels(LABELS, loaded.text.template)
+    real = zs._pools_last
+
+    def before():
+        zs._pools_last = lambda model: False
+        try:
+            encode_labels(loaded.model, loaded.text, labels)
+        finally:
+            zs._pools_last = real
+
+    def after():
+        encode_labels(loaded.model, loaded.text, labels)
+
+    times: dict[str, list[float]] = {"before": [], "after": []}
+    import time
+
+    for fn in (before, after):  # warm-up
+        fn()
+    for _ in range(runs):
+        for name, fn in (("before", before), ("after", after)):
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    return {
+        "labels": 10,
+        "torch_threads": torch.get_num_threads(),
+        "before_ms": round(1000 * med["before"], 1),
+        "after_ms": round(1000 * med["after"], 1),
+        "after_over_before": round(med["after"] / med["before"], 3),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.zeroshot")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--siglip-gain", action="store_true", help="only SigLIP: last-block shortcut vs before")
     args = parser.parse_args(argv)
+    if args.siglip_gain:
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = make_zero_shot("siglip-base-224", Path(tmp) / "siglip")
+            print(json.dumps(last_token_gain(folder, args.runs), indent=1))
+        return 0
     out: dict = {"overhead": [], "label_change": []}
     with tempfile.TemporaryDirectory() as tmp:
         for kind in MODELS:

@@ -88,6 +88,7 @@ DEFAULTS = {
     "fusion": "mean",
     "rollout_range": None,
     "discard": 0.0,
+    "relevance_from": 0,  # relevance through blocks k..L-1 (0: all blocks, MM-Explainability's start_layer=0)
     "tau": 0.6,
     "metric": "distance",
     "position": 0,
@@ -152,7 +153,10 @@ def last_resort(exc: BaseException, where: str) -> str:
 @st.cache_resource(show_spinner=False)
 def model_cache() -> ModelCache:
     """Loaded models, bounded by the memory their parameters take; the least recently used go first."""
-    return ModelCache.from_settings(serve_settings())
+    from vitviz.capture.session import clear_runs
+
+    # an evicted model's cached runs hold it (and their graphs): drop them so its memory really goes
+    return ModelCache.from_settings(serve_settings(), on_evict=lambda loaded: clear_runs(loaded.model))
 
 
 @st.cache_resource(show_spinner=False)
@@ -335,18 +339,46 @@ def get_relevance(
     image_bytes: bytes,
     prompt: str | None = None,
     label: str = "",
+    start_block: int = 0,
 ):
-    """Relevance for a class logit, or for a zero-shot label's score (``prompt``: the label's prompt)."""
+    """Relevance for a class logit, or for a zero-shot label's score (``prompt``: the label's prompt).
+
+    ``start_block``: relevance through blocks k..L-1 only (0: all blocks).
+    """
 
     def compute():
         loaded = get_model(model_name)
         image = read_image(image_bytes, max_bytes=upload_limit()).image
+        kw = {"size": size, "start_block": start_block}
         if prompt is None:
-            return in_queue(lambda: explain_classes(loaded, image, [class_index], size=size)[class_index])
+            return in_queue(lambda: explain_classes(loaded, image, [class_index], **kw)[class_index])
         target = label_target(loaded.family, loaded.model, get_label_embeddings(model_name, (prompt,))[0])
-        return in_queue(lambda: explain_targets(loaded, image, {class_index: (label, target)}, size=size)[class_index])
+        return in_queue(lambda: explain_targets(loaded, image, {class_index: (label, target)}, **kw)[class_index])
 
-    key = ("relevance", model_name, image_digest, size, class_index, prompt)
+    key = ("relevance", model_name, image_digest, size, class_index, prompt, start_block)
+    return results_cache().get_or_compute(key, compute)
+
+
+def get_prompt_relevance(
+    model_name: str,
+    image_digest: str,
+    size: tuple[int, int] | None,
+    image_embedding: np.ndarray,
+    label: str,
+    prompt: str,
+    start_block: int = 0,
+):
+    """Relevance of the prompt's tokens for one label's score on the session's image (text tower only)."""
+    from vitviz.models.prompt_relevance import prompt_relevance
+
+    def compute():
+        loaded = get_model(model_name)
+        one = Labels((label,), (prompt,), "{}")
+        return in_queue(
+            lambda: prompt_relevance(loaded.model, loaded.text, image_embedding, one, start_block=start_block)
+        )[0]
+
+    key = ("prompt_relevance", model_name, image_digest, size, prompt, start_block)
     return results_cache().get_or_compute(key, compute)
 
 
@@ -739,8 +771,17 @@ def get_knockable_blocks(model_name: str) -> tuple[int, ...]:
     return knockable_blocks(get_model(model_name))
 
 
-def get_method_maps(cur: Current, class_index: int, progress=None) -> dict:
-    """Every explanation method's map of the session's image for one class (``vitviz.methods``): cached, queued.
+def labelled_model(model: LoadedModel, labels: Labels | None) -> LoadedModel:
+    """The model whose classes are ``labels`` (zero-shot: each label's score is its logit), or the model itself."""
+    if labels is None:
+        return model
+    from vitviz.models.zeroshot import as_classifier
+
+    return as_classifier(model, labels, get_label_embeddings(model.name, labels.prompts))
+
+
+def get_method_maps(cur: Current, class_index: int, labels: Labels | None = None, progress=None) -> dict:
+    """Every explanation method's map of the session's image for one class or label (``vitviz.methods``): cached, queued.
 
     ``progress(done, total, name)``: called before each method and at the end (see ``explain_many``).
     """
@@ -748,28 +789,30 @@ def get_method_maps(cur: Current, class_index: int, progress=None) -> dict:
 
     def compute():
         image = read_image(cur.image_bytes, max_bytes=upload_limit()).image
-        return in_queue(
-            lambda: explain_many(cur.model, image, class_index=class_index, size=cur.key[2], progress=progress)
-        )
+        model = labelled_model(cur.model, labels)
+        return in_queue(lambda: explain_many(model, image, class_index=class_index, size=cur.key[2], progress=progress))
 
-    return results_cache().get_or_compute(("methods", *cur.key, class_index), compute)
+    prompts = None if labels is None else labels.prompts
+    return results_cache().get_or_compute(("methods", *cur.key, class_index, prompts), compute)
 
 
-def get_curves(cur: Current, class_index: int, progress=None) -> dict:
+def get_curves(cur: Current, class_index: int, progress=None, labels: Labels | None = None) -> dict:
     """Deletion and insertion curves of every method (``vitviz.evaluate``), computed on request: cached, queued."""
     from vitviz.evaluate.faithfulness import Perturbations
 
     def compute():
         image = read_image(cur.image_bytes, max_bytes=upload_limit()).image
-        maps = get_method_maps(cur, class_index)
+        maps = get_method_maps(cur, class_index, labels)
+        model = labelled_model(cur.model, labels)
 
         def run():
-            perturb = Perturbations(cur.model, image, size=cur.key[2], batch_size=20)
+            perturb = Perturbations(model, image, size=cur.key[2], batch_size=20)
             return perturb.curves_many(list(maps.values()), progress=progress)
 
         return in_queue(run)
 
-    return results_cache().get_or_compute(("curves", *cur.key, class_index), compute)
+    prompts = None if labels is None else labels.prompts
+    return results_cache().get_or_compute(("curves", *cur.key, class_index, prompts), compute)
 
 
 def target_ui(ranked: Classes, *, key: str, default: int | None = None):

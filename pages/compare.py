@@ -15,16 +15,22 @@ cap, ss = cur.cap, st.session_state
 
 st.header("Which map can you trust?")
 ranked = common.classes(cur)
-if ranked is None or ranked.labels is not None:
+if ranked is None:
     st.info(
-        "Deletion and insertion follow the probability of a class: they need a classifier "
-        "(zero-shot label scores are not supported here yet)."
+        "Deletion and insertion follow the probability of a class or label: type labels in the sidebar."
+        if cur.model.zero_shot
+        else cur.model.text_note or "Deletion and insertion follow the probability of a class: they need a classifier."
     )
     st.stop()
+labels = ranked.labels  # zero-shot: every method explains the label's score, and the curves follow its probability
 cls = ss.class_index if ss.class_index in {p.index for p in ranked.ranked} else ranked.ranked[0].index
 name = next(p.label for p in ranked.ranked if p.index == cls)
-st.caption(f"Explained: **{md_plain(name)}** (pick another class on *Image & predictions*).")
-skipped = {m: why_unavailable(cur.model, m) for m in METHODS if why_unavailable(cur.model, m)}
+what = "label" if labels else "class"
+st.caption(f"Explained: **{md_plain(name)}** (pick another {what} on *Image & predictions*).")
+if labels:
+    st.caption(f"Zero-shot: the label's score and its probability ({ranked.legend}) take the place of a class.")
+model = common.labelled_model(cur.model, labels)
+skipped = {m: why_unavailable(model, m) for m in METHODS if why_unavailable(model, m)}
 for method, why in skipped.items():
     st.caption(f"{method}: {why}")
 
@@ -37,7 +43,7 @@ def _method_progress(done: int, total: int, name: str) -> None:
 
 
 try:
-    maps = common.get_method_maps(cur, cls, progress=_method_progress)
+    maps = common.get_method_maps(cur, cls, labels, progress=_method_progress)
 except (VitvizError, ValueError) as exc:
     maps_bar.empty()
     st.error(str(exc))
@@ -72,7 +78,7 @@ with st.expander("How each map is defined"):
         st.markdown(f"**{m}**: {maps[m].definition}")
 
 st.subheader("Deletion and insertion")
-key = ("curves", *cur.key, cls)
+key = ("curves", *cur.key, cls, None if labels is None else labels.prompts)
 if ss.get("curves_wanted") != key:
     st.button(
         "Compute the curves",
@@ -90,7 +96,10 @@ else:
     bar = st.progress(0.0, text="Forwarding the perturbed images…")
     try:
         results = common.get_curves(
-            cur, cls, progress=lambda done, total: bar.progress(done / max(total, 1), text=f"{done} of {total} images")
+            cur,
+            cls,
+            progress=lambda done, total: bar.progress(done / max(total, 1), text=f"{done} of {total} images"),
+            labels=labels,
         )
     except (VitvizError, ValueError) as exc:
         bar.empty()

@@ -13,16 +13,31 @@ from vitviz.errors import VitvizError
 from vitviz.evaluate.results import Results, read_results
 from vitviz.text import md_plain, plotly_plain
 
+# What each insertion start is (files written before the choice existed started from blur).
+INSERTION_START_NAMES = {
+    "blur": "the blurred image",
+    "mean": "the image's mean colour",
+    "grey": "a fixed grey",
+    "noise": "seeded noise",
+}
+
 common.leave_folder_mode()
 ss = st.session_state
 if ss.pop("open_compare", False):
     st.switch_page("pages/compare.py")
 
 
-def _open(path: str, model: str | None, class_index: int | None = None) -> None:
+def _open(
+    path: str,
+    model: str | None,
+    class_index: int | None = None,
+    labels: list[str] | None = None,
+    template: str | None = None,
+) -> None:
     """An "Open" click (a callback: it runs before the sidebar is drawn, so the sidebar shows the new model).
 
     The pages then explain the class the results file explained for that image (when its model is shown).
+    A zero-shot run (``labels`` in its metadata) opens with its labels and template in the sidebar.
     """
     try:
         data = Path(path).read_bytes()
@@ -33,6 +48,8 @@ def _open(path: str, model: str | None, class_index: int | None = None) -> None:
         common.set_model(model)
         for key in ("model_pick", "model_text"):
             ss.pop(key, None)
+    if labels:
+        ss.labels_text, ss.template = "\n".join(labels), template or "{}"
     try:
         common.set_image(data, Path(path).name, class_index=class_index if model == ss.model_name else None)
     except VitvizError as exc:
@@ -45,9 +62,11 @@ if "open_error" in ss:
     st.error(ss.pop("open_error"))
 st.header("A whole data set")
 st.caption(
-    "Results written by `python -m vitviz evaluate --model M --data FOLDER_OR_CSV --out RESULTS.parquet`: "
-    "per image and method the class explained, the deletion and insertion areas, and per image each head's "
-    "mean attention distance."
+    "Results written by `python -m vitviz evaluate --model M --data FOLDER_OR_CSV --out RESULTS.parquet "
+    "[--insertion-start blur|mean|grey|noise]`: per image and method the class explained, the deletion and "
+    "insertion areas, and per image each head's mean attention distance. Insertion starts from the image's mean "
+    "colour unless the run chose another start (blur keeps colour, so its curves are flat where colour is the "
+    "evidence)."
 )
 
 
@@ -101,9 +120,17 @@ if results.table.num_rows == 0:
         "on images the model can read, then upload its results."
     )
     st.stop()
+start = meta.get("insertion_start", "blur")
 st.caption(  # every field comes from the file: plain text
     f"**{md_plain(meta.get('model'))}** on {results.num_images} images ({md_plain(meta.get('data', '?'))}), methods "
-    f"{md_plain(', '.join(results.methods))}; seed {md_plain(meta.get('seed'))}; {len(skipped)} inputs skipped."
+    f"{md_plain(', '.join(results.methods))}; seed {md_plain(meta.get('seed'))}; insertion from "
+    f"{md_plain(INSERTION_START_NAMES.get(start, start))}; {len(skipped)} inputs skipped."
+    + (
+        f" Zero-shot labels {md_plain(', '.join(repr(x) for x in meta['labels']))} (template "
+        f"'{md_plain(meta.get('template'))}'): each image was explained for the label the model picked."
+        if meta.get("labels")
+        else ""
+    )
 )
 summary = results.summary()
 st.dataframe(
@@ -156,9 +183,14 @@ for j, m in enumerate(methods):
     t = results.method_rows(m)
     for image_id, a in zip(t.column("image_id").to_pylist(), t.column("deletion_area").to_pylist(), strict=True):
         areas[index[image_id], j] = a
-with np.errstate(all="ignore"):
-    spread = np.nanmax(areas, axis=1) - np.nanmin(areas, axis=1)
-order = np.argsort(-np.nan_to_num(spread, nan=-1))[:10]
+if methods:
+    with np.errstate(all="ignore"):
+        spread = np.nanmax(areas, axis=1) - np.nanmin(areas, axis=1)
+    order = np.argsort(-np.nan_to_num(spread, nan=-1))[:10]
+else:  # a run of the random baseline alone: no methods to disagree
+    spread = np.zeros(len(ids))
+    order = np.arange(min(len(ids), 10))
+    st.caption("This run holds only the random baseline: there is no disagreement between methods to rank by.")
 public = common.serve_settings().public
 for k in order:
     image_id = ids[k]
@@ -172,7 +204,7 @@ for k in order:
             "Open",
             key=f"open_{image_id}",
             on_click=_open,
-            args=(paths[image_id], meta.get("model"), explained[image_id]),
+            args=(paths[image_id], meta.get("model"), explained[image_id], meta.get("labels"), meta.get("template")),
             help="Show this image on the per-image pages (Compare explanations first)",
         )
 if public:

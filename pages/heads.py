@@ -3,10 +3,11 @@
 import numpy as np
 import streamlit as st
 
-from pages import common, instant
+from pages import common, instant, photo
 from vitviz import figures
 from vitviz.analysis.blocks import head_maps, select, window_edges
 from vitviz.errors import VitvizError
+from vitviz.figures.animation import view_stack
 from vitviz.record import POOLED
 from vitviz.tables import long_table
 from vitviz.text import md_plain
@@ -149,6 +150,17 @@ with big:
         click_hint="click to make it the query",
     )
     common.chart(fig, key="head_map", on_select="rerun", selection_mode="points")
+    photo.photo_panel(
+        "head",
+        list(maps.values),
+        [f"{cap.block_label(ss.layer).capitalize()}, head {h}: {what}" for h in range(block.num_heads)],
+        index=head,
+        colorbar_title=f"attention (raw, {cap.attention_precision})",
+        set_name=f"the heads of {cap.block_label(ss.layer)}",
+        gif=lambda view: view_stack(cap, view, head=head, query=query if block.stage == 0 else None),
+        gif_views=("head", "mean") + (() if cap.rollout_note else ("rollout",)),
+        gif_key=(head, query, block.stage),
+    )
     if cur.model.family.name == "DAT" and looking:
         _deformable_view(head, query)
     if g.kind == "window":

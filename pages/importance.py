@@ -6,6 +6,7 @@ import streamlit as st
 from pages import common
 from vitviz import figures
 from vitviz.errors import VitvizError
+from vitviz.evaluate.head_estimate import trust_note
 from vitviz.tables import long_table
 from vitviz.text import md_plain, plotly_plain
 
@@ -40,10 +41,11 @@ name = next(p.label for p in ranked.ranked if p.index == cls)
 labels = [cap.block_label(b) for b in range(cap.num_blocks)]
 stages = [b.stage for b in cap.blocks] if len(cap.stages) > 1 else None
 
+EXACT, ESTIMATE = "exact (one knock-out per head)", "fast estimate (first order)"
 c1, c2 = st.columns(2)
 method = c1.radio(
     "Method",
-    ["exact (one knock-out per head)", "fast estimate (first order)"],
+    [EXACT, ESTIMATE],
     horizontal=True,
     key="importance_method",
     help="Exact: every head knocked out alone, in batches. Fast: the logit's gradient times the change a knock-out "
@@ -92,17 +94,32 @@ with left:
         else:
             bar.empty()
             stop.empty()
-            title = "Fast estimate" if fast else "Effect of knocking out each head"
+            title = "Fast estimate (first order, not exact)" if fast else "Effect of knocking out each head"
+            fig = figures.layer_head_figure(
+                result.effects,
+                title=f"{title} on '{plotly_plain(name)}': click a cell to open that head",
+                colorbar_title="estimated change of the logit" if fast else "change of the logit",
+                marked=(ss.layer, ss.head),
+                row_labels=labels,
+                stage_of_block=stages,
+                diverging=True,
+            )
+            if fast:  # every estimated number says so, the hover included
+                fig.update_traces(
+                    hovertemplate="%{customdata}, head %{x}<br>estimate %{z:.4g}<extra></extra>",
+                    selector=dict(type="heatmap"),
+                )
+                exact_key = ("importance", *cur.key, cls, ss.knockout_mode, False)
+                st.warning(f"These are estimates. {trust_note(ss.knockout_mode)}")
+                st.button(
+                    "Compute the exact effects",
+                    type="primary",
+                    key="importance_exact",
+                    on_click=lambda: ss.update(importance_method=EXACT, importance_wanted=exact_key),
+                    help="One knock-out per head, in batches; replaces the estimate on this page.",
+                )
             common.chart(
-                figures.layer_head_figure(
-                    result.effects,
-                    title=f"{title} on '{plotly_plain(name)}': click a cell to open that head",
-                    colorbar_title="change of the logit",
-                    marked=(ss.layer, ss.head),
-                    row_labels=labels,
-                    stage_of_block=stages,
-                    diverging=True,
-                ),
+                fig,
                 key="importance_map",
                 on_select="rerun",
                 selection_mode="points",
@@ -119,16 +136,22 @@ with left:
                 st.caption(f"Cost: {result.forward_equivalents:.0f} forward-equivalents of work.")
             else:
                 st.caption("First order: it can miss effects that need a large change (compare with the exact table).")
-            common.downloads(
-                "head_importance",
-                "importance",
-                csv=long_table(
-                    result.effects,
-                    ("block", "head"),
-                    f"change of the logit of '{name}' (logits{', first-order estimate' if fast else ''})",
-                ),
-                effects=result.effects,
-            )
+            if fast:
+                common.downloads(
+                    "head_importance_estimate",
+                    "importance",
+                    csv=long_table(
+                        result.effects, ("block", "head"), f"estimated change of the logit of '{name}' (first order)"
+                    ),
+                    estimated_effects=result.effects,
+                )
+            else:
+                common.downloads(
+                    "head_importance",
+                    "importance",
+                    csv=long_table(result.effects, ("block", "head"), f"change of the logit of '{name}' (logits)"),
+                    effects=result.effects,
+                )
 with right:
     if notes["attribution"]:
         st.info(f"Direct logit attribution: {notes['attribution']}")

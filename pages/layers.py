@@ -3,18 +3,40 @@
 import numpy as np
 import streamlit as st
 
-from pages import common
+from pages import common, photo
 from vitviz import figures
 from vitviz.analysis import maps
 from vitviz.analysis.blocks import global_query, head_maps, row_map, select
 from vitviz.analysis.masks import mass_masks
 from vitviz.analysis.stats import SUMMARIES, summary_table
 from vitviz.errors import VitvizError
+from vitviz.figures.animation import view_stack
 from vitviz.tables import long_table
 from vitviz.text import plotly_plain
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
+
+
+def _through(k: int, n: int) -> str:
+    """Which blocks relevance runs through when it starts at block ``k`` of ``n``."""
+    return f"the last block ({k}) only" if k == n - 1 else f"blocks {k}-{n - 1}"
+
+
+def prompt_words_ui(cur, label: str, prompt: str) -> None:
+    """The label's prompt, each token coloured by its relevance for the label's score (text tower, Chefer et al.)."""
+    try:
+        words = common.get_prompt_relevance(*cur.key, cur.cap.image_embedding, label, prompt)
+    except VitvizError as exc:
+        st.error(str(exc))
+        return
+    st.markdown(figures.token_relevance_html(words.tokens, words.relevance), unsafe_allow_html=True)
+    pooled = "its end-of-text token" if words.pooled is not None else "its last position (SigLIP pools padding)"
+    st.caption(
+        f"Prompt words for '{label}': relevance of each token (as the tokenizer cut it) for the label's score, "
+        f"Chefer et al.'s rule on the text tower's attention from {pooled}, through all text blocks; "
+        "darker = more relevant (hover for the raw value)."
+    )
 
 
 def open_head(data) -> None:
@@ -110,15 +132,32 @@ else:
             st.info(
                 "Label-specific relevance needs labels: type them in the sidebar."
                 if cur.model.zero_shot
-                else "Class-specific relevance needs a classifier; this checkpoint is a backbone."
+                else cur.model.text_note
+                or "Class-specific relevance needs a classifier; this checkpoint is a backbone."
             )
         else:
             known = {p.index: p.label for p in ranked.ranked}
             cls = ss.class_index if ss.class_index in known else ranked.ranked[0].index
+            n_enc = sum(b.kind != "pool" for b in cap.blocks)
+            if not 0 <= ss.relevance_from < n_enc:
+                ss.relevance_from = 0
+            st.selectbox(
+                "Relevance runs through",
+                list(range(n_enc)),
+                format_func=lambda k: "all blocks (default)" if k == 0 else _through(k, n_enc),
+                help="Default: all blocks, as MM-Explainability's start_layer=0. Its CLIP notebook uses the last "
+                "block only; earlier blocks then count as identities.",
+                **common.keep("relevance_from"),
+            )
             try:
                 with st.spinner("Computing gradients for the relevance map…"):
                     exp = common.get_relevance(
-                        *cur.key, cls, cur.image_bytes, prompt=ranked.prompt(cls), label=known[cls]
+                        *cur.key,
+                        cls,
+                        cur.image_bytes,
+                        prompt=ranked.prompt(cls),
+                        label=known[cls],
+                        start_block=ss.relevance_from,
                     )
             except VitvizError as exc:
                 st.error(str(exc))
@@ -133,13 +172,29 @@ else:
                     key="relevance_map",
                 )
                 target = "the label's image-text score" if ranked.labels else "the class logit (before softmax)"
-                st.caption(f"Row of the {exp.readout}, for {target}. Choose it on the *Image & predictions* page.")
+                through = "all blocks (the default)" if exp.start_block == 0 else _through(exp.start_block, n_enc)
+                st.caption(
+                    f"Row of the {exp.readout}, for {target}, through {through}. "
+                    "Choose it on the *Image & predictions* page."
+                )
                 common.downloads(
                     f"relevance_{exp.class_index}",
                     "relevance",
                     csv=long_table(exp.patch_map(), ("row", "col"), f"relevance for '{exp.label}' (raw)"),
                     relevance=exp.patch_map(),
                 )
+                if ranked.labels:
+                    prompt_words_ui(cur, known[cls], ranked.prompt(cls))
+    photo.photo_panel(
+        "rollout",
+        [roll_map],
+        [f"Rollout of {cap.token_label(q_end, cap.blocks[end].stage)}, blocks {start}-{end}"],
+        index=0,
+        colorbar_title=f"rollout (raw, {precision})",
+        set_name="one map",
+        gif=lambda view: view_stack(cap, view),
+        gif_views=("rollout", "mean"),
+    )
 
 # DINO masks on the last block's global map
 last = cap.blocks[-1]

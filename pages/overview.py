@@ -52,6 +52,8 @@ with right:
         )
     elif cur.model.zero_shot:
         st.info("Type labels in the sidebar to see how the image scores against them.")
+    elif cur.model.text_note:
+        st.warning(cur.model.text_note)
     else:
         st.info(
             f"{cap.model_name} is a backbone without a classifier: no predictions, and no class-specific relevance."

@@ -9,6 +9,7 @@ from vitviz.capture.patching import activation_patching, patch_lens
 from vitviz.data.images import read_image
 from vitviz.errors import VitvizError
 from vitviz.figures.patching import patching_grid_figure
+from vitviz.text import md_plain, plotly_plain
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
@@ -38,15 +39,22 @@ upload = c2.file_uploader(
 )
 source_bytes, source_name = (common.EXAMPLES / pick).read_bytes(), pick
 if upload is not None:
-    try:
-        read_image(upload.getvalue(), max_bytes=common.upload_limit())
-    except VitvizError as exc:
-        st.error(f"{upload.name}: {exc} The example is used as the source.")
+    seen = ss.get("patch_upload_seen")
+    if seen is None or seen[0] != upload.file_id:  # each file is judged (and counted as an upload) once
+        try:
+            common.session_limits().uploads.acquire()  # public mode: the same limit as the sidebar's uploads
+            read_image(upload.getvalue(), max_bytes=common.upload_limit())
+            seen = (upload.file_id, None)
+        except VitvizError as exc:
+            seen = (upload.file_id, f"{md_plain(upload.name)}: {exc} The example is used as the source.")
+        ss.patch_upload_seen = seen
+    if seen[1]:
+        st.error(seen[1])
     else:
         source_bytes, source_name = upload.getvalue(), upload.name
 source_digest = common.digest(source_bytes)
 target = common.target_ui(ranked, key="patch_target")
-st.caption(f"Source: **{source_name}**; measured: **{target.name(cur.model.id2label)}**.")
+st.caption(f"Source: **{md_plain(source_name)}**; measured: **{md_plain(target.name(cur.model.id2label))}**.")
 
 
 def get_patching(exact: bool, progress=None):
@@ -182,7 +190,7 @@ else:
         figures.map_figure(
             cap.image,
             lens[layer],
-            title=f"Per-patch lens, layer {layer}: {target.name(cur.model.id2label)}",
+            title=f"Per-patch lens, layer {layer}: {plotly_plain(target.name(cur.model.id2label))}",
             colorbar_title="score (raw)",
         ),
         key="patch_lens_map",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import app_tools
 import numpy as np
@@ -118,6 +119,30 @@ def test_layers_rollout_controls_change_the_rollout():
     assert "entropy" in _titled(at, "click a cell")["layout"]["title"]["text"]
 
 
+def test_relevance_start_block_on_the_layers_page():
+    from PIL import Image
+
+    from vitviz.capture.gradients import explain_classes
+    from vitviz.models.load import load_model
+
+    at = _app("pages/layers.py")
+    _no_trouble(at)
+    assert any("through all blocks (the default)" in c.value for c in at.caption)
+    every = _decode(_titled(at, "Relevance for")["data"][1]["z"])
+    at.selectbox(key="_w_relevance_from").set_value(3).run()  # the demo ViT: blocks 0..3
+    _no_trouble(at)
+    assert any("through the last block (3) only" in c.value for c in at.caption)
+    fig = _titled(at, "Relevance for")
+    loaded = load_model("demo")
+    label = fig["layout"]["title"]["text"].split("'")[1]
+    cls = next(i for i, name in loaded.id2label.items() if name == label)
+    image = Image.open(Path(APP).parent / "assets" / "examples" / "demo-star.png").convert("RGB")
+    ref = explain_classes(loaded, image, [cls], start_block=3)[cls].patch_map()
+    got = _decode(fig["data"][1]["z"])
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-6)
+    assert not np.allclose(got, every)
+
+
 def test_positions_page_click_target_and_tile():
     at = _app("pages/positions.py")
     _no_trouble(at)
@@ -196,7 +221,7 @@ def test_uploads_good_and_bad():
     before = at.session_state.image_name
     at.file_uploader[0].set_value(("report.jpg", b"%PDF-1.4 definitely not a picture", "image/jpeg")).run()
     assert not at.exception
-    assert any("report.jpg" in e.value and "not an image" in e.value for e in at.error)
+    assert any("report\\.jpg" in e.value and "not an image" in e.value for e in at.error)  # the name as plain text
     assert at.session_state.image_name == before  # nothing the user had is lost
     at.file_uploader[0].set_value(("red.png", _png_bytes(), "image/png")).run()
     assert not at.exception and not at.error
@@ -332,6 +357,10 @@ def test_zero_shot_labels_change_without_a_new_capture(modern_dirs, monkeypatch)
     titles = " ".join(str(f["layout"].get("title", {}).get("text", "")) for f in _figures(at))
     assert "Relevance for 'red star'" in titles or "Relevance for 'bird'" in titles
     assert any("image-text score" in c.value for c in at.caption)
+    words = [m.value for m in at.markdown if "<span" in m.value]  # the prompt's tokens, coloured, escaped
+    assert len(words) == 1 and "&lt;bos&gt;" in words[0] and "&lt;eos&gt;" in words[0]
+    assert ">star<" in words[0] or ">bird<" in words[0]
+    assert any("Prompt words for" in c.value and "end-of-text token" in c.value for c in at.caption)
 
 
 def test_siglip_scores_are_sigmoids_and_bad_labels_are_a_message(modern_dirs):
@@ -344,6 +373,28 @@ def test_siglip_scores_are_sigmoids_and_bad_labels_are_a_message(modern_dirs):
     assert any("Type labels in the sidebar" in i.value for i in at.info)  # the overview waits for labels
     at.text_area(key=f"labels_{modern_dirs['siglip']}").input("cat").run()
     _no_trouble(at)
+
+
+def test_labels_the_tokenizer_does_not_know_are_named_and_a_missing_tokenizer_said(modern_dirs, tmp_path):
+    import shutil
+
+    at = _app()
+    at.selectbox(key="model_pick").set_value("demo-clip").run()
+    at.text_area(key="labels_demo-clip").input("cat, dog, circle").run()
+    _no_trouble(at)
+    warned = [w.value for w in at.warning if "does not know" in w.value]
+    assert len(warned) == 1 and "'cat', 'dog'" in warned[0] and "'circle'" not in warned[0]
+    at.text_area(key="labels_demo-clip").input("circle, star").run()
+    assert not [w for w in at.warning if "does not know" in w.value]
+    folder = tmp_path / "siglip-no-tokenizer"
+    shutil.copytree(modern_dirs["siglip"], folder, ignore=shutil.ignore_patterns("*token*"))
+    _choose_model(at, str(folder))
+    _no_trouble(at)
+    assert any("no tokenizer files" in w.value and "zero-shot" in w.value for w in at.warning)
+    assert not any("backbone without" in i.value for i in at.info)
+    at.switch_page("pages/layers.py").run()
+    _no_trouble(at)
+    assert any("no tokenizer files" in i.value for i in at.info) and not any("backbone" in i.value for i in at.info)
 
 
 def test_knock_out_a_head_on_the_heads_page():
@@ -407,16 +458,49 @@ def test_compare_explanations_maps_then_curves_on_request(monkeypatch):
         "relevance",
         "gradcam",
         "integrated_gradients",
+        "attnlrp",
         "random",
     ]
     assert not calls  # curves only on request
     next(b for b in at.button if b.label == "Compute the curves").click().run()
     _no_trouble(at)
     curves = _titled(at, "Deletion and insertion curves")
-    assert len(curves["data"]) == 12  # six methods, two curves each
+    assert len(curves["data"]) == 14  # seven methods, two curves each
     table = at.dataframe[0].value
-    assert list(table["method"]).count("random") == 1 and len(table) == 6
+    assert list(table["method"]).count("random") == 1 and len(table) == 7
     assert len(calls) == 1
     at.switch_page("pages/heads.py").run()
     at.switch_page("pages/compare.py").run()  # back again: the curves come from the cache
     assert _titled(at, "Deletion and insertion curves") and len(calls) == 1
+
+
+def test_compare_explanations_with_zero_shot_labels(modern_dirs):
+    import torch
+    from PIL import Image
+
+    from vitviz.capture.run import input_size_for, preprocess
+    from vitviz.models.load import load_model
+
+    at = _app()
+    _choose_model(at, str(modern_dirs["clip"]))
+    at.text_area(key=f"labels_{modern_dirs['clip']}").input("cat, dog, car").run()
+    at.switch_page("pages/compare.py").run()
+    _no_trouble(at)
+    assert any("Zero-shot: the label's score" in c.value for c in at.caption)
+    tiles = [f for f in _figures(at) if f["layout"].get("annotations")]
+    assert "relevance" in [a["text"] for a in tiles[0]["layout"]["annotations"]]
+    next(b for b in at.button if b.label == "Compute the curves").click().run()
+    _no_trouble(at)
+    curves = _titled(at, "Deletion and insertion curves")
+    # deletion starts at the explained label's probability (softmax over the three labels, the model's own forward)
+    loaded = load_model(str(modern_dirs["clip"]))
+    image = Image.open(Path(APP).parent / "assets" / "examples" / "demo-star.png").convert("RGB")
+    pixels, _ = preprocess(loaded, [image], input_size_for(loaded, None, image.size))
+    tok = loaded.text.tokenizer(
+        [f"a photo of a {w}." for w in ("cat", "dog", "car")], padding=True, return_tensors="pt"
+    )
+    with torch.no_grad():
+        own = loaded.model(**tok, pixel_values=pixels, interpolate_pos_encoding=True).logits_per_image[0]
+    top = float(torch.softmax(own, 0).max())
+    deletion = next(d for d in curves["data"] if "deletion" in str(d.get("name", "")).lower() or d.get("y"))
+    assert _decode(deletion["y"])[0] == pytest.approx(top, abs=1e-4)

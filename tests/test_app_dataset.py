@@ -52,6 +52,7 @@ def test_the_last_local_run_shows_its_areas_distances_and_disagreements(last_res
     results = read_results(last_results)
     table = at.dataframe[0].value
     assert list(table["method"]) == [s.method for s in results.summary()]
+    assert any("insertion from the image's mean colour" in c.value for c in at.caption)  # the run's start
     rollout = next(s for s in results.summary() if s.method == "rollout")
     assert table.set_index("method").loc["rollout", "deletion area"].startswith(f"{rollout.deletion_mean:.3f}")
     figs = {el.proto.id: json.loads(el.proto.spec) for el in at.get("plotly_chart")}
@@ -78,6 +79,36 @@ def test_open_shows_that_image_on_compare_explanations(last_results):
     assert any("Which map can you trust?" in h.value for h in at.header)
 
 
+def test_a_zero_shot_run_shows_its_labels_and_opens_with_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("VITVIZ_HOME", str(tmp_path / "home"))
+    csv_path = write_dataset(tmp_path / "shapes", n=2, seed=5)
+    out = tmp_path / "zs.parquet"
+    labels = "circle,square,triangle,cross,star"
+    argv = [
+        "evaluate",
+        "--model",
+        "demo-clip",
+        "--data",
+        str(csv_path),
+        "--out",
+        str(out),
+        "--methods",
+        "rollout,random",
+    ]
+    assert main([*argv, "--labels", labels]) == 0
+    at = _page()
+    at.button[0].click().run()
+    no_trouble(at)
+    assert any("Zero-shot labels 'circle', 'square'" in c.value for c in at.caption)
+    assert set(at.dataframe[0].value["method"]) == {"rollout", "random"}
+    next(b for b in at.button if b.label == "Open").click().run()
+    no_trouble(at)
+    assert at.session_state.model_name == "demo-clip"
+    assert at.session_state.labels_text.split("\n") == labels.split(",")
+    assert any("Which map can you trust?" in h.value for h in at.header)
+    assert any("Zero-shot: the label's score" in c.value for c in at.caption)
+
+
 def test_open_explains_the_class_the_results_explained_for_that_image(last_results):
     at = _page()
     at.button[0].click().run()
@@ -89,3 +120,16 @@ def test_open_explains_the_class_the_results_explained_for_that_image(last_resul
     opens[0].click().run()
     no_trouble(at)
     assert at.session_state.class_index == explained[image_id]
+
+
+def test_a_run_with_the_random_baseline_alone_opens(tmp_path, monkeypatch):
+    monkeypatch.setenv("VITVIZ_HOME", str(tmp_path / "home"))
+    csv_path = write_dataset(tmp_path / "shapes", n=2, seed=7)
+    out = tmp_path / "random.parquet"
+    argv = ["evaluate", "--data", str(csv_path), "--out", str(out), "--methods", "random", "--size", "48"]
+    assert main(argv) == 0
+    at = _page()
+    at.button[0].click().run()
+    no_trouble(at)
+    assert list(at.dataframe[0].value["method"]) == ["random"]
+    assert any("only the random baseline" in c.value for c in at.caption)

@@ -53,3 +53,21 @@ def test_patching_page_estimate_exact_and_lens():
     at.selectbox(key="patch_target_minus").set_value(at.selectbox(key="patch_target_minus").options[1]).run()
     no_trouble(at, "difference target")
     assert "minus" in " ".join(c.value for c in at.caption)
+
+
+def test_patching_page_with_zero_shot_labels_and_a_hierarchical_model():
+    at = AppTest.from_file(APP, default_timeout=240)
+    at.run()
+    at.selectbox(key="model_pick").set_value("demo-clip").run()
+    at.switch_page("pages/patching.py").run()
+    no_trouble(at, "demo-clip")
+    titles = list(_charts(at))
+    assert any(t.startswith("Residual patching (estimate)") for t in titles), titles
+    assert at.selectbox(key="patch_target_index").label == "Label"
+    assert any("label" in i.value.lower() for i in at.info)  # no per-patch lens for label scores, said why
+    at.selectbox(key="model_pick").set_value("demo-swin").run()
+    no_trouble(at, "demo-swin")
+    titles = list(_charts(at))
+    assert any(t.startswith("Head patching (estimate)") for t in titles), titles
+    assert not any(t.startswith("Residual patching") for t in titles)
+    assert any("token grid and width change" in i.value for i in at.info)

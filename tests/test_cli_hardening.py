@@ -116,29 +116,18 @@ def test_a_folder_asking_for_remote_code_is_refused_even_on_y(tmp_path, where, c
     assert "[y/N]" not in proc.stdout + proc.stderr
 
 
-def test_a_cached_hub_repo_asking_for_remote_code_is_refused(tmp_path):
-    """The same for a hub id found in the Hugging Face cache (a subprocess: the cache folder is read at import)."""
-    import os
-    import subprocess
-    import sys
-
+def test_a_cached_hub_repo_asking_for_remote_code_is_refused(tmp_path, capsys, monkeypatch):
+    """The same for a hub id found in the Hugging Face cache."""
     marker = tmp_path / "ran.txt"
     repo = tmp_path / "hub" / "models--someone--evil"
-    snap = repo / "snapshots" / ("0" * 40)
-    _remote_code_folder(snap, marker)
+    _remote_code_folder(repo / "snapshots" / ("0" * 40), marker)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("0" * 40)
-    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "vitviz", "export", "--model", "someone/evil", "--out", str(tmp_path / "o"), "x.png"],
-        input="y\ny\n",
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=ROOT,
-    )
-    line = _one_line_error(Result(proc.returncode, proc.stdout, proc.stderr))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("builtins.input", lambda prompt="": "y")
+    line = _one_line_error(_cli(capsys, "export", "x.png", "--model", "someone/evil", "--out", str(tmp_path / "o")))
     assert "auto_map" in line and not marker.exists()
 
 
@@ -170,6 +159,7 @@ EXPORT_CASES = {
     "out is a file": (["--out", "{file}"], 2, "is a file"),
     "out read-only": (["--out", "{ro}/vitviz-out"], 1, "cannot"),
     "query nan": (["--out", "{tmp}/o", "--query-xy", "nan,nan"], 2, "X,Y"),
+    "query 1e308": (["--out", "{tmp}/o", "--query-xy", "1e308,1e308"], 2, "X,Y"),
     "size three numbers": (["--out", "{tmp}/o", "--size", "96", "96", "96"], 2, "--size"),
     "size 0": (["--out", "{tmp}/o", "--size", "0"], 2, "--size 0"),
     "size -96": (["--out", "{tmp}/o", "--size", "-96"], 2, "--size -96"),
@@ -205,6 +195,7 @@ def test_export_bad_options_get_one_line(case, tmp_path, image, capsys):
     [
         (["--size", "96", "96", "96"], 2, "--size"),
         (["--size", "0"], 2, "--size 0"),
+        (["--size", "1"], 2, "patch"),
         (["--device", "cuda"], 1, "CUDA"),
     ],
 )
@@ -341,56 +332,7 @@ def test_a_missing_head_alone_still_loads(tmp_path):
     assert load_model(str(folder), device="cpu").has_classifier
 
 
-# -- 9. evaluate never replaces finished results of other settings without --overwrite ---------------
-
-
-@pytest.fixture(scope="module")
-def demo():
-    from vitviz.models.load import load_model
-
-    return load_model("demo", device="cpu")
-
-
-@pytest.mark.parametrize(
-    "change",
-    [{"methods": ("random", "attention")}, {"size": 56}, {"seed": 4}, {"model": "assets/demo-vit"}],
-    ids=["methods", "size", "seed", "model"],
-)
-def test_evaluate_refuses_to_replace_results_of_other_settings(demo, tmp_path, change, one_thread):
-    import pyarrow.parquet as pq
-
-    from vitviz.data.shapes import write_dataset
-    from vitviz.evaluate.run import EvaluateError, evaluate_dataset
-
-    data = write_dataset(tmp_path / "shapes", n=2, seed=5)
-    out = tmp_path / "r.parquet"
-    base = {"methods": ("random",), "size": 48, "seed": 3, "loaded": demo}
-    first = evaluate_dataset("demo", data, out, **base)
-    assert first.evaluated == 2
-    before = out.read_bytes()
-    kw = {**base, **change}
-    model = kw.pop("model", "demo")
-    if model != "demo":  # the same weights under another name (their folder) is another --model
-        model = str(ROOT / "vitviz" / model)
-        kw.pop("loaded")
-    with pytest.raises(EvaluateError, match=r"other settings.*--overwrite"):
-        evaluate_dataset(model, data, out, **kw)
-    assert out.read_bytes() == before
-    again = evaluate_dataset("demo", data, out, **base)  # the same settings: runs as before
-    assert again.evaluated == 2
-    replaced = evaluate_dataset(model, data, out, overwrite=True, **kw)
-    assert replaced.evaluated == 2
-    rows = pq.read_table(out).to_pylist()
-    assert {r["method"] for r in rows} == set(kw["methods"])
-
-
-def test_evaluate_cli_refuses_a_foreign_out_file(tmp_path, capsys):
-    from vitviz.data.shapes import write_dataset
-
-    data = write_dataset(tmp_path / "shapes", n=1, seed=5)
-    out = tmp_path / "notes.parquet"
-    out.write_text("my own notes")
-    args = ["evaluate", "--data", str(data), "--out", str(out), "--methods", "random", "--size", "48"]
-    line = _one_line_error(_cli(capsys, *args), 1)
-    assert "not vitviz results" in line and out.read_text() == "my own notes"
-    assert _cli(capsys, *args, "--overwrite").returncode == 0
+def test_demo_data_out_a_file_is_a_message(tmp_path, capsys):
+    (tmp_path / "f").write_text("x")
+    line = _one_line_error(_cli(capsys, "demo-data", "--n", "2", "--out", str(tmp_path / "f")), 2)
+    assert "is a file" in line and (tmp_path / "f").read_text() == "x"

@@ -11,6 +11,7 @@ from vitviz.analysis.rollout import rollout_matrix
 from vitviz.analysis.stats import attention_entropy, mean_attention_distance
 from vitviz.capture.run import capture
 from vitviz.export import capture_arrays, export_images
+from vitviz.figures.overlay import photo_overlay
 
 REQUIRED = {
     "attentions",
@@ -69,7 +70,18 @@ def test_export_writes_npz_and_png_per_image(tiny_models, image_files, tmp_path)
             assert set(z.files) >= REQUIRED
             assert z["logits"].shape == (3,)
             assert z["rollout"].shape == tuple(z["grid"])
-        assert Image.open(out / f"{p.stem}_rollout.png").size == (32, 32)
+        png = Image.open(out / f"{p.stem}_rollout.png")
+        assert png.size == Image.open(p).size  # the photo's own size, not the model input's 32 x 32
+        with np.load(out / f"{p.stem}.npz", allow_pickle=False) as z:
+            expected = photo_overlay(np.asarray(Image.open(p).convert("RGB")), z["rollout"], opacity=0.6)
+        np.testing.assert_array_equal(np.asarray(png.convert("RGB")), expected)
+
+
+def test_export_overlay_is_at_most_2048_px_on_the_long_side(tiny_models, tmp_path):
+    big = tmp_path / "big.png"
+    random_image(7, size=(3000, 1000)).save(big)
+    export_images(tiny_models["vit"], [big], tmp_path / "out")
+    assert Image.open(tmp_path / "out" / "big_rollout.png").size == (2048, 683)  # 1000 * 2048 / 3000 = 682.7
 
 
 def test_batched_equals_one_at_a_time(tiny_models, image_files, tmp_path):
@@ -218,6 +230,31 @@ def test_labels_give_the_models_own_logits_per_image(modern_dirs, image_files, t
         assert z["label_names"].tolist() == ["cat", "dog", "car"]
         np.testing.assert_allclose(z["logits"], own, rtol=1e-4, atol=1e-4)
         assert z["label_probabilities"].sum() == pytest.approx(1.0, abs=1e-5)  # CLIP: softmax over the labels
+        tokens, rel = z["label_tokens"], z["label_token_relevance"]
+        assert tokens.dtype.kind == "U" and tokens.shape == rel.shape and tokens.shape[0] == 3
+        assert tokens[0].tolist() == ["<bos>", "a", "photo", "of", "a", "cat", ".", "<eos>"]
+        assert np.isfinite(rel).all() and (rel >= 0).all()  # three prompts of one length: no padding
+    from vitviz.capture.run import capture
+    from vitviz.models.prompt_relevance import prompt_relevance
+    from vitviz.models.zeroshot import parse_labels
+
+    cap = capture(loaded, img)
+    words = prompt_relevance(loaded.model, loaded.text, cap.image_embedding, parse_labels("cat, dog,car"))
+    with np.load(out / "img0.npz", allow_pickle=False) as z:
+        np.testing.assert_allclose(z["label_token_relevance"], np.stack([w.relevance for w in words]), rtol=1e-5)
+    bad = _run_cli(
+        "export",
+        "--model",
+        str(modern_dirs["clip"]),
+        "--out",
+        str(tmp_path / "bad"),
+        "--labels",
+        "cat",
+        "--relevance-from-block",
+        "1",
+        str(image_files[0]),
+    )
+    assert bad.returncode == 1 and "0..0" in bad.stderr and "Traceback" not in bad.stderr  # a 1-block text tower
     as_is = _run_cli(
         "export",
         "--model",
@@ -235,6 +272,19 @@ def test_labels_give_the_models_own_logits_per_image(modern_dirs, image_files, t
     assert plain.returncode == 0, plain.stderr
     with np.load(tmp_path / "bb" / "img0.npz", allow_pickle=False) as z:  # without --labels: a backbone
         assert "label_names" not in z.files and z["logits"].shape == (0,)
+
+
+def test_labels_the_tokenizer_does_not_know_are_a_warning(image_files, tmp_path):
+    res = _run_cli(
+        "export", "--model", "demo-clip", "--out", str(tmp_path), "--labels", "cat,dog,circle", str(image_files[0])
+    )
+    assert res.returncode == 0, res.stderr
+    warned = [ln for ln in res.stderr.splitlines() if ln.startswith("warning:")]
+    assert len(warned) == 1 and "does not know 'cat', 'dog'" in warned[0] and "'circle'" not in warned[0]
+    known = _run_cli(
+        "export", "--model", "demo-clip", "--out", str(tmp_path), "--labels", "circle,star", str(image_files[0])
+    )
+    assert known.returncode == 0 and "warning:" not in known.stderr
 
 
 def test_labels_on_a_model_without_a_text_tower_are_refused(tiny_dirs, image_files, tmp_path):
@@ -279,3 +329,46 @@ def test_causal_export_says_what_a_hierarchical_model_lacks(hier_dirs, image_fil
     assert "note: head_attribution left out" in res.stderr
     with np.load(tmp_path / "img0.npz", allow_pickle=False) as z:
         assert "head_ablation" in z.files and "head_attribution" not in z.files
+
+
+def test_export_gif_steps_through_the_blocks(tiny_models, tiny_dirs, image_files, tmp_path):
+    from vitviz.__main__ import main
+    from vitviz.figures.animation import BAND, gif_frames, view_stack
+
+    p = image_files[0]  # 40 x 30
+    export_images(tiny_models["vit"], [p], tmp_path / "a", gif="rollout")
+    gif = Image.open(tmp_path / "a" / f"{p.stem}_rollout.gif")
+    cap = capture(tiny_models["vit"], Image.open(p))
+    maps, labels = view_stack(cap, "rollout")
+    assert gif.n_frames == len(maps) == cap.num_blocks and gif.size == (40, 30 + BAND)
+    want = gif_frames(Image.open(p), maps, labels)
+    for i in range(gif.n_frames):
+        gif.seek(i)
+        assert np.abs(np.asarray(gif.convert("RGB"), float) - want[i]).mean() < 6  # 256 colours per frame
+    argv = ["export", "--model", str(tiny_dirs["vit"]), "--out", str(tmp_path / "b"), "--gif", "head"]
+    assert main([*argv, "--gif-head", "1", str(p)]) == 0
+    assert Image.open(tmp_path / "b" / f"{p.stem}_head.gif").n_frames == cap.num_blocks
+
+
+def test_export_methods_write_the_maps_explain_gives(tiny_models, image_files, tmp_path):
+    from PIL import Image as PILImage
+
+    from vitviz.methods import MethodError, explain
+
+    loaded = tiny_models["vit"]
+    export_images(loaded, image_files[:2], tmp_path / "m", methods=["attnlrp", "rollout"], class_index=2)
+    for p in image_files[:2]:
+        with np.load(tmp_path / "m" / f"{p.stem}.npz") as z:
+            assert int(z["method_class"]) == 2
+            for name in ("attnlrp", "rollout"):
+                ref = explain(loaded, PILImage.open(p).convert("RGB"), name, class_index=2).values
+                np.testing.assert_allclose(z[f"method_{name}"], ref, rtol=1e-5, atol=1e-7)
+    with pytest.raises(MethodError, match="backbone without a classifier"):
+        export_images(tiny_models["dino"], image_files[:1], tmp_path / "d", methods=["attnlrp"])
+    assert not (tmp_path / "d" / "img0.npz").exists()  # refused before any image
+
+
+def test_cli_export_unknown_method_is_a_clear_error(tmp_path, image_files):
+    res = _run_cli("export", "--methods", "attnlrp,nope", "--out", str(tmp_path), str(image_files[0]))
+    assert res.returncode == 1 and "unknown explanation method 'nope'" in res.stderr
+    assert "Traceback" not in res.stderr

@@ -26,7 +26,7 @@ def _export(args: argparse.Namespace) -> int:
 
     from vitviz.export import export_images, print_failures
     from vitviz.models.load import load_model
-    from vitviz.models.zeroshot import parse_labels
+    from vitviz.models.zeroshot import parse_labels, vocabulary_warning
 
     size = input_size(args.size)
     check_output_folder(args.out)
@@ -38,6 +38,10 @@ def _export(args: argparse.Namespace) -> int:
         labels = parse_labels(args.labels, template)
         for note in labels.notes:
             print(f"note: {note}", file=sys.stderr)
+        if loaded.text is not None:
+            unknown = vocabulary_warning(loaded.text, labels, args.model)
+            if unknown:
+                print(f"warning: {unknown}", file=sys.stderr)
     check_against_model(loaded, size, args.class_index, labels=labels)
     if args.class_minus is not None:
         check_against_model(loaded, size, args.class_minus, labels=labels)
@@ -66,7 +70,11 @@ def _export(args: argparse.Namespace) -> int:
             class_index=class_index,
             minus_index=minus_index,
             patch_from=args.patch_from,
+            methods=None if args.methods is None else [m.strip() for m in args.methods.split(",") if m.strip()],
             progress=bar.update,
+            gif=args.gif,
+            gif_head=args.gif_head,
+            relevance_from_block=args.relevance_from_block,
         )
     report.failed[:0] = [(p, "no such file") for p in missing]
     print(f"wrote {len(report.written)} of {len(args.images)} images to {args.out}")
@@ -112,6 +120,10 @@ def _evaluate(args: argparse.Namespace) -> int:
             progress=progress,
             ray_actors=args.actors,
             overwrite=args.overwrite,
+            insertion_start=args.insertion_start,
+            relevance_from_block=args.relevance_from_block,
+            labels=args.labels,
+            template=args.template,
         )
     finally:
         if before is not None:
@@ -129,6 +141,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _demo_data(args: argparse.Namespace) -> int:
     from vitviz.data.shapes import write_dataset
 
+    check_output_folder(args.out)
     csv_path = write_dataset(args.out, n=args.n, seed=args.seed)
     print(f"wrote {args.n} images and {csv_path}")
     return 0
@@ -168,6 +181,14 @@ def _convert(args: argparse.Namespace) -> int:
         )
         return 2
     check_output_folder(args.out, must_be_empty=True, create=False)
+    if args.arch == "open_clip":
+        from vitviz.zoo.open_clip import convert_open_clip
+
+        report = convert_open_clip(args.checkpoint, args.out)
+        for note in report.notes:
+            print(f"note: {note}", file=sys.stderr)
+        print(f"wrote {report.out} (an HF CLIP folder): load it with --model {report.out}")
+        return 0
     labels = None
     if args.labels:
         labels = read_labels_file(args.labels)
@@ -223,7 +244,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="C",
-        help="with --causal: the class explained (default: the top-1)",
+        help="with --causal or --methods: the class explained (default: the top-1)",
+    )
+    ex.add_argument(
+        "--methods",
+        default=None,
+        metavar="M1,M2",
+        help="also write method_<name>: explanation maps on the patch grid (e.g. attnlrp,rollout,relevance)",
     )
     ex.add_argument(
         "--class-minus",
@@ -251,6 +278,24 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SOURCE",
         help="with --causal and one IMAGE: patch SOURCE's activations into IMAGE's run (patching_* arrays)",
     )
+    ex.add_argument(
+        "--gif",
+        nargs="?",
+        const="rollout",
+        default=None,
+        choices=("rollout", "mean", "head"),
+        help="also write <stem>_<view>.gif stepping through the blocks: rollout up to each block (the default), "
+        "the mean of heads, or one head (--gif-head)",
+    )
+    ex.add_argument("--gif-head", type=int, default=0, metavar="H", help="with --gif head: the head shown")
+    ex.add_argument(
+        "--relevance-from-block",
+        type=int,
+        default=0,
+        metavar="K",
+        help="with --labels: prompt-word relevance runs through text blocks K..last (default 0: all blocks; "
+        "-1: the last only)",
+    )
     ex.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
     ex.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     ex.add_argument("--allow-pickle", action="store_true", help="accept pickle-only checkpoints (runs their code!)")
@@ -273,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="M1,M2",
         help="comma-separated methods (default: all that apply): attention, rollout, relevance, "
-        "gradcam, integrated_gradients, random",
+        "gradcam, integrated_gradients, attnlrp, random",
     )
     ev.add_argument("--limit", type=int, default=None, metavar="N", help="evaluate the first N images only")
     ev.add_argument("--size", type=int, nargs="+", metavar="PX", help="input size: one number (square) or H W")
@@ -302,14 +347,44 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="replace an existing --out (and unfinished work) of other settings; without it such a run is refused",
     )
+    ev.add_argument(
+        "--insertion-start",
+        default="mean",
+        choices=("blur", "mean", "grey", "noise"),
+        help="what the insertion curve starts from: the image blurred, its mean colour, a fixed grey, or "
+        "seeded noise (default: mean; blur keeps colour, so it is flat where colour is the evidence)",
+    )
     ev.add_argument("--batch-size", type=int, default=20, help="perturbed images per forward pass")
+    ev.add_argument(
+        "--labels",
+        default=None,
+        help='zero-shot models: the labels each image is scored against, comma-separated ("circle,square,star"); '
+        "each image is explained for the label the model picks",
+    )
+    ev.add_argument(
+        "--template",
+        default=None,
+        help="with --labels: prompt template, {} is the label (default: the model's own, e.g. 'a photo of a {}.')",
+    )
+    ev.add_argument(
+        "--relevance-from-block",
+        type=int,
+        default=0,
+        metavar="K",
+        help="relevance runs through blocks K..last (default 0: all blocks, MM-Explainability's start_layer=0; "
+        "-1: the last block only, its CLIP notebook's default)",
+    )
     ev.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
     ev.set_defaults(func=_evaluate)
 
     cv = sub.add_parser(
         "convert", help="an official CCT / T2T-ViT / DAT checkpoint (.pth state dict) -> a folder vitviz loads"
     )
-    cv.add_argument("--arch", metavar="NAME", help="official model name, e.g. cct_14_7x2_224 (see --list)")
+    cv.add_argument(
+        "--arch",
+        metavar="NAME",
+        help="official model name, e.g. cct_14_7x2_224 (see --list), or open_clip (--checkpoint: an open_clip folder)",
+    )
     cv.add_argument("--checkpoint", metavar="FILE.pth", help="the authors' checkpoint (read with weights_only=True)")
     cv.add_argument("--out", metavar="FOLDER", help="the folder to write (must not exist or be empty)")
     cv.add_argument("--labels", metavar="FILE.txt", help="class names, one per line (default: LABEL_0, ...)")

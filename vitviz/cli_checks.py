@@ -55,7 +55,8 @@ def input_size(values: list[int] | None, option: str = "--size") -> int | tuple[
 
 
 def query_point(text: str) -> tuple[float, float]:
-    """``X,Y`` -> (x, y): two finite numbers of at least 0 (pixels of the model input).
+    """``X,Y`` -> (x, y): two numbers from 0 to :data:`MAX_SIZE` (pixels of the model input; points past its
+    edge are clipped to it).
 
     Raises:
         ValueError: anything else (argparse turns it into its usage message).
@@ -67,8 +68,8 @@ def query_point(text: str) -> tuple[float, float]:
         x, y = (float(v) for v in parts)
     except ValueError:
         raise ValueError(f"expected X,Y in pixels of the model input, got {text[:40]!r}") from None
-    if not (math.isfinite(x) and math.isfinite(y)) or x < 0 or y < 0:
-        raise ValueError(f"X,Y must be finite pixels of the model input, at least 0; got {text[:40]!r}")
+    if not (math.isfinite(x) and math.isfinite(y)) or not (0 <= x <= MAX_SIZE and 0 <= y <= MAX_SIZE):
+        raise ValueError(f"X,Y must be pixels of the model input, from 0 to {MAX_SIZE}; got {text[:40]!r}")
     return x, y
 
 

@@ -20,8 +20,10 @@ from vitviz.capture.targets import Target, targets_arrays
 from vitviz.cli_checks import unique_targets
 from vitviz.data.images import load_image
 from vitviz.errors import VitvizError
-from vitviz.figures.overlay import overlay
+from vitviz.figures.animation import gif_bytes, gif_frames, view_stack
+from vitviz.figures.overlay import fit_photo, overlay
 from vitviz.models.load import LoadedModel
+from vitviz.models.prompt_relevance import install_text_hooks, prompt_relevance, token_table
 from vitviz.models.zeroshot import Labels, TextTower, ZeroShotError, encode_labels, score
 
 __all__ = ["block_query", "capture_arrays", "overlay_map", "ExportReport", "export_images"]
@@ -46,23 +48,37 @@ class LabelScorer:
     text: np.ndarray  # (K, D)
     model: object = field(repr=False)
     tower: TextTower = field(repr=False)
+    start_block: int = 0  # prompt-word relevance through text blocks k..L-1 (0: all)
 
     @classmethod
-    def build(cls, loaded: LoadedModel, labels: Labels) -> LabelScorer:
+    def build(cls, loaded: LoadedModel, labels: Labels, start_block: int = 0) -> LabelScorer:
         if not loaded.zero_shot:
             raise ZeroShotError(
                 f"'{loaded.name}' has no text tower (or no tokenizer): --labels needs a CLIP- or SigLIP-style "
                 "two-tower checkpoint. Drop --labels to export it as a backbone."
             )
-        return cls(labels, encode_labels(loaded.model, loaded.text, labels), loaded.model, loaded.text)
+        scorer = cls(labels, encode_labels(loaded.model, loaded.text, labels), loaded.model, loaded.text, start_block)
+        n = install_text_hooks(loaded.model)
+        if n and not -n <= start_block < n:
+            raise ZeroShotError(
+                f"--relevance-from-block {start_block}: the text tower has {n} blocks, numbered 0..{n - 1} "
+                "(or -1 for the last block)."
+            )
+        return scorer
 
     def arrays(self, cap: Capture) -> dict[str, np.ndarray]:
         scores = score(self.model, self.tower, cap.image_embedding, self.text)
-        return {
+        arrays = {
             "label_names": np.array(self.labels.names, dtype=str),
             "logits": scores.logits,
             "label_probabilities": scores.probabilities.astype(np.float32),
         }
+        if install_text_hooks(self.model):  # a text tower whose attention vitviz reads (CLIP, SigLIP)
+            words = prompt_relevance(
+                self.model, self.tower, cap.image_embedding, self.labels, start_block=self.start_block
+            )
+            arrays["label_tokens"], arrays["label_token_relevance"] = token_table(words)
+        return arrays
 
 
 def capture_arrays(
@@ -83,7 +99,10 @@ def capture_arrays(
     block has fewer heads. Plain one-grid ViTs also keep ``attentions`` (L, H, T, T).
     With ``labels`` (zero-shot models): ``label_names`` as given, ``logits`` the model's
     ``logits_per_image`` for their prompts in that order, ``label_probabilities`` by the
-    model's own rule.
+    model's own rule, ``label_tokens`` (K, T) each prompt's tokens as the tokenizer cut
+    them ("" past its end) and ``label_token_relevance`` (K, T) float32 their relevance
+    for that label's score (Chefer et al.'s text-side rule from the token the text tower
+    pools, raw; NaN past the end; :mod:`vitviz.models.prompt_relevance`).
     """
     first = cap.stages[0]
     arrays = {
@@ -161,11 +180,20 @@ def export_images(
     labels: Labels | None = None,
     causal: bool = False,
     class_index: int | None = None,
+    methods: Sequence[str] | None = None,
     minus_index: int | None = None,
     patch_from: str | Path | None = None,
     progress: Callable[[int], None] | None = None,
+    gif: str | None = None,
+    gif_head: int = 0,
+    gif_side: int = 512,
+    relevance_from_block: int = 0,
 ) -> ExportReport:
     """Write ``<stem>.npz`` and ``<stem>_rollout.png`` (``_attention.png`` where rollout is undefined) per image.
+
+    The PNG is the map over the photo at the photo's own size, scaled down to at most
+    2048 px on its long side (:func:`vitviz.figures.overlay.fit_photo`), bilinear, 60 %
+    opacity, the map on its own min..max.
 
     Unreadable images are reported in ``failed`` and skipped; everything written
     before a failure stays. ``progress(n)`` is called after each ``n`` images.
@@ -180,12 +208,22 @@ def export_images(
     (:func:`vitviz.capture.patching.activation_patching`): ``patching_class``, ``patching_residual`` (L, T),
     ``patching_heads`` (L, H), ``patching_clean_logit``, ``patching_source_logit``,
     ``patching_residual_estimate``, ``patching_heads_estimate``.
+    ``gif``: also ``<stem>_<view>.gif``, the view stepping through the blocks
+    (:func:`vitviz.figures.animation.view_stack`: ``head`` (``gif_head``), ``mean`` or
+    ``rollout``; the query of ``query_xy`` where given), over the photo at most
+    ``gif_side`` px on its long side, one colour scale for all frames; where the view is
+    undefined the GIF is left out and the reason is in ``report.notes``.
+    ``relevance_from_block``: prompt-word relevance through text blocks k..L-1 (0: all; -1: the last only).
+    ``methods``: explanation methods (:mod:`vitviz.methods`, e.g. ``attnlrp``): ``method_<name>`` ``(gh, gw)``
+    float32, each method's raw map on the first stage's grid for ``method_class`` (``class_index``, else the
+    top-1); a method that does not apply is refused before any image is read.
     """
+    chosen = _methods(loaded, methods)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     report = ExportReport()
     sim = position_similarity(loaded.position_embeddings) if loaded.position_embeddings is not None else None
-    scorer = None if labels is None else LabelScorer.build(loaded, labels)  # refuses before any image is read
+    scorer = None if labels is None else LabelScorer.build(loaded, labels, relevance_from_block)  # before any image
     source = None if patch_from is None or not causal else load_image(patch_from)  # a bad source: before any image
     paths = list(paths)
     stems = unique_targets([Path(p).stem for p in paths])  # a/x.jpg, b/x.jpg -> x, x-1
@@ -227,16 +265,52 @@ def export_images(
                     continue
                 for key, reason in arrays.pop("_notes", {}).items():
                     report.notes.setdefault(key, reason)
+            if chosen:
+                arrays.update(_method_arrays(loaded, images[names.index(path)], chosen, size, class_index))
             target = out / f"{stem}.npz"
             _write_npz(target, arrays)
             name, grid_map = overlay_map(cap, arrays)
-            overlay(cap.image, grid_map).save(out / f"{stem}_{name}.png")
+            photo = fit_photo(images[names.index(path)])  # the photo's own size, at most 2048 px on its long side
+            overlay(photo, grid_map).save(out / f"{stem}_{name}.png")
+            if gif is not None:
+                _write_gif(
+                    out / f"{stem}_{gif}.gif",
+                    cap,
+                    images[names.index(path)],
+                    report,
+                    gif,
+                    gif_head,
+                    gif_side,
+                    None if query_xy is None else block_query(cap, 0, query_xy),
+                )
             report.written.append(target)
             if stem != path.stem:
                 report.renamed.append((str(path), target.name))
         if progress:
             progress(len(chunk))
     return report
+
+
+def _methods(loaded: LoadedModel, methods: Sequence[str] | None) -> list:
+    from vitviz.methods import MethodError, get_method
+
+    chosen = [get_method(m) for m in methods or ()]
+    for m in chosen:
+        why = m.unavailable(loaded)
+        if why:
+            raise MethodError(why)
+    return chosen
+
+
+def _method_arrays(loaded: LoadedModel, image, chosen: list, size, class_index: int | None) -> dict[str, np.ndarray]:
+    from vitviz.methods import Inputs
+
+    inputs = Inputs(loaded, image, size=size)
+    cls = class_index if class_index is not None else inputs.predicted_class()
+    arrays = {f"method_{m.name}": m(inputs, class_index=cls).values for m in chosen}
+    if cls is not None:
+        arrays["method_class"] = np.int64(cls)
+    return arrays
 
 
 _PATCHING_KEYS = (
@@ -281,6 +355,19 @@ def _target_arrays(loaded, image, causal: dict, minus_index, scorer, size, sourc
                     notes[f"patching_{kind}"] = notes[f"patching_{kind}_estimate"] = p.notes[kind]
     arrays["_notes"] = notes
     return arrays
+
+
+def _write_gif(
+    path: Path, cap: Capture, photo, report: ExportReport, view: str, head: int, side: int, query: int | None
+) -> None:
+    try:
+        maps, labels = view_stack(cap, view, head=head, query=query)
+    except ValueError as exc:
+        report.notes.setdefault(f"{view} GIF", str(exc))
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(gif_bytes(gif_frames(photo, maps, labels, max_side=side)))
+    os.replace(tmp, path)
 
 
 def print_failures(report: ExportReport) -> None:

@@ -22,21 +22,9 @@ import tomllib
 from pathlib import Path
 
 from vitviz.errors import VitvizError
+from vitviz.serve.settings import app_script
 
 __all__ = ["app_script", "streamlit_flags", "port_problem", "app_command", "run_app"]
-
-
-def app_script() -> Path:
-    """``app.py`` of the installed package ``vitviz_app``, else of the source checkout beside ``vitviz/``."""
-    spec = importlib.util.find_spec("vitviz_app")
-    if spec is not None and spec.submodule_search_locations:
-        for root in spec.submodule_search_locations:
-            if (Path(root) / "app.py").is_file():
-                return Path(root) / "app.py"
-    source = Path(__file__).resolve().parents[1] / "app.py"
-    if source.is_file():
-        return source
-    raise VitvizError("the vitviz app (app.py and pages/) is not installed: reinstall vitviz with pip")
 
 
 def streamlit_flags(config: Path) -> list[str]:
@@ -87,6 +75,13 @@ def run_app(port: int = 8501, address: str = "127.0.0.1") -> int:
         raise VitvizError(problem)
     if importlib.util.find_spec("streamlit") is None:
         raise VitvizError("Streamlit is not installed: pip install streamlit (or reinstall vitviz)")
+    from vitviz.serve.settings import SettingsError, load_settings, log_settings
+
+    try:  # the app's vitviz.toml (beside app.py, or $VITVIZ_CONFIG): a typo stops here, naming the file in full
+        settings = load_settings(folder=app_script().parent)
+    except SettingsError as exc:
+        raise VitvizError(exc.detail) from None
+    log_settings(settings)  # which file was read, and whether public mode is on
     cmd = app_command(port, address)
     print(f"vitviz app: http://{address}:{port} (Ctrl-C stops it)", file=sys.stderr)
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})

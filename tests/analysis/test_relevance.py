@@ -28,7 +28,7 @@ def test_two_layers_hand_computed_and_heads_averaged():
     np.testing.assert_allclose(chefer_relevance(np.stack([a1, a2]), np.stack([g1, g2])), expected)
 
 
-def _torch_reference(loaded, image, cls: int, pooled: bool = False) -> np.ndarray:
+def _torch_reference(loaded, image, cls: int, pooled: bool = False, start_layer: int = 0) -> np.ndarray:
     """Independent route: retain_grad + backward() on the attentions, relevance rolled in torch.
 
     The row read out: CLS, or the mean of the patch rows where the classifier mean-pools (BEiT).
@@ -41,7 +41,10 @@ def _torch_reference(loaded, image, cls: int, pooled: bool = False) -> np.ndarra
     out.logits[0, cls].backward()
     t = out.attentions[0].shape[-1]
     r = torch.eye(t, dtype=torch.float64)
-    for a in out.attentions:
+    start_layer = start_layer % len(out.attentions)
+    for i, a in enumerate(out.attentions):  # MM-Explainability's interpret(start_layer=...)
+        if i < start_layer:
+            continue
         cam = (a.grad[0].double() * a[0].detach().double()).clamp(min=0).mean(0)
         r = r + cam @ r
     p = len(loaded.family.prefix_kinds(loaded.config))
@@ -61,6 +64,28 @@ def test_matches_independent_torch_implementation(tiny_models, key):
     assert got[2].patch_map().shape == (4, 4)
     assert not np.allclose(got[2].relevance, got[0].relevance)  # really class-specific
     assert all(p.grad is None for p in loaded.model.parameters())  # shared model untouched
+
+
+@pytest.mark.parametrize("key", ["vit", "beit"])
+def test_relevance_from_a_later_block_matches_mm_explainability_start_layer(tiny_models, key):
+    from vitviz.methods import explain
+
+    loaded, img, pooled = tiny_models[key], random_image(5), key == "beit"
+    n = loaded.config.num_hidden_layers
+    everything = explain_classes(loaded, img, [1])[1].relevance
+    np.testing.assert_array_equal(explain_classes(loaded, img, [1], start_block=0)[1].relevance, everything)
+    for k in (1, n - 1, -1):
+        got = explain_classes(loaded, img, [1], start_block=k)[1]
+        np.testing.assert_allclose(got.relevance, _torch_reference(loaded, img, 1, pooled, k), rtol=1e-4, atol=1e-6)
+        assert got.start_block == k % n
+    last = explain_classes(loaded, img, [1], start_block=-1)[1].relevance
+    assert not np.allclose(last, everything)
+    m = explain(loaded, img, "relevance", class_index=1, from_block=-1)
+    np.testing.assert_array_equal(m.values, explain_classes(loaded, img, [1], start_block=-1)[1].patch_map())
+    assert "from block -1 (counted from the end" in m.definition
+    for bad in (n, -n - 1):
+        with pytest.raises(CaptureError, match=f"0..{n - 1}"):
+            explain_classes(loaded, img, [1], start_block=bad)
 
 
 def test_backbone_without_classifier_is_refused(tiny_models):

@@ -115,7 +115,7 @@ def test_full_forward_edits_give_the_replayed_residual_grid(tiny_models):
     """Where a run cannot be replayed (zero-shot label scores) the residual patch is an edit of blocks.{l}.out
     in a full forward: the same numbers as the replay from block l + 1."""
     from vitviz.capture.patching import _runs
-    from vitviz.capture.points import Edit
+    from vitviz.models.points import Edit
 
     loaded = tiny_models["vit"]
     img_t, img_s = random_image(17, (32, 32)), random_image(18, (32, 32))

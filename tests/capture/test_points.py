@@ -1,4 +1,4 @@
-"""Named hook points (vitviz.capture.points): records equal test-local hooks; edits change exactly their slice."""
+"""Named hook points (vitviz.models.points): records equal test-local hooks; edits change exactly their slice."""
 
 from __future__ import annotations
 

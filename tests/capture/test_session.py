@@ -10,8 +10,8 @@ import torch
 from conftest import random_image
 
 from vitviz.capture import session as S
-from vitviz.capture.points import Edit
 from vitviz.capture.run import capture, input_size_for, preprocess
+from vitviz.models.points import Edit
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -82,6 +82,11 @@ def test_heads_rollout_relevance_and_causal_share_one_forward(demo_model):
     assert count.n == 1 and again is run and run.has_graph
     assert why == {} and est.effects.shape == arrays["head_ablation"].shape
 
+    from vitviz.methods import Inputs
+
+    with Counter(loaded.model) as count:  # the explanation methods' inputs read the Run's capture too
+        assert Inputs(loaded, img).capture is cap
+    assert count.n == 0
     with Counter(loaded.model) as count:  # the references below run their own forwards
         ref = capture(loaded, img)
         ref_rel = _reference_relevance(loaded, img, c)
@@ -159,6 +164,9 @@ def test_patch_from_another_run(tiny_models):
 def test_backbone_runs_without_scores(tiny_models):
     run = S.get_run(tiny_models["dino"], random_image(8))
     assert run.scores.numel() == 0 and run.capture.logits is None
+    pattern = run.activation("blocks.1.attn.pattern")  # the probabilities the forward used, raw layout
+    assert run.has("blocks.1.attn.pattern") and pattern.shape == (1, 4, 17, 17)
+    np.testing.assert_allclose(pattern[0].numpy(), run.capture.blocks[1].attention, atol=1e-3)  # float16 record
     assert run.activation("blocks.1.out").shape == (1, 17, 32)
     with pytest.raises(ValueError, match="no hook point"):
         run.activation("blocks.9.out")

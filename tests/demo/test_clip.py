@@ -53,3 +53,19 @@ def test_train_demo_arch_clip_writes_a_loadable_zero_shot_model(tmp_path):
     loaded = load_model(str(tmp_path), device="cpu")
     assert loaded.zero_shot and loaded.text.template == TEMPLATE
     assert json.loads((tmp_path / "training.json").read_text())["steps"] == 2
+
+
+def test_a_caption_without_a_positive_adds_no_nan():
+    """A batch column no image matches: left out of the text-side mean (it made every weight NaN after a step)."""
+    import torch
+
+    from vitviz.demo.clip import _multi_positive_loss
+
+    logits = torch.tensor([[2.0, 0.5, 1.0], [0.1, 1.5, -1.0]], requires_grad=True)
+    positive = torch.tensor([[True, False, False], [False, True, False]])  # column 2: no positive
+    loss = _multi_positive_loss(logits, positive)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logits.grad).all()
+    ls1, ls0 = torch.log_softmax(logits.detach(), 1), torch.log_softmax(logits.detach(), 0)
+    by_hand = 0.5 * (-(ls1[0, 0] + ls1[1, 1]) / 2 - (ls0[0, 0] + ls0[1, 1]) / 2)
+    assert torch.isclose(loss.detach(), by_hand)

@@ -5,6 +5,7 @@ The demo model at 48 px (a 6 x 6 grid) with the cheap methods keeps every run to
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ from vitviz.data.shapes import write_dataset
 from vitviz.evaluate import evaluate_methods
 from vitviz.evaluate.data import load_item, read_dataset, scale_box
 from vitviz.evaluate.results import SCHEMA, image_seed, read_results
-from vitviz.evaluate.run import EvaluateError, Evaluator, RunConfig, WorkDir, evaluate_dataset
+from vitviz.evaluate.run import EvaluateError, Evaluator, RunConfig, WorkDir, _settings, evaluate_dataset
 from vitviz.methods import MethodError
 from vitviz.models.load import load_model
 
@@ -199,3 +200,98 @@ def test_results_have_the_schema(demo, demo_csv: Path, tmp_path: Path) -> None:
     assert res.table.schema.names == SCHEMA.names
     assert res.meta["methods"] == list(METHODS) and res.meta["seed"] == 3 and res.meta["engine"] == "local"
     assert res.meta["images"] == 1 and res.meta["size"] == SIZE
+    assert res.meta["insertion_start"] == "mean"  # the default (README: blur is flat on the demo shapes)
+
+
+def test_insertion_start_is_a_setting_recorded_in_the_results(demo, demo_csv: Path, tmp_path: Path) -> None:
+    item = read_dataset(demo_csv).items[0]
+    image, seed = load_item(item), image_seed(3, item.image_id)
+    rows = Evaluator(RunConfig("demo", ("rollout",), size=SIZE, seed=3, insertion_start="noise"), demo).evaluate_item(
+        item
+    )
+    ref = evaluate_methods(demo, image, ["rollout"], size=SIZE, seed=seed, insertion_start="noise")["rollout"]
+    assert rows[0]["insertion_area"] == ref.insertion_area and rows[0]["deletion_area"] == ref.deletion_area
+    out = tmp_path / "grey.parquet"
+    args = ["evaluate", "--data", str(demo_csv), "--out", str(out), "--methods", "random", "--size", "48"]
+    assert main([*args, "--limit", "1", "--insertion-start", "grey"]) == 0
+    assert read_results(out).meta["insertion_start"] == "grey"
+    with pytest.raises(EvaluateError, match="unknown insertion start 'black'"):
+        _run(demo, demo_csv, tmp_path / "b.parquet", insertion_start="black")
+    # an unfinished run keeps its start: another start does not mix its rows in
+    blur = RunConfig("demo", METHODS, size=SIZE, seed=3, insertion_start="blur")
+    WorkDir(tmp_path / "u.parquet").open(_settings(blur, read_dataset(demo_csv)))
+    with pytest.raises(EvaluateError, match="insertion_start: 'blur' then, 'mean' now"):
+        _run(demo, demo_csv, tmp_path / "u.parquet")
+    with pytest.raises(SystemExit):
+        main([*args, "--insertion-start", "black"])
+
+
+def test_relevance_from_a_later_block_in_evaluate(demo, demo_csv: Path, tmp_path: Path, capsys) -> None:
+    from vitviz.methods import explain
+
+    out = tmp_path / "last.parquet"
+    args = ["evaluate", "--data", str(demo_csv), "--out", str(out), "--methods", "relevance", "--size", "48"]
+    assert main([*args, "--limit", "1", "--relevance-from-block", "-1"]) == 0
+    res = read_results(out)
+    assert res.meta["relevance_from_block"] == -1
+    item = read_dataset(demo_csv).items[0]
+    image = load_item(item)
+    row = pd.read_parquet(out).iloc[0]
+    ref = evaluate_methods(demo, image, ["relevance"], size=SIZE, box=scale_box(item.box, image.size, (SIZE, SIZE)))
+    last = explain(demo, image, "relevance", class_index=int(row["class_index"]), size=SIZE, from_block=-1)
+    every = explain(demo, image, "relevance", class_index=int(row["class_index"]), size=SIZE)
+    assert not np.allclose(last.values, every.values)
+    assert row["deletion_area"] != ref["relevance"].deletion_area  # the default (all blocks) scores another map
+    capsys.readouterr()
+    assert main([*args, "--limit", "1", "--relevance-from-block", "4"]) == 1  # the demo ViT has blocks 0..3
+    assert "0..3" in capsys.readouterr().err
+
+
+def test_zero_shot_labels_are_the_classes(demo_csv: Path, tmp_path: Path, capsys) -> None:
+    import torch
+
+    from vitviz.capture.run import input_size_for, preprocess
+
+    clip = load_model("demo-clip", device="cpu")
+    names = ["circle", "square", "triangle", "cross", "star"]
+    out = tmp_path / "zs.parquet"
+    report = evaluate_dataset(
+        "demo-clip", demo_csv, out, labels=",".join(names), methods=("rollout", "random"), loaded=clip, limit=3
+    )
+    assert report.ok and report.evaluated == 3
+    res = read_results(out)
+    assert res.meta["labels"] == names and res.meta["template"] == "a photo of a {}."
+    rows = _rows(out)
+    prompts = [f"a photo of a {n}." for n in names]
+    tok = clip.text.tokenizer(prompts, padding=True, return_tensors="pt")
+    for item in read_dataset(demo_csv, limit=3).items:
+        image = load_item(item)
+        pixels, _ = preprocess(clip, [image], input_size_for(clip, None, image.size))
+        with torch.no_grad():  # the model's own forward, both towers
+            own = clip.model(
+                input_ids=tok["input_ids"], attention_mask=tok["attention_mask"], pixel_values=pixels
+            ).logits_per_image[0]
+        probs = torch.softmax(own.double(), 0).numpy()
+        k = int(probs.argmax())
+        mine = rows[rows.image_id == item.image_id]
+        assert set(mine.class_index) == {k} and set(mine.class_label) == {names[k]}
+        for _, r in mine.iterrows():  # deletion and insertion follow that label's probability
+            assert r["deletion_curve"][0] == pytest.approx(probs[k], abs=1e-4)
+            assert r["insertion_curve"][-1] == pytest.approx(probs[k], abs=1e-4)
+        assert set(mine.correct) == {names[k] == item.label}
+    # the CLI: unknown words are named, a model without text tower is a message
+    args = ["evaluate", "--model", "demo-clip", "--data", str(demo_csv), "--limit", "1", "--methods", "random"]
+    assert main([*args, "--out", str(tmp_path / "cat.parquet"), "--labels", "cat,circle"]) == 0
+    assert "does not know 'cat'" in capsys.readouterr().err
+    assert main([*args[:2], "demo", *args[3:], "--out", str(tmp_path / "d.parquet"), "--labels", "cat"]) == 1
+    assert "has no text tower" in capsys.readouterr().err
+    assert main([*args, "--out", str(tmp_path / "n.parquet")]) == 1
+    assert "--labels" in capsys.readouterr().err
+
+
+def test_run_config_with_labels_survives_the_trip_to_ray_actors() -> None:
+    cfg = RunConfig("demo-clip", ("rollout",), labels=("circle", "star"), template="a {}.", relevance_from_block=-1)
+    back = RunConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert back == cfg
+    assert back.label_set().prompts == ("a circle.", "a star.")
+    assert RunConfig("demo", ("rollout",)).label_set() is None

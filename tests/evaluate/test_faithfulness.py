@@ -12,7 +12,14 @@ from PIL import Image
 from vitviz.data.shapes import make_sample
 from vitviz.demo.vit import peak_in_box as demo_peak_in_box
 from vitviz.evaluate import Faithfulness, FaithfulnessError, Perturbations, evaluate_methods, faithfulness
-from vitviz.evaluate.faithfulness import curve_steps, gaussian_blur, patch_order, peak_in_box, trapezoid_area
+from vitviz.evaluate.faithfulness import (
+    curve_steps,
+    gaussian_blur,
+    insertion_start_image,
+    patch_order,
+    peak_in_box,
+    trapezoid_area,
+)
 from vitviz.methods import explain, explain_many
 from vitviz.models.load import load_model
 
@@ -24,8 +31,8 @@ def swin(hier_dirs):
     return load_model(str(hier_dirs["swin"]), device="cpu")
 
 
-def brute_force(loaded, image: Image.Image, hw, values: np.ndarray, cls: int, **forward_kwargs):
-    """The written definition, one image at a time, in numpy; the blur is scipy's."""
+def brute_force(loaded, image: Image.Image, hw, values: np.ndarray, cls: int, start="blur", seed=0, **forward_kwargs):
+    """The written definition, one image at a time, in numpy; the blur is scipy's, the other starts by hand."""
     assert loaded.channel_order == (0, 1, 2)
     h, w = hw
     x = np.asarray(image.convert("RGB").resize((w, h), loaded.resample)).astype(np.float32) * loaded.rescale_factor
@@ -36,7 +43,17 @@ def brute_force(loaded, image: Image.Image, hw, values: np.ndarray, cls: int, **
     ks = [min(i * n, n_cells) for i in range(21)]
     mean = x.reshape(-1, 3).astype(np.float64).mean(axis=0)  # per-channel mean of the input
     sigma = loaded.patch_size / 2
-    blurred = scipy.ndimage.gaussian_filter(x.astype(np.float64), sigma=(sigma, sigma, 0), mode="reflect", truncate=4.0)
+    if start == "blur":
+        blurred = scipy.ndimage.gaussian_filter(
+            x.astype(np.float64), sigma=(sigma, sigma, 0), mode="reflect", truncate=4.0
+        )
+    elif start == "mean":
+        blurred = np.broadcast_to(mean, x.shape).astype(np.float64)
+    elif start == "grey":
+        blurred = np.full(x.shape, 127.5 * loaded.rescale_factor)
+    else:  # noise over [0, 255 rescaled], drawn channel-first as the engine stores the input
+        noise = np.random.default_rng(seed).uniform(0.0, 255.0 * loaded.rescale_factor, size=(3, h, w))
+        blurred = noise.transpose(1, 2, 0)
     ys, xs = np.arange(h)[:, None], np.arange(w)[None, :]
 
     def cell(i):  # pixels of cell (r, c): rows [r h / gh, (r + 1) h / gh), columns likewise
@@ -112,7 +129,14 @@ def test_plain_vit_matches_brute_force_with_ties(tiny_models):
     values = np.round(rng.random((14, 14)) * 3) / 3  # four levels: ties everywhere
     calls = []
     got = faithfulness(
-        loaded, image, values, class_index=1, size=112, batch_size=9, progress=lambda d, t: calls.append((d, t))
+        loaded,
+        image,
+        values,
+        class_index=1,
+        size=112,
+        batch_size=9,
+        progress=lambda d, t: calls.append((d, t)),
+        insertion_start="blur",
     )
     ks, deletion, insertion, d_area, i_area = brute_force(
         loaded, image, (112, 112), values, 1, interpolate_pos_encoding=True
@@ -130,11 +154,48 @@ def test_plain_vit_matches_brute_force_with_ties(tiny_models):
     assert got.peak_in_box is None
 
 
+@pytest.mark.parametrize("start", ["mean", "grey", "noise"])
+def test_every_insertion_start_matches_brute_force(tiny_models, start):
+    """Insertion from the image's mean colour, a fixed grey, or seeded noise; deletion does not change."""
+    loaded, image = tiny_models["vit"], random_image(35, (40, 60))
+    values = np.random.default_rng(2).random((14, 14))
+    got = faithfulness(loaded, image, values, class_index=0, size=112, insertion_start=start, seed=7)
+    ks, deletion, insertion, d_area, i_area = brute_force(
+        loaded, image, (112, 112), values, 0, start=start, seed=7, interpolate_pos_encoding=True
+    )
+    assert got.insertion_start == start
+    np.testing.assert_array_equal(got.steps, ks)
+    assert got.deletion_area == pytest.approx(d_area, abs=2e-6)
+    np.testing.assert_allclose(got.deletion, deletion, atol=2e-6)
+    np.testing.assert_allclose(got.insertion, insertion, atol=2e-6)
+    assert got.insertion_area == pytest.approx(i_area, abs=2e-6)
+    blur = faithfulness(loaded, image, values, class_index=0, size=112, insertion_start="blur")
+    np.testing.assert_array_equal(blur.deletion, got.deletion)  # deletion keeps the mean fill whatever the start
+    assert blur.insertion[0] != got.insertion[0] and blur.insertion[-1] == got.insertion[-1]
+
+
+def test_insertion_start_image_by_hand_and_unknown_starts():
+    x = np.arange(2 * 3 * 4, dtype=np.float64).reshape(2, 3, 4) / 24
+    np.testing.assert_allclose(
+        insertion_start_image(x, "mean", sigma=1.0), np.broadcast_to([[[5.5 / 24]], [[17.5 / 24]]], x.shape)
+    )
+    np.testing.assert_array_equal(
+        insertion_start_image(x, "grey", sigma=1.0, full_range=255.0), np.full(x.shape, 127.5)
+    )
+    a = insertion_start_image(x, "noise", sigma=1.0, seed=3)
+    np.testing.assert_array_equal(a, np.random.default_rng(3).uniform(0, 1, size=x.shape))
+    assert not np.array_equal(a, insertion_start_image(x, "noise", sigma=1.0, seed=4))
+    np.testing.assert_array_equal(insertion_start_image(x, "blur", sigma=1.0), gaussian_blur(x, 1.0))
+    assert x[0, 0, 1] == 1 / 24  # not changed
+    with pytest.raises(FaithfulnessError, match="blur, mean, grey, noise"):
+        insertion_start_image(x, "black", sigma=1.0)
+
+
 def test_swin_matches_brute_force_on_the_first_stage_grid(swin):
     loaded, image = swin, random_image(32, (64, 64))
     m = explain(loaded, image, "gradcam", class_index=2)  # 8 x 8 map placed on 16 x 16: ties in 2 x 2 blocks
     assert m.grid == (16, 16)
-    got = faithfulness(loaded, image, m, box=(0, 0, 64, 64))
+    got = faithfulness(loaded, image, m, box=(0, 0, 64, 64), insertion_start="blur")
     assert got.class_index == 2 and got.method == "gradcam" and got.peak_in_box is True
     ks, deletion, insertion, d_area, i_area = brute_force(loaded, image, (64, 64), m.values, 2)
     np.testing.assert_array_equal(got.steps, ks)  # N = 256, n = 13
@@ -184,7 +245,7 @@ def test_evaluate_methods_scores_every_available_method(tiny_models):
     loaded, image = tiny_models["deit"], random_image(34)
     seen = []
     res = evaluate_methods(loaded, image, box=(0, 0, 16, 16), progress=lambda d, t: seen.append((d, t)))
-    assert tuple(res) == ("attention", "rollout", "relevance", "gradcam", "integrated_gradients", "random")
+    assert tuple(res) == ("attention", "rollout", "relevance", "gradcam", "integrated_gradients", "attnlrp", "random")
     assert len({f.class_index for f in res.values()}) == 1
     for f in res.values():
         assert f.deletion.shape == f.insertion.shape == (21,) and f.peak_in_box in (True, False)

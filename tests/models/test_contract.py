@@ -22,8 +22,43 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 LABELS = {"id2label": {0: "zero", 1: "one", 2: "two"}, "label2id": {"zero": 0, "one": 1, "two": 2}}
 
 
+ZOO_KEYS = ("cct", "dat")  # T2T-ViT is built by its converter (tests/zoo/test_t2t.py)
+
+
+def _save_zoo(key: str, folder):
+    from transformers import ViTImageProcessor
+
+    from vitviz.zoo.cct import CctConfig, CctForImageClassification
+    from vitviz.zoo.dat import DatConfig, DatForImageClassification
+
+    torch.manual_seed(0)
+    if key == "cct":
+        config = CctConfig(image_size=32, embedding_dim=32, num_layers=2, num_heads=4, mlp_ratio=2, **LABELS)
+        model = CctForImageClassification(config)
+    else:
+        config = DatConfig(
+            image_size=32,
+            patch_size=2,
+            dim_stem=8,
+            dims=[8, 16, 32, 64],
+            depths=[2, 2, 2, 2],
+            heads=[1, 2, 2, 4],
+            window_sizes=[4, 4, 2, 2],
+            groups=[-1, -1, 1, 2],
+            stage_spec=[["L", "S"], ["L", "S"], ["L", "D"], ["L", "D"]],
+            offset_kernel_sizes=[3, 3, 3, 3],
+            **LABELS,
+        )
+        model = DatForImageClassification(config)
+    model.eval().save_pretrained(folder, safe_serialization=True)
+    ViTImageProcessor(size={"height": 32, "width": 32}, image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(
+        folder
+    )
+    return folder
+
+
 @pytest.fixture(scope="module")
-def every_family(tiny_models, hier_dirs, modern_dirs):
+def every_family(tiny_models, hier_dirs, modern_dirs, tmp_path_factory):
     from vitviz.models.load import load_model
 
     out = dict(tiny_models)
@@ -31,15 +66,18 @@ def every_family(tiny_models, hier_dirs, modern_dirs):
         out[key] = load_model(str(hier_dirs[key]), device="cpu")
     for key in MODERN_KEYS:
         out[key] = load_model(str(modern_dirs[key]), device="cpu")
+    root = tmp_path_factory.mktemp("contract-zoo")
+    for key in ZOO_KEYS:
+        out[key] = load_model(str(_save_zoo(key, root / key)), device="cpu")
     return out
 
 
-@pytest.mark.parametrize("key", FAMILY_KEYS + HIER_KEYS + MODERN_KEYS)
+@pytest.mark.parametrize("key", FAMILY_KEYS + HIER_KEYS + MODERN_KEYS + ZOO_KEYS)
 def test_every_family_keeps_the_contract(every_family, key):
-    from vitviz.capture.points import block_name, installed_points
     from vitviz.capture.session import get_run
     from vitviz.models.families.base import BlockParts
     from vitviz.models.hooks import installed_sites
+    from vitviz.models.points import block_name, installed_points
 
     loaded = every_family[key]
     fam = loaded.family
@@ -51,8 +89,9 @@ def test_every_family_keeps_the_contract(every_family, key):
             assert block_name(points, site.index, part) in points
         parts = fam.block_parts(site)
         assert isinstance(parts, BlockParts)
-        if not parts.unknown:  # a block the adapter fully declares has both parts
+        if not parts.unknown:  # a block the adapter fully declares has both parts, and its two norms
             assert isinstance(parts.projection, torch.nn.Linear) and isinstance(parts.mlp, torch.nn.Module)
+            assert all(isinstance(n, torch.nn.Module) for n in parts.norms), (key, parts.norms)
         if parts.mlp is not None:
             assert block_name(points, site.index, "mlp.out") in points
 

@@ -187,3 +187,98 @@ def test_label_text_is_capped_with_a_note_and_parsed_in_one_pass():
 def test_notes_stay_few_however_many_labels_are_cut():
     labels = parse_labels("\n".join([f"{i} " + "y" * 200 for i in range(40)]))
     assert len(labels.notes) == 8 and labels.notes[-1] == "33 more notes like these."
+
+
+def test_the_command_line_caps_labels_and_says_so(tmp_path, capsys):
+    """Issue 23.2, CLI: `export --labels` goes through the same caps, each with a note on stderr."""
+    from PIL import Image
+
+    from vitviz.__main__ import main
+
+    image = tmp_path / "img.png"
+    Image.new("RGB", (40, 30), (200, 30, 30)).save(image)
+    labels = ",".join(["star", "red"] * 2000)  # 17,999 characters, 2 distinct labels (words the demo knows)
+    assert main(["export", "--model", "demo-clip", "--out", str(tmp_path / "out"), "--labels", labels, str(image)]) == 0
+    err = capsys.readouterr().err
+    assert "note: The labels text is 17,999 characters long; only the first 10,000 were read." in err
+    # "star,red," is 9 characters: 1,111 pairs fill 9,999 of the 10,000, the last comma closes the last whole label
+    assert "note: Repeated labels are scored once: 'star' 1,111 times, 'red' 1,111 times." in err
+    with np.load(tmp_path / "out" / "img.npz", allow_pickle=False) as z:
+        assert z["label_probabilities"].shape == (2,)
+
+
+def test_words_the_tokenizer_does_not_know_are_named():
+    from vitviz.models.load import load_model
+    from vitviz.models.zeroshot import unknown_words, vocabulary_warning
+
+    loaded = load_model("demo-clip")
+    labels = parse_labels("cat, dog, circle, red star", loaded.text.template)
+    # independent reference: the demo's vocabulary is vitviz.demo.clip.WORDS; "cat" and "dog" are not in it
+    from vitviz.demo.clip import WORDS
+
+    assert "cat" not in WORDS and "circle" in WORDS and "red" in WORDS
+    assert unknown_words(loaded.text, labels) == {"cat": ("cat",), "dog": ("dog",)}
+    msg = vocabulary_warning(loaded.text, labels, "demo-clip")
+    assert "'cat', 'dog':" in msg and "'circle'" not in msg
+    assert vocabulary_warning(loaded.text, parse_labels("circle, star", loaded.text.template), "demo-clip") == ""
+    # unknown words of the template are named too (not only the label's)
+    odd = parse_labels("circle", "a sketch of a {}.")
+    assert unknown_words(loaded.text, odd) == {"circle": ("sketch",)}
+    # the same id for two labels is what made the scores equal: the warning is the only signal
+    ids = [loaded.text.tokenizer(p)["input_ids"] for p in labels.prompts[:2]]
+    assert ids[0] == ids[1]
+
+
+def test_a_tokenizer_without_an_unknown_token_warns_of_nothing(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from vitviz.models.zeroshot import TextTower, unknown_words, vocabulary_warning
+
+    raw = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate("abcdefghijklmnopqrstuvwxyz .")}, merges=[]))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw)
+    assert tok.unk_token_id is None
+    tower = TextTower(tok, "longest", 16, "softmax", "{}")
+    labels = parse_labels("cat, zebra")
+    assert unknown_words(tower, labels) == {}
+    assert vocabulary_warning(tower, labels, "bpe") == ""
+
+
+def test_a_two_tower_folder_without_a_tokenizer_says_so(tmp_path):
+    from vitviz.models.load import load_model
+    from vitviz.models.zeroshot import text_tower_note
+
+    model, _ = _two_tower(tmp_path, "siglip")
+    for f in tmp_path.iterdir():
+        if "token" in f.name or f.name in ("vocab.json", "special_tokens_map.json"):
+            f.unlink()
+    assert text_tower(model, str(tmp_path), {}) is None
+    note = text_tower_note(model, "folder")
+    assert "tokenizer" in note and "zero-shot" in note and "backbone" not in note
+    from transformers import SiglipImageProcessor
+
+    SiglipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path))
+    assert not loaded.zero_shot and "tokenizer" in loaded.text_note
+    from vitviz.methods import why_unavailable
+
+    why = why_unavailable(loaded, "relevance")
+    assert "tokenizer" in why and "backbone without" not in why
+
+
+def test_siglip_label_embeddings_equal_get_text_features(tmp_path):
+    """encode_labels runs SigLIP's last text block for the pooled token only: the same numbers as the model's own."""
+    from vitviz.models.zeroshot import _pools_last
+
+    model, tok = _two_tower(tmp_path, "siglip")
+    model.set_attn_implementation("eager")
+    tower = text_tower(model, str(tmp_path), {})
+    assert _pools_last(model)
+    labels = parse_labels("cat, red car, a dog, star")
+    got = encode_labels(model, tower, labels, chunk=3)
+    ids = tok(list(labels.prompts), padding="max_length", max_length=16, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        own = model.get_text_features(input_ids=ids)
+        own = getattr(own, "pooler_output", own).numpy()
+    np.testing.assert_allclose(got, own, rtol=1e-5, atol=1e-6)

@@ -19,6 +19,7 @@ def _reset_server_caches() -> None:
     for fn in (common.serve_settings, common.model_cache, common.forward_queue, common.vetted_requests):
         fn.clear()
     common.hub_downloads.clear()
+    getattr(common.hub_online, "clear", lambda: None)()  # (a test may have replaced it)
 
 
 @pytest.fixture()
@@ -317,4 +318,32 @@ def test_a_results_file_s_fields_are_plain_text(server):
     at = _upload_results(_dataset_page(), "r.parquet", buf.getvalue())
     assert not at.exception and not at.error
     assert any("[m](http://evil.example)" in _unescaped(c.value) for c in at.caption)
+    assert not _rendered_links(at)
+
+
+def test_a_patching_source_upload_counts_once_and_is_decoded_once(server, monkeypatch):
+    """Issue 23.3: the Patching page decoded its uploaded source on every rerun, outside the upload limit."""
+    import io
+
+    from PIL import Image
+
+    from vitviz.data import images
+
+    decoded = []
+    real = images.read_image
+    monkeypatch.setattr(images, "read_image", lambda *a, **k: decoded.append(1) or real(*a, **k))  # pages import it
+    at = _app()
+    at.switch_page("pages/patching.py").run()
+    assert not at.exception
+    buf = io.BytesIO()
+    Image.new("RGB", (40, 30), (0, 90, 200)).save(buf, format="PNG")
+    at.file_uploader(key="patch_upload").set_value(("[src](http://evil.example).png", buf.getvalue(), "image/png"))
+    at.run()
+    before, decodes = at.session_state._limits.uploads.remaining(), len(decoded)
+    for _ in range(3):
+        at.run()
+    assert len(decoded) == decodes >= 1  # reruns do not decode the source again
+    assert not at.exception and not at.error
+    assert at.session_state._limits.uploads.remaining() == before == 9  # one upload counted, once
+    assert at.session_state.patch_upload_seen[1] is None
     assert not _rendered_links(at)

@@ -336,3 +336,16 @@ def test_real_tiny_models(tiny_dirs):
     again = cache.get("vit", lambda: load_model(str(tiny_dirs["vit"]), device="cpu"), on_progress=progress.append)
     assert again is not vit and again.family.name == vit.family.name
     assert progress == ["Reloading vit (it was unloaded to make room for other models)…"]
+
+
+def test_an_evicted_model_is_handed_to_on_evict():
+    """Whatever else holds an evicted model (the cached runs of vitviz.capture.session) can let it go."""
+    from vitviz.serve.models import ModelCache
+
+    gone: list[str] = []
+    cache = ModelCache(10, size_of=lambda v: 6, on_evict=gone.append, max_loading=0)
+    cache.get("a", lambda: "model a")
+    cache.get("b", lambda: "model b")  # 12 bytes > 10: a goes
+    assert gone == ["model a"]
+    cache.drop("b")
+    assert gone == ["model a", "model b"]

@@ -274,3 +274,34 @@ def test_input_limits_from_file_and_environment(tmp_path):
     assert s.results_limits.max_bytes == 64 * 2**20 and s.results_limits.max_rows == 1000
     with pytest.raises(SettingsError, match="image_max_side must be a positive number"):
         ServeSettings(image_max_side=0)
+
+
+def test_vitviz_app_logs_the_settings_at_start_and_stops_on_a_typo(tmp_path, monkeypatch, capsys):
+    """Issue 23.5 / 23.15 for `vitviz app`: the settings are read and logged before Streamlit starts."""
+    import socket
+    import subprocess
+
+    from vitviz.__main__ import main
+
+    started = []
+
+    class FakeServer:
+        def __init__(self, cmd, env):
+            started.append(cmd)
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", FakeServer)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    bad = write(tmp_path, "[public]\nenabled = yes\n")
+    monkeypatch.setenv("VITVIZ_CONFIG", str(bad))
+    assert main(["app", "--port", str(port)]) == 1
+    err = capsys.readouterr().err
+    assert f"(settings file: {bad})" in err and "Traceback" not in err and not started
+    good = write(tmp_path, "[public]\nenabled = true\n", "good.toml")
+    monkeypatch.setenv("VITVIZ_CONFIG", str(good))
+    assert main(["app", "--port", str(port)]) == 0 and len(started) == 1
+    assert "vitviz public mode: 0 extra allowed models, no typed hub ids" in capsys.readouterr().err

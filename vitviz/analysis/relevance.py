@@ -77,6 +77,7 @@ class Explanation:
     num_prefix_tokens: int
     grid: tuple[int, int]
     readout: str = "CLS"  # which row: "CLS" or "pooled query"
+    start_block: int = 0  # relevance ran through blocks start_block..L-1 (0: all, MM-Explainability's start_layer)
 
     def patch_map(self) -> np.ndarray:
         """``(gh, gw)`` relevance of the grid tokens, raw (not normalised)."""

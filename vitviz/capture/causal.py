@@ -297,7 +297,7 @@ class Attribution:
         return float(np.nansum(self.heads) + self.mlps.sum() + self.rest)
 
 
-# --- hooks: the named points of vitviz.capture.points ----------------------------------------------
+# --- hooks: the named points of vitviz.models.points ----------------------------------------------
 
 _PLAN = _ACTIVE  # this context's point state (records and edits); None outside a call
 
@@ -458,7 +458,7 @@ def _clean_run(
     z = {s.index: run.activation(n) for s, n in zip(sites, names, strict=True) if run.has(n)}
     blocks = {}
     for s in sites:
-        if s.index in run._blocks:
+        if run.has_block(s.index):
             args, kwargs = run.block_call(s.index)
             blocks[s.index] = (*run.block_tokens(s.index), args, kwargs)
     if label_embeddings is None:

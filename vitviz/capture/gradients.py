@@ -39,7 +39,7 @@ from vitviz.models.families.base import Call, to_native
 from vitviz.models.load import LoadedModel
 from vitviz.record import Geometry
 
-__all__ = ["GraphRecorder", "Target", "explain_targets", "explain_run", "explain_classes"]
+__all__ = ["GraphRecorder", "Target", "explain_targets", "explain_run", "explain_classes", "start_block_index"]
 
 
 class GraphRecorder(BlockRecorder):
@@ -60,6 +60,20 @@ def _native_grad(g: Geometry, grad: torch.Tensor | None, like: np.ndarray) -> np
     return to_native(g, grad, 1)[0].float().cpu().numpy()
 
 
+def start_block_index(geometries: Sequence[Geometry], start_block: int) -> int:
+    """The first encoder block relevance runs through: ``start_block`` in ``-n..n-1`` (-1: the last) -> ``0..n-1``.
+
+    A pooling head (SigLIP) is not counted: it always reads out.
+    """
+    n = sum(g.kind != "pool" for g in geometries)
+    if not -n <= int(start_block) < n:
+        raise CaptureError(
+            f"Relevance from block {start_block}: this model has {n} blocks, numbered 0..{n - 1} "
+            "(or -1 for the last block)."
+        )
+    return int(start_block) % n
+
+
 Target = Callable[[Any], torch.Tensor]  # the forward's output -> a scalar (a class logit, an image-text score)
 
 
@@ -70,11 +84,16 @@ def explain_targets(
     *,
     size: int | tuple[int, int] | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
+    start_block: int = 0,
 ) -> dict[int, Explanation]:
     """Chefer et al.'s relevance for each target: one forward pass with gradients, one backward pass per target.
 
     ``targets``: key -> (label, function of the forward's output giving a scalar), e.g.
     a class logit before softmax or a zero-shot model's image-text score for a label.
+    ``start_block``: relevance runs through blocks ``start_block..L-1`` only (-1: the
+    last block), as MM-Explainability's ``interpret(start_layer=...)``; the blocks
+    before it count as identities (``Abar = 0``), so stage merges still carry the row
+    to the first stage. 0 (all blocks) is the default.
     """
     note = loaded.family.rollout_note(loaded.config)
     if note:
@@ -85,7 +104,7 @@ def explain_targets(
 
     run = peek_run(loaded, image, size=size, budget_bytes=budget_bytes)
     if run is not None and run.has_graph:
-        return explain_run(run, targets)
+        return explain_run(run, targets, start_block=start_block)
     pixels, _ = preprocess(loaded, [image], hw)
     pixels.requires_grad_(True)  # the graph reaches every block although the parameters need no grad
     rec = GraphRecorder(loaded, Call(loaded.config, hw, 1))
@@ -98,6 +117,7 @@ def explain_targets(
         attn = [to_native(geoms[i], rec.raw[b].detach(), 1)[0].float().cpu().numpy() for i, b in enumerate(order)]
         tensors = [rec.raw[b] for b in order]
         reads = loaded.family.readout(loaded.config)
+        first_block = start_block_index(geoms, start_block)
         if geoms[-1].kind == "pool":
             readout = "pooling head"
         else:
@@ -105,16 +125,19 @@ def explain_targets(
         for k, (key, (label, target)) in enumerate(targets.items()):
             grads = torch.autograd.grad(target(out), tensors, retain_graph=k < len(targets) - 1, allow_unused=True)
             abars = {
-                i: relevance_abar(geoms[i], attn[i], _native_grad(geoms[i], gr, attn[i])) for i, gr in enumerate(grads)
+                i: relevance_abar(geoms[i], attn[i], _native_grad(geoms[i], gr, attn[i]))
+                if i >= first_block
+                else np.zeros_like(relevance_abar(geoms[i], attn[i], attn[i]))
+                for i, gr in enumerate(grads)
             }
             row = relevance_row(geoms, stages, abars, readout=reads).astype(np.float32)
             row.setflags(write=False)
             first = stages[0]
-            result[key] = Explanation(int(key), label, row, first.num_prefix, first.grid, readout)
+            result[key] = Explanation(int(key), label, row, first.num_prefix, first.grid, readout, first_block)
     return result
 
 
-def explain_run(run, targets: Mapping[int, tuple[str, Target]]) -> dict[int, Explanation]:
+def explain_run(run, targets: Mapping[int, tuple[str, Target]], *, start_block: int = 0) -> dict[int, Explanation]:
     """:func:`explain_targets` from a :class:`~vitviz.capture.session.Run`'s graph: one backward per target."""
     loaded = run.loaded
     order = [s.index for s in run.sites]
@@ -122,6 +145,7 @@ def explain_run(run, targets: Mapping[int, tuple[str, Target]]) -> dict[int, Exp
     stages = build_stages(loaded, geoms, {}, 0)
     attn = [to_native(geoms[i], run.probs(b), 1)[0].float().cpu().numpy() for i, b in enumerate(order)]
     reads = loaded.family.readout(loaded.config)
+    first_block = start_block_index(geoms, start_block)
     if geoms[-1].kind == "pool":
         readout = "pooling head"
     else:
@@ -130,12 +154,15 @@ def explain_run(run, targets: Mapping[int, tuple[str, Target]]) -> dict[int, Exp
     for key, (label, target) in targets.items():
         grads = run.gradients(target, "probs")
         abars = {
-            i: relevance_abar(geoms[i], attn[i], _native_grad(geoms[i], gr, attn[i])) for i, gr in enumerate(grads)
+            i: relevance_abar(geoms[i], attn[i], _native_grad(geoms[i], gr, attn[i]))
+            if i >= first_block
+            else np.zeros_like(relevance_abar(geoms[i], attn[i], attn[i]))
+            for i, gr in enumerate(grads)
         }
         row = relevance_row(geoms, stages, abars, readout=reads).astype(np.float32)
         row.setflags(write=False)
         first = stages[0]
-        result[key] = Explanation(int(key), label, row, first.num_prefix, first.grid, readout)
+        result[key] = Explanation(int(key), label, row, first.num_prefix, first.grid, readout, first_block)
     return result
 
 
@@ -146,6 +173,7 @@ def explain_classes(
     *,
     size: int | tuple[int, int] | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
+    start_block: int = 0,
 ) -> dict[int, Explanation]:
     """Relevance for class logits (before softmax): :func:`explain_targets` with ``y_c`` as each target."""
     if not loaded.has_classifier:
@@ -162,4 +190,4 @@ def explain_classes(
         return lambda out: family.logits(model, out)[0, c]
 
     targets = {int(c): (loaded.id2label[int(c)], logit(int(c))) for c in classes}
-    return explain_targets(loaded, image, targets, size=size, budget_bytes=budget_bytes)
+    return explain_targets(loaded, image, targets, size=size, budget_bytes=budget_bytes, start_block=start_block)

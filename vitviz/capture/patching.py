@@ -35,7 +35,7 @@ batch; ``cancel()`` before each: True raises :class:`PatchingCancelled` carrying
 partial result (NaN where not computed).
 
 Built on the :class:`~vitviz.capture.session.Run` (one clean forward per image, cached,
-with its autograd graph) and the named points of :mod:`vitviz.capture.points`: a head
+with its autograd graph) and the named points of :mod:`vitviz.models.points`: a head
 patch is the edit ``Edit("blocks.{l}.attn.z", "patch", source_run, heads=(h,))``; a
 residual patch at (l, t) replaces token t of the residual entering block l + 1 (the
 same tensor as ``blocks.{l}.out``) and replays from there, or, where the run cannot be
@@ -55,12 +55,12 @@ from PIL import Image
 
 from vitviz.analysis.patching import head_estimate, residual_estimate
 from vitviz.capture.causal import NotDefined, causal_notes
-from vitviz.capture.points import Edit
 from vitviz.capture.run import DEFAULT_BUDGET_BYTES, check_budget, input_size_for, token_layout
 from vitviz.capture.session import Run, get_run
 from vitviz.capture.targets import Target, TargetError, resolve_target
 from vitviz.errors import VitvizError
 from vitviz.models.load import LoadedModel
+from vitviz.models.points import Edit
 
 __all__ = [
     "Patching",

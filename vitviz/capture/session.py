@@ -168,10 +168,18 @@ class Run:
         return block_name(self.points, site, part)
 
     def has(self, name: str) -> bool:
+        """Whether the clean run reached point ``name``."""
+        p = self.points.by_name.get(name)
+        if p is not None and p.kind == "pattern":
+            return p.site in self._raw
         return name in self._values
 
     def activation(self, name: str) -> torch.Tensor:
-        """The clean run's value at point ``name`` (detached)."""
+        """The clean run's value at point ``name`` (detached); ``attn.pattern`` points give the probabilities in
+        the family's raw layout."""
+        p = self.points.by_name.get(name)
+        if p is not None and p.kind == "pattern" and p.site in self._raw:
+            return self._raw[p.site].detach()
         if name not in self._values:
             if name in self.points:
                 raise CaptureError(f"the clean run of '{self.loaded.name}' never reached the point {name}")
@@ -182,6 +190,10 @@ class Run:
         """Block ``site``'s input and output tokens ``(1, T, C)`` in the stage's order (the family's layout)."""
         inp, out, _, _ = self._blocks[site]
         return _detached(inp), _detached(out)
+
+    def has_block(self, site: int) -> bool:
+        """Whether block ``site``'s tokens and call arguments were recorded."""
+        return site in self._blocks
 
     def block_call(self, site: int) -> tuple[tuple, dict]:
         """The arguments the model called block ``site`` with (for replays)."""
@@ -341,7 +353,10 @@ def _make_run(
     if gradients:
         pixels.requires_grad_(True)  # the graph reaches every block although the parameters need no grad
     mode = torch.enable_grad() if gradients else torch.inference_mode()
-    with mode, active(loaded, record=None, grad=gradients, call=call) as state:
+    # Every point but the patterns: the recorder already holds each block's live probabilities (``_raw``), and a
+    # family's ``probs`` may compute them (T2T's performer), so they are not taken twice.
+    record = [n for n, p in points.by_name.items() if p.kind != "pattern"]
+    with mode, active(loaded, record=record, grad=gradients) as state:
         out = run_forward(loaded, pixels, rec)
         graph_scores = scorer(out)  # None for a backbone (no classifier, no label embeddings)
     cap = captures_from(loaded, rec, out, resized, hw, 5)[0]

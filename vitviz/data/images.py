@@ -58,12 +58,14 @@ class DecodeBudget:
             raise ValueError("a decode budget needs a positive size and a wait of 0 s or more")
         self.total, self.wait_s = int(total_bytes), float(wait_s)
         self.used = 0
-        self.peak = 0  # the most ever held at once (for tests and logs)
+        self.peak = 0  # the most held at once since the last resize (for tests and logs)
         self._cond = threading.Condition()
 
     def resize(self, total_bytes: int, wait_s: float | None = None) -> None:
+        """A new size (and wait); ``peak`` starts again from what is held now."""
         with self._cond:
             self.total = int(total_bytes)
+            self.peak = self.used
             if wait_s is not None:
                 self.wait_s = float(wait_s)
             self._cond.notify_all()
@@ -177,22 +179,25 @@ def read_image(
             warnings.simplefilter("ignore", UserWarning)  # Pillow's notes on damaged metadata
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(data), formats=FORMATS)
-            w, h = img.size
-            if w < 1 or h < 1:
-                raise ImageError("The image has no pixels.")
-            if w * h > max_pixels:
-                raise ImageError(
-                    f"The image is {w} x {h} = {w * h / 1e6:.0f} megapixels; vitviz accepts at most "
-                    f"{max_pixels / 1e6:.0f} megapixels. Downscale it and upload again."
-                )
-            if max(w, h) > max_side:
-                raise ImageError(
-                    f"The image is {w} x {h} pixels; vitviz accepts sides of at most {max_side:,} pixels. "
-                    "Crop or downscale it and upload again."
-                )
-            cost = decode_cost((w, h), img.mode)
-            budget.reserve(cost)  # waits while other sessions decode; refuses after a while
-            try:
+        w, h = img.size
+        if w < 1 or h < 1:
+            raise ImageError("The image has no pixels.")
+        if w * h > max_pixels:
+            raise ImageError(
+                f"The image is {w} x {h} = {w * h / 1e6:.0f} megapixels; vitviz accepts at most "
+                f"{max_pixels / 1e6:.0f} megapixels. Downscale it and upload again."
+            )
+        if max(w, h) > max_side:
+            raise ImageError(
+                f"The image is {w} x {h} pixels; vitviz accepts sides of at most {max_side:,} pixels. "
+                "Crop or downscale it and upload again."
+            )
+        cost = decode_cost((w, h), img.mode)
+        budget.reserve(cost)  # waits while other sessions decode (outside catch_warnings: it is process-global)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
                 if getattr(img, "n_frames", 1) > 1:
                     notes.append(f"animated image: using the first of its {img.n_frames} frames")
                     img.seek(0)
@@ -200,8 +205,8 @@ def read_image(
                 img = ImageOps.exif_transpose(img) or img
                 rgb = _to_rgb(img, notes)
                 rgb.load()
-            finally:
-                budget.release(cost)
+        finally:
+            budget.release(cost)
     except ImageError:
         raise
     except (UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:

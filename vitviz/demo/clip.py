@@ -180,8 +180,11 @@ class _Captions:
 def _multi_positive_loss(logits: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
     """Symmetric contrastive loss with several positives per row and column (mean log-likelihood of each positive)."""
     pos = positive.float()
-    img = -(torch.log_softmax(logits, dim=1) * pos).sum(1) / pos.sum(1)
-    txt = -(torch.log_softmax(logits, dim=0) * pos).sum(0) / pos.sum(0)
+    rows, cols = pos.sum(1), pos.sum(0)
+    # a caption no image of the batch matches (its colour word names no image's colour) has no positive: it is
+    # left out, not divided by zero (0 / 0 made every weight NaN after one step with small batches)
+    img = (-(torch.log_softmax(logits, dim=1) * pos).sum(1))[rows > 0] / rows[rows > 0]
+    txt = (-(torch.log_softmax(logits, dim=0) * pos).sum(0))[cols > 0] / cols[cols > 0]
     return 0.5 * (img.mean() + txt.mean())
 
 

@@ -4,7 +4,10 @@ Two inputs are accepted by :func:`read_dataset`:
 
 * **A folder**: every file with an image suffix (``.png .jpg .jpeg .webp .bmp .gif .tif
   .tiff``, any case) under it, sub-folders included, in sorted order; hidden files and
-  folders (``.name``) are ignored. Other files are reported and skipped.
+  folders (``.name``) are ignored. Other files are reported and skipped, and so are
+  entries that are not regular files (a FIFO named ``x.png``, a link to ``/dev/zero``)
+  and files over :data:`vitviz.data.images.MAX_BYTES`: their size is checked before
+  anything is read, and they are never opened.
 * **A CSV** in the format ``python -m vitviz demo-data`` writes
   (:func:`vitviz.data.shapes.write_dataset`): columns ``file,label,x0,y0,x1,y1``;
   ``file`` is relative to the CSV's folder (or absolute); ``label`` (optional) is the
@@ -25,13 +28,15 @@ from __future__ import annotations
 
 import csv
 import math
+import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 
 from PIL import Image
 
-from vitviz.data.images import load_image
+from vitviz.data.images import MAX_BYTES, load_image
 from vitviz.errors import VitvizError
 
 __all__ = [
@@ -141,6 +146,37 @@ def read_dataset(path: str | Path, *, limit: int | None = None) -> Dataset:
     raise DataError(f"'{p}' does not exist: give a folder of images or a CSV with columns {','.join(CSV_COLUMNS)}")
 
 
+def _not_a_regular_file(path: Path, max_bytes: int = MAX_BYTES) -> str | None:
+    """Why ``path`` cannot be read as an image file (None when it can): only regular files (a symbolic link to
+    one is fine) of at most ``max_bytes``; FIFOs, devices and sockets are never opened."""
+    try:
+        st = path.stat()  # follows a symbolic link, without opening anything
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) else "not a file"
+        return f"not a regular file ({kind}): not read"
+    if st.st_size > max_bytes:
+        return f"{st.st_size / 2**20:.0f} MB, more than the {max_bytes / 2**20:.0f} MB an image may have: not read"
+    return None
+
+
+def _read_regular(path: str | Path, max_bytes: int = MAX_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes``, checked on the open file (no race with a swap)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO swapped in cannot block
+    except OSError as exc:
+        raise DataError(f"'{path}' cannot be read ({exc.strerror or exc})") from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise DataError(f"'{path}' is not a regular file: not read")
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise DataError(f"'{path}' is larger than the {max_bytes / 2**20:.0f} MB an image may have: not read")
+    return data
+
+
 def _hidden(rel: PurePath) -> bool:
     return any(part.startswith(".") for part in rel.parts)
 
@@ -160,6 +196,10 @@ def read_folder(folder: str | Path, *, limit: int | None = None) -> Dataset:
         if f.suffix.lower() not in IMAGE_SUFFIXES:
             hint = " (to use its labels and boxes, pass the CSV itself as --data)" if f.suffix.lower() == ".csv" else ""
             ds.skipped.append(Skipped(str(f), f"not an image file (expected {' '.join(IMAGE_SUFFIXES)}){hint}"))
+            continue
+        why = _not_a_regular_file(f)
+        if why:
+            ds.skipped.append(Skipped(str(f), why))
             continue
         ds.items.append(Item(image_id=rel, path=str(f), source=str(f)))
     if not ds.items and not ds.skipped:
@@ -258,8 +298,11 @@ def _row_item(row: dict, root: Path, where: str, has_boxes: bool) -> Item:
     if not name:
         raise DataError("the file cell is empty")
     path = Path(name) if Path(name).is_absolute() else root / name
-    if not path.is_file():
+    if not path.exists():
         raise DataError(f"no such file '{path}'")
+    why = _not_a_regular_file(path)
+    if why:
+        raise DataError(f"'{path}': {why}")
     box = _box(row) if has_boxes else None
     label = (row.get("label") or "").strip() or None
     return Item(image_id=PurePath(name).as_posix(), path=str(path), label=label, box=box, source=where)
@@ -271,7 +314,7 @@ def load_item(item: Item) -> Image.Image:
     Checks that the box (if any) lies inside the image: ``0 <= x0 < x1 <= width`` and
     likewise for y.
     """
-    image = load_image(item.path)
+    image = load_image(_read_regular(item.path))
     if item.box is not None:
         x0, y0, x1, y1 = item.box
         w, h = image.size

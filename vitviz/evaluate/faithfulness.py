@@ -12,11 +12,23 @@ Definitions (``ALGORITHMS.md``, "Faithfulness"). A map ``m`` on the first stage'
   of the first ``k`` cells of the order are replaced by the input's per-channel mean
   (mean over all its pixels); the curve is the softmax probability of c at each step.
   Lower area is more faithful.
-* **Insertion**: start from the input blurred by a Gaussian of sigma = patch size / 2
-  pixels and put back the original pixels of the first ``k`` cells. Higher is better.
-  The blur (:func:`gaussian_blur`): kernel ``exp(-d^2 / (2 sigma^2))`` truncated at
-  ``round(4 sigma)`` pixels, normalised to sum 1, borders mirrored half-sample
-  (``d c b a | a b c d``), i.e. ``scipy.ndimage.gaussian_filter(mode="reflect")``.
+* **Insertion**: start from an image that hides the evidence (the *insertion start*,
+  :func:`insertion_start_image`) and put back the original pixels of the first ``k``
+  cells. Higher is better. Starts (``ALGORITHMS.md``, "Insertion baselines"):
+
+  - ``blur``: the input blurred by a Gaussian of sigma = patch size / 2 pixels
+    (:func:`gaussian_blur`): kernel ``exp(-d^2 / (2 sigma^2))`` truncated at
+    ``round(4 sigma)`` pixels, normalised to sum 1, borders mirrored half-sample
+    (``d c b a | a b c d``), i.e. ``scipy.ndimage.gaussian_filter(mode="reflect")``;
+    RISE's start. It keeps colour: where colour is the evidence, insertion is flat.
+  - ``mean``: every pixel the input's per-channel mean (the deletion fill);
+  - ``grey``: every channel half its full range (127.5 / 255 of it: 0.5 on [0, 1]);
+  - ``noise``: i.i.d. uniform values over each channel's full range, from
+    ``numpy.random.default_rng(seed)`` (the caller's seed).
+
+  The default, :data:`DEFAULT_INSERTION_START`, is ``mean``: on held-out demo images
+  (colour is the evidence there) relevance and rollout insert faster than random under
+  it, and not under ``blur`` (README, "Which map can you trust?").
 * **Area**: the trapezoid rule over the fraction ``k / N`` in [0, 1].
 * **Peak in box**: the cell with the largest value (ties: lowest index) has its centre
   inside the object's box ``(x0, y0, x1, y1)`` in pixels of the model input (x1, y1
@@ -69,6 +81,9 @@ __all__ = [
     "trapezoid_area",
     "gaussian_blur",
     "blur_matrix",
+    "INSERTION_STARTS",
+    "DEFAULT_INSERTION_START",
+    "insertion_start_image",
     "peak_in_box",
     "Perturbations",
     "faithfulness",
@@ -76,6 +91,8 @@ __all__ = [
 ]
 
 POINTS = 21
+INSERTION_STARTS = ("blur", "mean", "grey", "noise")  # what insertion starts from (module docstring)
+DEFAULT_INSERTION_START = "mean"
 Progress = Callable[[int, int], None]  # (images forwarded so far, images to forward) in this call
 
 
@@ -91,7 +108,8 @@ class Faithfulness:
     ``k / N``; ``deletion``, ``insertion`` ``(21,)`` float64: softmax probability of
     ``class_index`` at each point; ``*_area``: trapezoid areas over ``fractions``;
     ``probability``: that of the unperturbed input; ``peak_in_box``: None without a box.
-    ``map``: the map that was scored.
+    ``map``: the map that was scored. ``insertion_start``: what insertion started from
+    (one of :data:`INSERTION_STARTS`).
     """
 
     map: MethodMap = field(repr=False)
@@ -105,6 +123,7 @@ class Faithfulness:
     insertion_area: float
     probability: float
     peak_in_box: bool | None
+    insertion_start: str = "blur"
 
     def __post_init__(self) -> None:
         for name in ("steps", "fractions", "deletion", "insertion"):
@@ -161,6 +180,27 @@ def gaussian_blur(image: np.ndarray, sigma: float) -> np.ndarray:
     return kh @ x @ kw.T  # (h, h) @ (C, h, w) @ (w, w)
 
 
+def insertion_start_image(
+    raw: np.ndarray, start: str, *, sigma: float, full_range: float = 1.0, seed: int = 0
+) -> np.ndarray:
+    """The image insertion starts from, ``(C, h, w)`` float64, for the model input ``raw`` ``(C, h, w)``.
+
+    ``start``: one of :data:`INSERTION_STARTS` (module docstring); ``sigma``: the blur's,
+    in pixels; ``full_range``: the largest value a channel can take (1.0 for inputs
+    rescaled to [0, 1]); ``seed``: the noise generator's.
+    """
+    x = np.asarray(raw, dtype=np.float64)
+    if start == "blur":
+        return gaussian_blur(x, sigma)
+    if start == "mean":
+        return np.broadcast_to(x.mean(axis=(1, 2))[:, None, None], x.shape).copy()
+    if start == "grey":
+        return np.full(x.shape, 0.5 * full_range)
+    if start == "noise":
+        return np.random.default_rng(seed).uniform(0.0, full_range, size=x.shape)
+    raise FaithfulnessError(f"unknown insertion start {start!r}; choose one of {', '.join(INSERTION_STARTS)}")
+
+
 def peak_in_box(values: np.ndarray, box: Sequence[float], input_size: tuple[int, int]) -> bool:
     """Does the centre of the largest cell of ``values`` ``(gh, gw)`` (ties: lowest index) lie in ``box``?
 
@@ -179,16 +219,19 @@ def peak_in_box(values: np.ndarray, box: Sequence[float], input_size: tuple[int,
 # --- the engine ----------------------------------------------------------------------
 
 
-ORIGINAL, MEAN, BLUR = 0, 1, 2  # what a cell shows in a perturbed image
+ORIGINAL, MEAN, START = 0, 1, 2  # what a cell shows in a perturbed image
+BLUR = START  # the name of the start code when blur was the only start
 
 
 class Perturbations:
-    """One image, ready to score maps: the model input, its mean and blurred versions, and a cache of probabilities.
+    """One image, ready to score maps: the model input, its mean and insertion-start versions, and a cache of
+    probabilities.
 
-    Every perturbed image is a code per cell, ``ORIGINAL``, ``MEAN`` or ``BLUR``;
+    Every perturbed image is a code per cell, ``ORIGINAL``, ``MEAN`` or ``START``;
     an image's softmax probabilities are cached by its code, so that the images no map
-    changes (the original, the mean image, the blurred image) and any repeated image
-    are forwarded once. Construction runs the original (one forward, batch 1), which
+    changes (the original, the mean image, the start image) and any repeated image
+    are forwarded once. ``insertion_start``: one of :data:`INSERTION_STARTS`; ``seed``:
+    the noise start's generator seed. Construction runs the original (one forward, batch 1), which
     also reads the first stage's grid from the blocks as they ran.
     """
 
@@ -200,7 +243,14 @@ class Perturbations:
         size: int | tuple[int, int] | None = None,
         batch_size: int = 20,
         budget_bytes: int = DEFAULT_BUDGET_BYTES,
+        insertion_start: str = DEFAULT_INSERTION_START,
+        seed: int = 0,
     ) -> None:
+        if insertion_start not in INSERTION_STARTS:
+            raise FaithfulnessError(
+                f"unknown insertion start {insertion_start!r}; choose one of {', '.join(INSERTION_STARTS)}"
+            )
+        self.insertion_start = insertion_start
         if not loaded.has_classifier:
             raise FaithfulnessError(
                 f"'{loaded.name}' is a backbone without a classifier: deletion and insertion need class probabilities."
@@ -217,11 +267,13 @@ class Perturbations:
         self.sigma = loaded.patch_size / 2.0
         fills = {
             MEAN: np.broadcast_to(self.raw.mean(axis=(1, 2), dtype=np.float64)[:, None, None], self.raw.shape),
-            BLUR: gaussian_blur(self.raw, self.sigma),
+            START: insertion_start_image(
+                self.raw, insertion_start, sigma=self.sigma, full_range=255.0 * loaded.rescale_factor, seed=seed
+            ),
         }
         self._sources = torch.from_numpy(
-            np.stack([self.raw, fills[MEAN].astype(np.float32), fills[BLUR].astype(np.float32)])
-        )  # (3 sources, 3, h, w) float32: ORIGINAL, MEAN, BLUR
+            np.stack([self.raw, fills[MEAN].astype(np.float32), fills[START].astype(np.float32)])
+        )  # (3 sources, 3, h, w) float32: ORIGINAL, MEAN, START
         self._mean = torch.tensor(loaded.image_mean, dtype=torch.float32).view(1, 3, 1, 1)
         self._std = torch.tensor(loaded.image_std, dtype=torch.float32).view(1, 3, 1, 1)
         rec = GeometryRecorder(loaded, Call(loaded.config, hw, 1))
@@ -232,12 +284,15 @@ class Perturbations:
         self.num_cells = self.grid[0] * self.grid[1]
         self._cells = torch.from_numpy(cell_of_pixels(self.grid, hw))  # (h, w) cell of each pixel
         self._cache: dict[bytes, np.ndarray] = {}
-        self._cache[np.zeros(self.num_cells, np.uint8).tobytes()] = self._softmax(logits)[0]
+        self._cache[np.zeros(self.num_cells, np.uint8).tobytes()] = self._probabilities(logits)[0]
         self.forwards = 1  # images forwarded so far (for benchmarks and tests)
 
-    @staticmethod
-    def _softmax(logits: torch.Tensor) -> np.ndarray:
-        return torch.softmax(logits.detach().double(), dim=-1).cpu().numpy()
+    def _probabilities(self, logits: torch.Tensor) -> np.ndarray:
+        """Class probabilities by the model's rule: a softmax, or each label's own sigmoid (SigLIP labels)."""
+        z = logits.detach().double()
+        if getattr(self.loaded.family, "probability_rule", "softmax") == "sigmoid":
+            return torch.sigmoid(z).cpu().numpy()
+        return torch.softmax(z, dim=-1).cpu().numpy()
 
     @property
     def original_probabilities(self) -> np.ndarray:
@@ -245,11 +300,11 @@ class Perturbations:
         return self._cache[np.zeros(self.num_cells, np.uint8).tobytes()]
 
     def images(self, codes: np.ndarray) -> torch.Tensor:
-        """Normalised model inputs ``(K, 3, h, w)`` for cell codes ``(K, N)`` (ORIGINAL / MEAN / BLUR per cell)."""
+        """Normalised model inputs ``(K, 3, h, w)`` for cell codes ``(K, N)`` (ORIGINAL / MEAN / START per cell)."""
         per_pixel = torch.from_numpy(np.asarray(codes, dtype=np.int64))[:, self._cells]  # (K, h, w)
         src = self._sources  # (3, 3, h, w)
         x = torch.where((per_pixel == MEAN)[:, None], src[MEAN], src[ORIGINAL])
-        x = torch.where((per_pixel == BLUR)[:, None], src[BLUR], x)
+        x = torch.where((per_pixel == START)[:, None], src[START], x)
         x = (x - self._mean) / self._std
         return x.to(device=self.loaded.device, dtype=self.loaded.dtype)
 
@@ -262,7 +317,7 @@ class Perturbations:
             chunk = todo[start : start + self.batch_size]
             batch = self.images(np.stack([np.frombuffer(k, dtype=np.uint8) for k in chunk]))
             with torch.inference_mode():
-                probs = self._softmax(class_logits(self.loaded, batch, self.input_size))
+                probs = self._probabilities(class_logits(self.loaded, batch, self.input_size))
             self._cache.update(zip(chunk, probs, strict=True))
             self.forwards += len(chunk)
             if progress is not None:
@@ -314,6 +369,7 @@ class Perturbations:
                     insertion_area=trapezoid_area(fractions, insertion),
                     probability=float(self.original_probabilities[c]),
                     peak_in_box=None if box is None else peak_in_box(mmap.values, box, self.input_size),
+                    insertion_start=self.insertion_start,
                 )
             )
         return out
@@ -334,7 +390,7 @@ class Perturbations:
         rank[patch_order(mmap.values)] = np.arange(self.num_cells)
         first_k = rank[None, :] < steps[:, None]  # (21, N): the cell is among the first k of the order
         deletion = np.where(first_k, MEAN, ORIGINAL)
-        insertion = np.where(first_k, ORIGINAL, BLUR)
+        insertion = np.where(first_k, ORIGINAL, START)
         return np.concatenate([deletion, insertion]).astype(np.uint8)
 
     def _class(self, mmap: MethodMap, class_index: int | None) -> int:
@@ -364,17 +420,19 @@ def faithfulness(
     size: int | tuple[int, int] | None = None,
     batch_size: int = 20,
     progress: Progress | None = None,
+    insertion_start: str = DEFAULT_INSERTION_START,
+    seed: int = 0,
 ) -> Faithfulness:
     """Deletion and insertion curves of one map of ``image`` (see the module docstring).
 
     ``values``: a :class:`MethodMap` (its class and input size are used) or raw ``(gh, gw)``
     values on the first stage's grid at input ``size``. To score several maps of one
     image, build one :class:`Perturbations` and call its ``curves`` (the images no map
-    changes are then forwarded once).
+    changes are then forwarded once). ``insertion_start``, ``seed``: as :class:`Perturbations`.
     """
     if isinstance(values, MethodMap) and size is None:
         size = values.input_size
-    pert = Perturbations(loaded, image, size=size, batch_size=batch_size)
+    pert = Perturbations(loaded, image, size=size, batch_size=batch_size, insertion_start=insertion_start, seed=seed)
     return pert.curves(values, class_index=class_index, box=box, progress=progress)
 
 
@@ -389,14 +447,16 @@ def evaluate_methods(
     seed: int = 0,
     batch_size: int = 20,
     progress: Progress | None = None,
+    insertion_start: str = DEFAULT_INSERTION_START,
 ) -> dict[str, Faithfulness]:
     """Every method's map of ``image`` (default: all that apply) and its curves, for one class.
 
     ``class_index`` None: the predicted class. ``progress(done, total)`` counts the
     perturbed images forwarded (all methods' images go through the model together).
-    Maps come from :func:`vitviz.methods.explain_many` (one capture shared).
+    Maps come from :func:`vitviz.methods.explain_many` (one capture shared). ``seed`` also
+    seeds the noise start.
     """
     maps = explain_many(loaded, image, methods, class_index=class_index, size=size, seed=seed)
-    pert = Perturbations(loaded, image, size=size, batch_size=batch_size)
+    pert = Perturbations(loaded, image, size=size, batch_size=batch_size, insertion_start=insertion_start, seed=seed)
     scored = pert.curves_many(list(maps.values()), class_index=class_index, box=box, progress=progress)
     return dict(zip(maps, scored, strict=True))

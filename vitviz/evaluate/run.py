@@ -45,8 +45,11 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from PIL import Image
 
+from vitviz.errors import CaptureError
 from vitviz.evaluate.data import Dataset, Item, Skipped, read_dataset
+from vitviz.evaluate.faithfulness import DEFAULT_INSERTION_START, INSERTION_STARTS
 from vitviz.evaluate.results import (
     SCHEMA,
     SCHEMA_VERSION,
@@ -57,8 +60,9 @@ from vitviz.evaluate.results import (
 )
 from vitviz.evaluate.worker import EvaluateError, Evaluator, RunConfig, failure
 from vitviz.methods import available_methods, get_method, why_unavailable
-from vitviz.methods.base import MethodError
+from vitviz.methods.base import Inputs, MethodError
 from vitviz.models.load import LoadedModel, load_model
+from vitviz.models.zeroshot import as_classifier, parse_labels, vocabulary_warning
 
 __all__ = [
     "ENGINES",
@@ -79,6 +83,13 @@ Progress = Callable[[int, int], None]  # (images finished, skipped included, pre
 
 def resolve_methods(loaded: LoadedModel, methods: Sequence[str] | None) -> tuple[str, ...]:
     """The methods to run: all that apply (None) or those named, each checked; :class:`MethodError` says why not."""
+    if not loaded.has_classifier and loaded.zero_shot:
+        raise EvaluateError(
+            f"'{loaded.name}' is a zero-shot model: give the labels to score each image against with --labels "
+            '(e.g. --labels "cat,dog,car"), optionally with --template'
+        )
+    if not loaded.has_classifier and loaded.text_note:
+        raise EvaluateError(loaded.text_note)
     if not loaded.has_classifier:
         raise EvaluateError(
             f"'{loaded.name}' is a backbone without a classifier: deletion and insertion score class "
@@ -223,7 +234,10 @@ def _settings(config: RunConfig, dataset: Dataset) -> dict:
         "methods": list(config.methods),
         "size": config.to_dict()["size"],
         "seed": config.seed,
+        "insertion_start": config.insertion_start,
         "data": str(dataset.source.resolve()),
+        **({"relevance_from_block": config.relevance_from_block} if config.relevance_from_block else {}),
+        **({"labels": list(config.labels), "template": config.template} if config.labels else {}),
     }
 
 
@@ -297,6 +311,10 @@ def evaluate_dataset(
     chunk_seconds: float = 60.0,
     loaded: LoadedModel | None = None,
     ray_actors: int | None = None,
+    insertion_start: str = DEFAULT_INSERTION_START,
+    relevance_from_block: int = 0,
+    labels: str | None = None,
+    template: str | None = None,
     overwrite: bool = False,
 ) -> RunReport:
     """Evaluate every image of ``data`` (folder or CSV) with ``methods`` and write ``out`` (module docstring).
@@ -320,12 +338,31 @@ def evaluate_dataset(
         raise EvaluateError(f"--batch-size must be at least 1, got {batch_size}")
     if ray_actors is not None and ray_actors < 1:
         raise EvaluateError(f"--actors must be at least 1, got {ray_actors}")
+    if insertion_start not in INSERTION_STARTS:
+        raise EvaluateError(f"unknown insertion start {insertion_start!r}; choose one of {', '.join(INSERTION_STARTS)}")
     out = Path(out)
     if out.is_dir():
         raise EvaluateError(f"--out '{out}' is a folder; give a file name such as results.parquet")
+    from vitviz.cli_checks import check_output_folder
+
+    check_output_folder(out.parent, "--out's folder")  # writable (created if missing) before any work
     dataset = read_dataset(data, limit=limit)
     if loaded is None:
         loaded = load_model(model, device=device)
+    if size is not None:
+        from vitviz.cli_checks import check_against_model
+
+        check_against_model(loaded, size, None)  # at least one patch per side
+    label_set, notes = None, []
+    if labels is not None:
+        if loaded.text is None:
+            raise EvaluateError(
+                loaded.text_note
+                or f"'{loaded.name}' has no text tower: --labels needs a CLIP- or SigLIP-style two-tower checkpoint"
+            )
+        label_set = parse_labels(labels, template if template is not None else loaded.text.template)
+        notes = [*label_set.notes, vocabulary_warning(loaded.text, label_set, loaded.name)]
+        loaded = as_classifier(loaded, label_set)
     config = RunConfig(
         model=model,
         methods=resolve_methods(loaded, methods),
@@ -333,8 +370,21 @@ def evaluate_dataset(
         seed=seed,
         batch_size=batch_size,
         device=device,
+        insertion_start=insertion_start,
+        relevance_from_block=relevance_from_block,
+        labels=label_set.names if label_set else (),
+        template=label_set.template if label_set else "{}",
     )
+    if relevance_from_block and "relevance" in config.methods:
+        from vitviz.capture.gradients import start_block_index
+
+        try:  # a block the model does not have is refused before any image
+            blocks = Inputs(loaded, Image.new("RGB", (8, 8)), size=size).capture.blocks
+            start_block_index([b.geometry for b in blocks], relevance_from_block)
+        except CaptureError as exc:
+            raise EvaluateError(str(exc)) from None
     work = WorkDir(out)
+    work.notes.extend(n for n in notes if n)
     settings = _settings(config, dataset)
     if overwrite:
         work.remove()  # unfinished work of other settings goes; the results file is replaced at the end
@@ -373,7 +423,10 @@ def evaluate_dataset(
         size=config.to_dict()["size"],
         data=str(dataset.source),
         engine=engine,
+        relevance_from_block=relevance_from_block,
+        **({"labels": list(config.labels), "template": config.template} if config.labels else {}),
         points=21,
+        insertion_start=insertion_start,
         skipped=[{"where": s.where, "reason": s.reason} for s in dataset.skipped + skipped],
         settings=settings,
     )

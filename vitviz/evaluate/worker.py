@@ -13,11 +13,12 @@ from PIL import Image
 from vitviz.analysis.stats import summary_table
 from vitviz.errors import VitvizError
 from vitviz.evaluate.data import Item, Skipped, load_item, scale_box
-from vitviz.evaluate.faithfulness import Perturbations
+from vitviz.evaluate.faithfulness import DEFAULT_INSERTION_START, Perturbations
 from vitviz.evaluate.results import image_seed, make_rows
 from vitviz.methods import get_method
 from vitviz.methods.base import Inputs
 from vitviz.models.load import LoadedModel, load_model
+from vitviz.models.zeroshot import Labels, LabelScores, as_classifier
 
 __all__ = ["EvaluateError", "RunConfig", "Evaluator", "failure"]
 
@@ -41,10 +42,15 @@ class RunConfig:
     seed: int = 0
     batch_size: int = 20
     device: str | None = None
+    insertion_start: str = DEFAULT_INSERTION_START
+    relevance_from_block: int = 0  # relevance through blocks k..L-1 (0: all, MM-Explainability's start_layer=0)
+    labels: tuple[str, ...] = ()  # zero-shot models: the labels each image is scored against (their texts)
+    template: str = "{}"  # the prompt template the labels go into
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["methods"] = list(self.methods)
+        d["labels"] = list(self.labels)
         d["size"] = list(self.size) if isinstance(self.size, tuple) else self.size
         return d
 
@@ -58,7 +64,24 @@ class RunConfig:
             seed=int(d.get("seed", 0)),
             batch_size=int(d.get("batch_size", 20)),
             device=d.get("device"),
+            insertion_start=d.get("insertion_start", "blur"),  # runs written before the choice used blur
+            relevance_from_block=int(d.get("relevance_from_block", 0)),
+            labels=tuple(d.get("labels", ())),
+            template=d.get("template", "{}"),
         )
+
+    def label_set(self) -> Labels | None:
+        """The zero-shot labels as :class:`~vitviz.models.zeroshot.Labels` (None: the model's own classes)."""
+        if not self.labels:
+            return None
+        prompts = tuple(self.template.replace("{}", name, 1) for name in self.labels)
+        return Labels(self.labels, prompts, self.template)
+
+    def method(self, name: str):
+        """The method ``name`` with this run's options (relevance: ``from_block``)."""
+        if name == "relevance" and self.relevance_from_block:
+            return get_method(name, from_block=self.relevance_from_block)
+        return get_method(name)
 
 
 class Evaluator:
@@ -67,7 +90,9 @@ class Evaluator:
     def __init__(self, config: RunConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
         self.loaded = loaded if loaded is not None else load_model(config.model, device=config.device)
-        self.methods = [get_method(m) for m in config.methods]
+        if config.labels and not isinstance(self.loaded.family, LabelScores):  # labels are the classes
+            self.loaded = as_classifier(self.loaded, config.label_set())
+        self.methods = [config.method(m) for m in config.methods]
 
     def evaluate_item(self, item: Item) -> list[dict]:
         """Read, check and evaluate one item (raises :class:`~vitviz.errors.VitvizError` for a bad image)."""
@@ -81,7 +106,9 @@ class Evaluator:
         cls = inputs.predicted_class()
         seed = image_seed(cfg.seed, item.image_id)
         maps = {m.name: m(inputs, class_index=cls, seed=seed) for m in self.methods}
-        pert = Perturbations(loaded, image, size=cfg.size, batch_size=cfg.batch_size)
+        pert = Perturbations(
+            loaded, image, size=cfg.size, batch_size=cfg.batch_size, insertion_start=cfg.insertion_start, seed=seed
+        )
         box = None if item.box is None else scale_box(item.box, image.size, pert.input_size)
         scored = pert.curves_many(list(maps.values()), class_index=cls, box=box)
         return make_rows(

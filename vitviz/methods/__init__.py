@@ -10,6 +10,7 @@ curves (:mod:`vitviz.evaluate.faithfulness`). One module per method:
 ``relevance``             class-specific relevance (Chefer, Gur & Wolf 2021)
 ``gradcam``               Grad-CAM on the tokens entering the last attention block
 ``integrated_gradients``  Integrated Gradients from the mean image (captum), pooled per cell
+``attnlrp``               AttnLRP (Achtibat et al. 2024): LRP rules as gradient x input, pooled per cell
 ``random``                i.i.d. uniform values from a seeded generator (the floor)
 ========================  ==================================================================
 
@@ -27,6 +28,7 @@ from PIL import Image
 
 from vitviz.capture.targets import Target, TargetError
 from vitviz.methods.attention import Attention
+from vitviz.methods.attnlrp import AttnLRP
 from vitviz.methods.base import Inputs, Method, MethodError, MethodMap, place_on_grid, pool_to_grid
 from vitviz.methods.gradcam import GradCam
 from vitviz.methods.integrated_gradients import IntegratedGradients
@@ -53,7 +55,7 @@ __all__ = [
 ]
 
 METHODS: dict[str, Method] = {
-    m.name: m for m in (Attention(), Rollout(), Relevance(), GradCam(), IntegratedGradients(), RandomMap())
+    m.name: m for m in (Attention(), Rollout(), Relevance(), GradCam(), IntegratedGradients(), AttnLRP(), RandomMap())
 }
 
 

@@ -150,8 +150,13 @@ class Inputs:
 
     @property
     def capture(self) -> Capture:
-        if self._capture is None:
-            self._capture = capture(self.loaded, self.image, size=self.size, top_k=1)
+        if self._capture is None:  # the image's Run's, where a view made one (no second forward)
+            from vitviz.capture.session import peek_run
+
+            run = peek_run(self.loaded, self.image, size=self.size)
+            self._capture = (
+                run.capture if run is not None else capture(self.loaded, self.image, size=self.size, top_k=1)
+            )
         return self._capture
 
     def pixels(self) -> torch.Tensor:
@@ -207,7 +212,7 @@ class Method:
                 return f"{self.title} is not defined for {loaded.family.name}: {note}"
         label_ok = target is not None and target.is_label and getattr(loaded, "zero_shot", False)
         if self.class_specific and not loaded.has_classifier and not label_ok:
-            return f"{self.title} explains a class logit, and '{loaded.name}' is a backbone without a classifier."
+            return f"{self.title} explains a class logit, and {loaded.no_classes}"
         return ""
 
     def describe(self, inputs: Inputs, seed: int) -> str:

@@ -8,6 +8,7 @@ message that says how to fix it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -24,7 +25,8 @@ from vitviz.models.bundled import bundled
 from vitviz.models.families import Family, family_for
 from vitviz.models.hooks import install
 from vitviz.models.points import install_points
-from vitviz.models.zeroshot import TextTower, text_tower
+from vitviz.models.weights_index import INDEX, index_problem
+from vitviz.models.zeroshot import TextTower, text_tower, text_tower_note
 from vitviz.record import PositionInfo
 
 __all__ = ["LoadedModel", "DEMO_NAME", "load_model", "pick_device", "resolve_source", "parse_model_name"]
@@ -58,6 +60,7 @@ class LoadedModel:
     position: PositionInfo  # absolute tables per stage, relative biases, or a note saying why none
     patch_weights: np.ndarray | None = field(repr=False)  # (D, C, k, k) first convolution
     text: TextTower | None = field(default=None, repr=False)  # two-tower models: labels a user types
+    text_note: str = ""  # a text tower without its tokenizer: why there are no zero-shot labels
 
     @property
     def config(self):
@@ -83,6 +86,11 @@ class LoadedModel:
     @property
     def has_classifier(self) -> bool:
         return self.id2label is not None
+
+    @property
+    def no_classes(self) -> str:
+        """Why the model scores no classes: its text tower lacks a tokenizer, or it is a backbone without a classifier."""
+        return self.text_note or f"'{self.name}' is a backbone without a classifier."
 
     @property
     def zero_shot(self) -> bool:
@@ -168,6 +176,16 @@ def _check_local_weights(folder: Path, allow_pickle: bool) -> bool:
     if not (folder / "config.json").is_file():
         raise ModelLoadError(f"'{folder}' has no config.json: point to a folder written by save_pretrained.")
     if any((folder / f).is_file() for f in _SAFE_WEIGHTS):
+        index = folder / INDEX
+        if index.is_file():
+            try:
+                why = index_problem(index.read_text(encoding="utf-8"), {p.name for p in folder.glob("*.safetensors")})
+            except (OSError, UnicodeDecodeError):
+                why = "that cannot be read"
+            if why is not None:
+                raise ModelLoadError(
+                    f"'{folder}' has a weights index ({INDEX}) {why}; vitviz loads only its own files."
+                )
         return True
     if any((folder / f).is_file() for f in _PICKLE_WEIGHTS):
         if allow_pickle:
@@ -235,6 +253,20 @@ def _refuse_remote_code(name: str, files: list[Path]) -> None:
                 f"'{name}' asks to run code shipped with it (auto_map in {path.name}); vitviz never runs a "
                 "checkpoint's own code. Use a checkpoint of an architecture transformers provides."
             )
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """transformers' own load report (coloured, many lines) off while loading: vitviz says what matters itself
+    (:func:`_refuse_incomplete`). Process-wide; two loads at once may leave it at errors only."""
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(before)
 
 
 _SHOWN = 3  # keys named in a message
@@ -425,7 +457,7 @@ def load_model(
     family = family_for(config)  # raises UnsupportedModelError before any weights load
 
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _quiet_transformers():
             warnings.simplefilter("ignore")
             model, info = _auto_class(config).from_pretrained(
                 source,
@@ -445,6 +477,7 @@ def load_model(
 
     prep = _processor_settings(source, config, hub_kwargs)
     text = text_tower(model, source, hub_kwargs, info.get("missing_keys", ()))
+    text_note = text_tower_note(model, name.strip()) if text is None else ""
     try:
         position = family.position_info(model)
         weights = family.patch_weight(model)
@@ -474,6 +507,7 @@ def load_model(
         position=position,
         patch_weights=weights,
         text=text,
+        text_note=text_note,
     )
     try:  # here, not lazily: never while others run the model
         install_points(loaded)  # the named hook points (vitviz.models.points): idle outside a call

@@ -266,10 +266,12 @@ def _input_hook(names: tuple[str, ...]):
         if state is None:
             return None
         if args:
+            if not isinstance(args[0], torch.Tensor):
+                return None
             out = state.visit(names, args[0])
             return None if out is None else ((out, *args[1:]), kwargs)
         x = kwargs.get("hidden_states")
-        if x is None:
+        if not isinstance(x, torch.Tensor):
             return None
         out = state.visit(names, x)
         return None if out is None else (args, {**kwargs, "hidden_states": out})

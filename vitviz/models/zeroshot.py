@@ -41,10 +41,15 @@ __all__ = [
     "Scores",
     "parse_labels",
     "text_tower",
+    "text_tower_note",
+    "unknown_words",
+    "vocabulary_warning",
     "encode_labels",
     "score",
     "from_logits",
     "label_target",
+    "LabelScores",
+    "as_classifier",
     "rank",
     "legend",
 ]
@@ -172,6 +177,9 @@ def text_tower(
             tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False, **hub_kwargs)
     except Exception:  # no tokenizer files: the image side still works, without typed labels
         return None
+    from vitviz.models.text_hooks import install_text_hooks
+
+    install_text_hooks(model)  # once, before the model is shared: prompt-word relevance reads the text attention
     config = model.config
     text_config = getattr(config, "text_config", config)
     siglip = hasattr(model, "logit_bias")
@@ -183,6 +191,57 @@ def text_tower(
         rule="sigmoid" if siglip else "softmax",
         template=_declared(source, "prompt_template") or DEFAULT_TEMPLATE,
         labels=_declared(source, "labels") or "",
+    )
+
+
+def text_tower_note(model: torch.nn.Module, source: str) -> str:
+    """Why a model with a text tower has no zero-shot labels (its folder has no tokenizer); "" when it has no text tower."""
+    if not hasattr(model, "get_text_features"):
+        return ""
+    return (
+        f"'{source}' has a text tower, but its folder has no tokenizer files (tokenizer.json, or the tokenizer's "
+        "vocabulary): zero-shot labels need the tokenizer. Copy the tokenizer files of the checkpoint it came from "
+        "into the folder; until then only the image tower's views work."
+    )
+
+
+def unknown_words(tower: TextTower, labels: Labels) -> dict[str, tuple[str, ...]]:
+    """Per label, the words of its prompt the tokenizer reads as its unknown token (labels without any are left out).
+
+    A word is the text the unknown token stands for, as the tokenizer cut it
+    (fast tokenizers' offsets); the template's words count too, since the text
+    tower reads the whole prompt. A tokenizer without an unknown token
+    (byte-level BPE, as CLIP's) knows every word: ``{}``.
+    """
+    tok = tower.tokenizer
+    unk = getattr(tok, "unk_token_id", None)
+    if unk is None:
+        return {}
+    found: dict[str, tuple[str, ...]] = {}
+    for name, prompt in zip(labels.names, labels.prompts, strict=True):
+        if getattr(tok, "is_fast", False):
+            enc = tok(prompt, add_special_tokens=False, return_offsets_mapping=True)
+            words = [prompt[a:b] for i, (a, b) in zip(enc["input_ids"], enc["offset_mapping"], strict=True) if i == unk]
+        else:  # slow tokenizers have no offsets: ask word by word
+            words = [w for w in prompt.split() if unk in tok(w, add_special_tokens=False)["input_ids"]]
+        words = [w for w in dict.fromkeys(words) if w.strip()]
+        if words:
+            found[name] = tuple(words)
+    return found
+
+
+def vocabulary_warning(tower: TextTower, labels: Labels, model_name: str) -> str:
+    """A warning naming the words of the prompts the model's tokenizer does not know ("" when it knows them all)."""
+    found = unknown_words(tower, labels)
+    if not found:
+        return ""
+    words = ", ".join(f"'{w}'" for w in dict.fromkeys(w for ws in found.values() for w in ws))
+    names = ", ".join(f"'{n}'" for n in found)
+    return (
+        f"{model_name}'s tokenizer does not know {words}: the text tower reads each as one unknown token, so "
+        f"the scores of {names} say nothing about {'that word' if words.count(',') == 0 else 'those words'} "
+        "(labels differing only there get the same score). Use words the model knows"
+        + (f", e.g. {tower.labels}." if tower.labels else ".")
     )
 
 
@@ -233,10 +292,44 @@ def encode_labels(model: torch.nn.Module, tower: TextTower, labels: Labels, *, c
         batch = {k: v.to(device) for k, v in batch.items() if k in ("input_ids", "attention_mask", "position_ids")}
         if tower.padding == "max_length":
             batch.pop("attention_mask", None)  # SigLIP's text tower attends over the padding it was trained with
-        feats = model.get_text_features(**batch)
-        feats = getattr(feats, "pooler_output", feats)
+        if _pools_last(model) and set(batch) == {"input_ids"}:
+            feats = _last_token_features(model.text_model, batch["input_ids"])
+        else:
+            feats = model.get_text_features(**batch)
+            feats = getattr(feats, "pooler_output", feats)
         out.append(feats.float().cpu().numpy())
     return np.concatenate(out)
+
+
+def _pools_last(model: torch.nn.Module) -> bool:
+    """A SigLIP-style text tower (``SiglipTextModel``): pre-norm layers, then ``head(final_norm(h)[:, -1])``."""
+    text = getattr(model, "text_model", None)
+    return type(text).__name__ in ("SiglipTextModel", "Siglip2TextModel") and hasattr(text, "head")
+
+
+def _last_token_features(text: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    """``SiglipTextModel``'s pooled output, computing the last block for the pooled (last) token only.
+
+    The tower reads ``head(final_layer_norm(h)[:, -1])``: in the last block every token's keys and
+    values are needed, but only the last token's query, attention output and MLP, which saves
+    about 5/6 of that block's work. The same numbers as ``get_text_features`` (the test checks it).
+    """
+    h = text.embeddings(input_ids=input_ids)  # (B, T, D)
+    layers = text.encoder.layers
+    for layer in layers[:-1]:
+        h = layer(h, None)
+        h = h[0] if isinstance(h, tuple) else h
+    last, att = layers[-1], layers[-1].self_attn
+    x = last.layer_norm1(h)
+    b, t, d = x.shape
+    heads, hd = att.num_heads, att.head_dim
+    q = att.q_proj(x[:, -1:]).view(b, 1, heads, hd).transpose(1, 2)  # (B, H, 1, hd)
+    k = att.k_proj(x).view(b, t, heads, hd).transpose(1, 2)  # (B, H, T, hd)
+    v = att.v_proj(x).view(b, t, heads, hd).transpose(1, 2)
+    w = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * att.scale, dim=-1, dtype=torch.float32).to(q.dtype)
+    y = h[:, -1:] + att.out_proj(torch.matmul(w, v).transpose(1, 2).reshape(b, 1, d))
+    y = y + last.mlp(last.layer_norm2(y))
+    return text.head(text.final_layer_norm(y)[:, 0])
 
 
 @dataclass(frozen=True, eq=False)
@@ -285,6 +378,56 @@ def label_target(family, model: torch.nn.Module, text_embedding: np.ndarray):
         return scale * (img / img.norm()) @ t.to(img.device, img.dtype) + bias
 
     return target
+
+
+class LabelScores:
+    """A family adapter whose class logits are label scores: the image tower's embedding against K labels.
+
+    ``logits(model, out)`` is ``(B, K)``: ``scale * cos(image, text_k) + bias``, the model's
+    ``logits_per_image`` for the labels' prompts; ``probability_rule`` says how they become
+    probabilities (softmax for CLIP, each its own sigmoid for SigLIP). Everything else is
+    the wrapped family's.
+    """
+
+    def __init__(self, family, text: np.ndarray, scale: float, bias: float, rule: Literal["softmax", "sigmoid"]):
+        t = torch.as_tensor(np.array(text, np.float32))
+        self._family = family
+        self._text = t / t.norm(dim=-1, keepdim=True)  # (K, D)
+        self._scale, self._bias = scale, bias
+        self.probability_rule = rule
+
+    def __getattr__(self, name: str):
+        return getattr(self._family, name)
+
+    def logits(self, model: torch.nn.Module, out) -> torch.Tensor | None:
+        img = self._family.image_embedding(model, out)
+        if img is None:
+            return None
+        img = img / img.norm(dim=-1, keepdim=True)
+        return self._scale * img @ self._text.to(img.device, img.dtype).T + self._bias
+
+
+def as_classifier(loaded, labels: Labels, text: np.ndarray | None = None):
+    """The loaded two-tower model as a classifier of ``labels``: each label's score is its class logit.
+
+    Every view and method that explains a class then explains a label (relevance, Grad-CAM,
+    integrated gradients, deletion and insertion follow the label's score); ``id2label``
+    holds the label texts. The text tower runs once, here (``text``: the prompts' embeddings
+    ``(K, D)`` where they are known already). Raises :class:`ZeroShotError` for a model
+    without text tower or tokenizer.
+    """
+    import dataclasses
+
+    if loaded.text is None:
+        raise ZeroShotError(
+            loaded.text_note
+            or f"'{loaded.name}' has no text tower: labels need a CLIP- or SigLIP-style two-tower checkpoint."
+        )
+    if text is None:
+        text = encode_labels(loaded.model, loaded.text, labels)
+    scale, bias = _scale_bias(loaded.model)
+    family = LabelScores(loaded.family, text, scale, bias, loaded.text.rule)
+    return dataclasses.replace(loaded, family=family, id2label=dict(enumerate(labels.names)))
 
 
 def rank(scores: Scores, names: Sequence[str]):

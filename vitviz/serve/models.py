@@ -26,6 +26,7 @@ Waiting callers call ``on_progress(message)`` every ``poll_s`` seconds: a callba
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -107,11 +108,13 @@ class ModelCache(Generic[V]):
         refuse_oversize: bool = True,
         max_loading: int = 1,
         poll_s: float = 0.25,
+        on_evict: Callable[[V], None] | None = None,
     ) -> None:
         if max_bytes < 1:
             raise ValueError("a model cache needs room for at least one byte")
         self.max_bytes, self.refuse_oversize, self.poll_s = int(max_bytes), refuse_oversize, poll_s
         self._size_of = size_of
+        self._on_evict = on_evict  # e.g. drop what else holds the model (its cached runs), so its memory goes
         self._data: OrderedDict[Hashable, tuple[V, int]] = OrderedDict()
         self._pending: dict[Hashable, _Pending] = {}
         self._sizes: OrderedDict[Hashable, int] = OrderedDict()  # last measured size per name
@@ -199,10 +202,20 @@ class ModelCache(Generic[V]):
             item = self._data.pop(name, None)
             if item is not None:
                 self.nbytes -= item[1]
+                self._evicted(item[0])
             return item is not None
+
+    def _evicted(self, value: V) -> None:
+        if self._on_evict is not None:
+            try:
+                self._on_evict(value)
+            except Exception:  # a failing clean-up must not break the cache; the model still goes
+                logging.getLogger(__name__).exception("on_evict failed")
 
     def clear(self) -> None:
         with self._lock:
+            for value, _ in self._data.values():
+                self._evicted(value)
             self._data.clear()
             self.nbytes = 0
 
@@ -289,9 +302,10 @@ class ModelCache(Generic[V]):
                 break
             if key == keep:
                 continue
-            _, size = self._data.pop(key)
+            value, size = self._data.pop(key)
             self.nbytes -= size
             self._evictions += 1
+            self._evicted(value)
             self._remember(self._dropped, key, None)
 
     @staticmethod

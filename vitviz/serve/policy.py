@@ -35,6 +35,7 @@ from typing import Any
 
 from vitviz.demo import bundled
 from vitviz.errors import VitvizError
+from vitviz.serve import hub_checks
 from vitviz.serve.settings import ServeSettings
 
 __all__ = [
@@ -124,7 +125,7 @@ class PolicyError(VitvizError):
 
     Reasons: ``empty``, ``path``, ``hub_id``, ``not_found``, ``unreachable``, ``no_config``,
     ``bad_config``, ``unsupported``, ``no_weights``, ``unknown_size``, ``too_large``,
-    ``pickle``, ``download``.
+    ``pickle``, ``download``, ``config_too_large``, ``bad_index``, ``remote_code``.
     """
 
     def __init__(self, message: str, reason: str) -> None:
@@ -260,6 +261,8 @@ def _vet_hub_id(repo: str, settings: ServeSettings, hub: Hub) -> ModelRequest:
 
     revision = getattr(info, "sha", None)
     model_type = _model_type(repo, revision, settings, hub, _size(top["config.json"]))
+    if hub_checks.INDEX in top:  # a sharded checkpoint: its index may name only the repository's own files
+        _check_index(repo, revision, settings, hub, set(safe), _size(top[hub_checks.INDEX]))
     from vitviz.models.families import supported_model_types
 
     if model_type not in supported_model_types():
@@ -299,7 +302,33 @@ def _model_type(repo: str, revision: str | None, settings: ServeSettings, hub: H
     model_type = config.get("model_type") if isinstance(config, dict) else None
     if not isinstance(model_type, str) or not model_type:
         raise PolicyError(BAD_CONFIG.format(name=repo, detail="it names no model_type"), "bad_config")
+    if "auto_map" in config:  # code shipped with the checkpoint: never downloaded, never run
+        raise PolicyError(hub_checks.REMOTE_CODE.format(name=repo), "remote_code")
+    problem = hub_checks.config_problem(config, settings.model_memory_bytes)  # before any weight is downloaded
+    if problem is not None:
+        what, value, limit = problem
+        message = hub_checks.CONFIG_TOO_LARGE.format(name=repo, what=what, value=value, limit=limit)
+        raise PolicyError(message, "config_too_large")
     return model_type
+
+
+def _check_index(repo: str, revision: str | None, settings: ServeSettings, hub: Hub, files: set, size) -> None:
+    """Refuse a weights index whose entries point outside the repository (or at files it does not have)."""
+    if size is not None and size > hub_checks._MAX_INDEX_BYTES:
+        raise PolicyError(hub_checks.BAD_INDEX.format(name=repo, detail="larger than 10 MB"), "bad_index")
+    try:
+        path = hub.download(repo, hub_checks.INDEX, revision=revision, token=False, etag_timeout=settings.hub_timeout_s)
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read(hub_checks._MAX_INDEX_BYTES + 1)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PolicyError(hub_checks.BAD_INDEX.format(name=repo, detail="that cannot be read"), "bad_index") from exc
+    except Exception as exc:
+        if _not_found(exc):
+            raise PolicyError(HUB_NOT_FOUND.format(name=repo), "not_found") from exc
+        raise PolicyError(HUB_UNREACHABLE.format(name=repo), "unreachable") from exc
+    why = hub_checks.index_problem(text, files)
+    if why is not None:
+        raise PolicyError(hub_checks.BAD_INDEX.format(name=repo, detail=why), "bad_index")
 
 
 def load_request(

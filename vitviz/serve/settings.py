@@ -42,6 +42,7 @@ server log, so a visitor never sees the server's folders.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import sys
@@ -54,6 +55,7 @@ from vitviz.demo import BUNDLED
 from vitviz.errors import VitvizError
 
 __all__ = [
+    "app_script",
     "DEMOS",
     "CONFIG_FILE",
     "DEFAULT_MAX_DOWNLOAD_GB",
@@ -326,11 +328,22 @@ def _parse_toml(path: Path, shown: str) -> dict[str, Any]:
     return {_FILE_KEYS[k]: _from_toml(_FILE_KEYS[k], v, f"'{k}' in {shown}") for k, v in table.items()}
 
 
+def app_script() -> Path:
+    """``app.py`` of the installed package ``vitviz_app``, else of the source checkout beside ``vitviz/``."""
+    spec = importlib.util.find_spec("vitviz_app")
+    if spec is not None and spec.submodule_search_locations:
+        for root in spec.submodule_search_locations:
+            if (Path(root) / "app.py").is_file():
+                return Path(root) / "app.py"
+    source = Path(__file__).resolve().parents[2] / "app.py"
+    if source.is_file():
+        return source
+    raise VitvizError("the vitviz app (app.py and pages/) is not installed: reinstall vitviz with pip")
+
+
 def app_folder() -> Path | None:
     """The folder of the app's ``app.py`` (installed package or source checkout), or None without the app."""
     try:
-        from vitviz.launch import app_script
-
         return app_script().parent
     except VitvizError:
         return None

@@ -13,8 +13,14 @@ into place only when complete.
 
 from __future__ import annotations
 
+import argparse
+import collections
+import json
+import math
+import re
 import shutil
 import tempfile
+import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +33,31 @@ from vitviz.errors import VitvizError
 __all__ = ["Converter", "ConvertError", "official_names", "converter_for", "read_state_dict", "convert"]
 
 SHOWN = 5  # mismatching keys named in a message
+# Classes a head trained on each data set has (a converter's notes["dataset"], which official names declare).
+DATASET_CLASSES = {"cifar10": 10, "cifar100": 100, "flowers102": 102, "imagenet": 1000}
+# Plain-data classes training scripts pickle next to the weights: read as data, never as code. yacs' CfgNode
+# (a dict subclass) becomes an OrderedDict, whether or not yacs is installed.
+SETTINGS_CLASSES = [argparse.Namespace, (collections.OrderedDict, "yacs.config.CfgNode")]
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_MAX_HEADER = 100 * 2**20  # bytes of a safetensors header
+_DTYPE_BYTES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+    "C64": 8,
+}
 
 
 class ConvertError(VitvizError):
@@ -74,25 +105,112 @@ def converter_for(name: str) -> Converter:
     return registry[name]
 
 
+def check_safetensors(path: Path) -> None:
+    """Refuse a safetensors file whose header or sizes do not add up, before it is read.
+
+    The 8-byte header length must fit in the file, the header must be JSON, and the tensors'
+    ``data_offsets`` must tile the data area exactly (no gap, no overlap, nothing after the
+    last), each span holding ``prod(shape) * itemsize`` bytes.
+    """
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 2 or n > min(size - 8, _MAX_HEADER):
+            raise ConvertError(f"{path.name} is not a safetensors file: its header length does not fit the file.")
+        try:
+            header = json.loads(fh.read(n))
+        except (UnicodeDecodeError, ValueError):
+            raise ConvertError(f"{path.name} is damaged: its safetensors header is not JSON.") from None
+    if not isinstance(header, dict):
+        raise ConvertError(f"{path.name} is damaged: its safetensors header is not a table of tensors.")
+    data = size - 8 - n
+    spans = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            itemsize = _DTYPE_BYTES[info["dtype"]]
+            begin, end = (int(v) for v in info["data_offsets"])
+            count = math.prod(int(d) for d in info["shape"])
+        except (KeyError, TypeError, ValueError):
+            raise ConvertError(f"{path.name} is damaged: the header entry of {name[:80]} cannot be read.") from None
+        if end - begin != count * itemsize:
+            raise ConvertError(
+                f"{path.name} is damaged: {name[:80]} has shape {info['shape']} ({count * itemsize} bytes) "
+                f"but {end - begin} bytes of data."
+            )
+        spans.append((begin, end, name))
+    at = 0
+    for begin, end, name in sorted(spans):
+        if begin != at:
+            raise ConvertError(f"{path.name} is damaged: the tensors' data do not follow each other (at {name[:80]}).")
+        at = end
+    if at != data:
+        raise ConvertError(
+            f"{path.name} is damaged: its header describes {at} bytes of tensor data, the file holds {data} "
+            "(truncated, or bytes appended)."
+        )
+
+
+def check_archive(path: Path) -> None:
+    """Refuse a ``torch.save`` archive (a zip file) with a damaged member: every CRC is checked before loading."""
+    if not zipfile.is_zipfile(path):
+        return  # the legacy format has no checksums; torch.load reports what it cannot read
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as exc:
+        raise ConvertError(f"{path.name} is damaged: its archive cannot be read ({exc}).") from None
+    if bad is not None:
+        raise ConvertError(
+            f"{path.name} is damaged: the checksum (CRC) of {bad} inside it does not match its bytes. "
+            "Download or copy the file again."
+        )
+
+
+def _refusal(exc: BaseException) -> str:
+    """What torch's weights-only reader refused, in one line: no terminal colours, no advice to load unsafely."""
+    text = _ANSI.sub("", str(exc))
+    found = re.search(r"GLOBAL ([\w.]+)", text)
+    if found:
+        return f"it holds an object of type {found.group(1)}, which only code could rebuild"
+    found = re.search(r"WeightsUnpickler error:\s*([^\n]+)", text)
+    line = found.group(1) if found else (text.strip().splitlines() or [type(exc).__name__])[0]
+    line = re.split(r"\. (?:Please|Re-running|Check)", line)[0][:200].strip()
+    if not line or "weights_only" in line or "Weights only" in line or line.startswith("Unsupported operand"):
+        return "it is not a PyTorch checkpoint torch.load can read without running code"
+    return line
+
+
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """A checkpoint file -> its flat state dict (tensors only), read without running any code."""
+    """A checkpoint file -> its flat state dict (tensors only), read without running any code.
+
+    ``.safetensors``: header and sizes checked first (:func:`check_safetensors`); anything
+    else: the archive's CRCs checked (:func:`check_archive`), then ``torch.load`` with
+    ``weights_only=True``, which also accepts the training settings pickled beside the
+    weights (:data:`SETTINGS_CLASSES`, read as data).
+    """
     path = Path(path)
     if not path.is_file():
         raise ConvertError(f"{path} is not a file.")
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
+        check_safetensors(path)
         try:
             return load_file(str(path))
         except Exception as exc:  # a truncated or foreign file
-            raise ConvertError(f"{path.name} is not a readable safetensors file: {exc}") from None
+            raise ConvertError(f"{path.name} is not a readable safetensors file: {_refusal(exc)}") from None
+    check_archive(path)
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        with torch.serialization.safe_globals(SETTINGS_CLASSES):
+            obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # weights_only refuses any pickled object that is not a tensor or a plain container
-        why = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
         raise ConvertError(
-            f"{path.name} is not a plain state dict that can be read safely (torch.load with weights_only=True "
-            f"refused it: {why}). Save the model's state_dict() alone and try again."
+            f"{path.name} is not a plain state dict that can be read safely ({_refusal(exc)}). vitviz reads "
+            "tensors, plain containers and training settings (argparse.Namespace, yacs CfgNode) and never runs "
+            "code from a file: save the model's state_dict() alone and convert that."
         ) from None
     for key in ("state_dict_ema", "model_ema", "model", "state_dict", "module"):
         if isinstance(obj, Mapping) and isinstance(obj.get(key), Mapping):
@@ -144,6 +262,20 @@ def convert(
     num_labels = int(state[conv.classifier_key].shape[0]) if conv.classifier_key in state else 1000
     if labels is not None and len(labels) != num_labels:
         raise ConvertError(f"{len(labels)} labels given, the checkpoint's head has {num_labels} classes.")
+    dataset = conv.notes.get("dataset")  # the data set the official name was trained on
+    expected = DATASET_CLASSES.get(dataset)
+    if labels is None and conv.classifier_key in state and expected is not None and num_labels != expected:
+        raise ConvertError(
+            f"The checkpoint's head has {num_labels} classes, but {name} is the {dataset} model ({expected} "
+            "classes): is it a checkpoint of another data set? To convert it anyway, give --labels with one "
+            f"name per class ({num_labels} lines). Nothing was written."
+        )
+    bad = [k for k, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise ConvertError(
+            f"The checkpoint has NaN or infinite values in {len(bad)} tensors ({', '.join(bad[:SHOWN])}"
+            f"{' ...' if len(bad) > SHOWN else ''}): it is damaged. Nothing was written."
+        )
     config = conv.config(num_labels=num_labels)
     if labels is not None:
         config.id2label = dict(enumerate(labels))

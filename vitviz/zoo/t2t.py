@@ -404,7 +404,7 @@ CONVERTERS: dict[str, Converter] = {
         model_class=T2TViTForImageClassification,
         classifier_key="head.weight",
         image_size=(spec[-1], spec[-1]),
-        notes={"tokens_type": spec[0]},
+        notes={"tokens_type": spec[0], "dataset": "imagenet"},
     )
     for name, spec in _SIZES.items()
 }

@@ -66,7 +66,9 @@ class BlockParts:
     (head h in columns ``h*d .. (h+1)*d - 1``), or None. ``mlp``: the module whose forward output is the
     block's MLP update before any layer scale (None: not declared). ``attn_scale``, ``mlp_scale``: the
     per-channel layer scales ``(D,)`` (or a float) applied to the attention and MLP updates before the
-    residual adds; None = the block has none. ``unknown``: "" when the adapter knows where this block's
+    residual adds; None = the block has none. ``norms``: the norms applied to the residual stream before
+    the attention and before the MLP (pre-norm blocks; None where not declared or absent: attribution does
+    not need them, they sit inside the branches). ``unknown``: "" when the adapter knows where this block's
     layer scales and MLP sit (or that it has none); else why it does not (direct logit attribution then
     refuses).
     """
@@ -75,6 +77,7 @@ class BlockParts:
     mlp: torch.nn.Module | None = None
     attn_scale: torch.Tensor | float | None = None
     mlp_scale: torch.Tensor | float | None = None
+    norms: tuple[torch.nn.Module | None, torch.nn.Module | None] = (None, None)
     unknown: str = ""
 
 

@@ -67,6 +67,7 @@ class Dinov3(PlainViT):
     name = "DINOv3"
     model_types = ("dinov3_vit",)
     layer_scale_paths = ("layer_scale1.lambda1", "layer_scale2.lambda1")
+    norm_paths = ("norm1", "norm2")
     interpolate_kwarg = False  # RoPE is computed from each input's own grid
 
     def prefix_kinds(self, config) -> tuple[str, ...]:
@@ -281,6 +282,7 @@ class Aimv2(PlainViT):
     model_types = ("aimv2_vision_model", "aimv2")
     projection_paths = ("attention.out_proj",)
     mlp_path = "ffn"
+    norm_paths = ("rms_norm1", "rms_norm2")
     mlp_output_paths = ("ffn.down_proj",)
     interpolate_kwarg = False  # Aimv2VisionModel.forward has no such argument (its **kwargs swallow it unread)
 

@@ -52,6 +52,7 @@ class PlainViT(Family):
     projection_paths = ("attention.o_proj",)
     mlp_output_paths = ("mlp.fc2", "mlp.down_proj")  # GELU MLP, or SwiGLU (DINOv2, DINOv3)
     mlp_path = "mlp"
+    norm_paths: tuple[str, str] = ("layernorm_before", "layernorm_after")  # before the attention, before the MLP
     layer_scale_paths: tuple[str, str] | None = None  # None: the blocks have no layer scale
 
     def prefix_kinds(self, config) -> tuple[str, ...]:
@@ -128,6 +129,7 @@ class PlainViT(Family):
             mlp=mlp if isinstance(mlp, torch.nn.Module) else None,
             attn_scale=scales[0],
             mlp_scale=scales[1],
+            norms=tuple(n if isinstance(n := declared(block, p), torch.nn.Module) else None for p in self.norm_paths),
             unknown=unknown,
         )
 
@@ -183,6 +185,7 @@ class Dinov2(PlainViT):
     model_types = ("dinov2",)
     interpolate_kwarg = False
     layer_scale_paths = ("layer_scale1.lambda1", "layer_scale2.lambda1")
+    norm_paths = ("norm1", "norm2")
 
     def readout_head(self, model: torch.nn.Module) -> ReadoutHead | None:
         """DINOv2 classifier: ``classifier(cat(CLS, mean of the patches))`` of the normed tokens (registers unread)."""

@@ -1,0 +1,213 @@
+"""Side by side: one view of two models, two images or two labels; clicks, block and head kept in step.
+
+Pane A is the sidebar's model and image. One choice says what differs in pane B (the rest is
+shared). The rules that keep the panes in step are :mod:`vitviz.compare`'s.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import streamlit as st
+from PIL import Image, ImageOps
+
+from pages import common
+from vitviz import figures
+from vitviz.compare import depth_match, difference, pane_map
+from vitviz.errors import VitvizError
+from vitviz.text import md_plain, plotly_plain
+
+cur = common.require_current()
+ss = st.session_state
+st.header("Side by side")
+st.caption(
+    "Pane A is the sidebar's model and image; pane B differs in one thing. A click on either image sets the query at "
+    "the same point of the image in both panes (each on its own grid); the block is matched by relative depth, the "
+    "head by its index."
+)
+
+DIFFERS = ["models", "images", "labels"] if cur.model.zero_shot else ["models", "images"]
+differs = st.radio("What differs", DIFFERS, horizontal=True, key="sbs_differs")
+VIEWS = {
+    "head": "one head",
+    "mean": "mean of the heads",
+    "rollout": "rollout",
+    "relevance": "relevance (Chefer et al.)",
+}
+
+
+def _flipped(data: bytes) -> bytes:
+    buf = io.BytesIO()
+    ImageOps.mirror(Image.open(io.BytesIO(data)).convert("RGB")).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _pane_b() -> tuple[common.Current, str] | None:
+    """Pane B's model and capture, and what names it; None (with a message) when it cannot be shown."""
+    name, data, size, what = ss.model_name, ss.image_bytes, ss.input_size, ""
+    if differs == "models":
+        options = common.model_options()
+        other = next((m for m in options if m != ss.model_name), ss.model_name)
+        name = st.selectbox("Model of pane B", options, index=options.index(other), key="sbs_model")
+        size, what = None, name  # each model at its own input size
+    elif differs == "images":
+        source = st.radio("Image of pane B", ["flipped copy", "an example", "upload"], horizontal=True, key="sbs_src")
+        if source == "flipped copy":
+            data, what = _flipped(ss.image_bytes), "flipped"
+        elif source == "an example":
+            examples = sorted(p.name for p in common.EXAMPLES.iterdir() if p.suffix.lower() in {".jpg", ".png"})
+            pick = st.selectbox("Example", examples, key="sbs_example")
+            data, what = (common.EXAMPLES / pick).read_bytes(), pick
+        else:
+            up = st.file_uploader("Image of pane B", type=["png", "jpg", "jpeg", "webp"], key="sbs_upload")
+            if up is None:
+                st.info("Upload an image for pane B.")
+                return None
+            data, what = up.getvalue(), up.name
+    try:
+        model = common.get_model(name)
+        digest = common.digest(data)
+        with st.spinner("Running pane B's model…"):
+            cap = common.get_capture(name, digest, size, data)
+    except VitvizError as exc:
+        st.error(f"Pane B: {exc}")
+        return None
+    return common.Current(model, cap, (name, digest, size), data), what
+
+
+pane = _pane_b()
+if pane is None:
+    st.stop()
+cur_b, what_b = pane
+cap_a, cap_b = cur.cap, cur_b.cap
+
+c1, c2, c3 = st.columns([2, 2, 2])
+view = c1.radio("View", list(VIEWS), format_func=VIEWS.get, horizontal=True, key="sbs_view")
+block_a = c2.slider("Block (pane A)", 0, cap_a.num_blocks - 1, cap_a.num_blocks - 1, key="sbs_block")
+block_b = depth_match(block_a, cap_a.num_blocks, cap_b.num_blocks)
+head = c3.number_input("Head", 0, max(cap_a.num_heads, cap_b.num_heads) - 1, 0, key="sbs_head")
+scale = st.radio(
+    "Colour scale",
+    ["shared [0, max of both]", "each map [0, its max]", "each map [its min, its max]"],
+    horizontal=True,
+    key="sbs_scale",
+    help="Shared: the same colour means the same number in both panes (default; it invents no contrast). "
+    "Per map: each pane stretched to its own range, which hides that one map may be much flatter.",
+)
+
+
+def _target(cur_x: common.Current, label_key: str | None):
+    """(class index, label, prompt) a pane explains: its top-1 class, or the chosen zero-shot label."""
+    ranked = common.classes(cur_x)
+    if ranked is None:
+        return None
+    if label_key is not None and ranked.labels is not None:
+        names = list(ranked.labels.names)
+        default = ranked.ranked[0].index if label_key == "sbs_label_a" else ranked.ranked[min(1, len(names) - 1)].index
+        pick = st.selectbox(
+            "Label of pane A" if label_key == "sbs_label_a" else "Label of pane B",
+            range(len(names)),
+            index=default,
+            format_func=lambda i: names[i],
+            key=label_key,
+        )
+        return pick, names[pick], ranked.prompt(pick)
+    top = ranked.ranked[0]
+    return top.index, top.label, ranked.prompt(top.index)
+
+
+def _map(cur_x: common.Current, block: int, target) -> tuple[np.ndarray, str, tuple[int, int] | None]:
+    cap = cur_x.cap
+    if view == "relevance":
+        if target is None:
+            raise ValueError("relevance needs a classifier or zero-shot labels")
+        c, label, prompt = target
+        exp = common.get_relevance(*cur_x.key, c, cur_x.image_bytes, prompt=prompt, label=label)
+        return exp.patch_map(), f"{cap.model_name}: relevance for '{plotly_plain(label)}'", None
+    pm = pane_map(cap, view, block=block, head=int(head), point=ss.get("sbs_point"))
+    return pm.values, plotly_plain(pm.title), pm.marked
+
+
+labels_differ = differs == "labels"
+target_a = _target(cur, "sbs_label_a" if labels_differ else None) if view == "relevance" or labels_differ else None
+target_b = _target(cur_b, "sbs_label_b" if labels_differ else None) if view == "relevance" or labels_differ else None
+if labels_differ and view != "relevance":
+    st.info("Labels change only class-specific views: choose relevance to compare two labels.")
+
+try:
+    with st.spinner("Computing both panes…"):
+        map_a, title_a, mark_a = _map(cur, block_a, target_a)
+        map_b, title_b, mark_b = _map(cur_b, block_b, target_b)
+except (VitvizError, ValueError) as exc:
+    st.error(str(exc))
+    st.stop()
+
+if scale.startswith("shared"):
+    top = float(max(np.nanmax(map_a), np.nanmax(map_b)))
+    limits = [(0.0, top), (0.0, top)]
+elif scale.startswith("each map [0"):
+    limits = [(0.0, float(np.nanmax(m))) for m in (map_a, map_b)]
+else:
+    limits = [(float(np.nanmin(m)), float(np.nanmax(m))) for m in (map_a, map_b)]
+
+
+def _click(cap):
+    h, w = cap.input_size
+    return lambda data: ss.update(sbs_point=(float(data[4]) / w, float(data[5]) / h))
+
+
+common.take_click("sbs_map_a", _click(cap_a))
+common.take_click("sbs_map_b", _click(cap_b))
+left, right = st.columns(2)
+for col, cap, values, title, mark, (lo, hi), key, who in (
+    (left, cap_a, map_a, title_a, mark_a, limits[0], "sbs_map_a", "A"),
+    (right, cap_b, map_b, title_b, mark_b, limits[1], "sbs_map_b", "B"),
+):
+    with col:
+        common.chart(
+            figures.map_figure(
+                cap.image,
+                values,
+                title=f"{who}. {title}",
+                colorbar_title="attention (raw)" if view != "relevance" else "relevance (raw)",
+                zmin=lo,
+                zmax=hi,
+                opacity=1.0,
+                marked=mark,
+                height=420,
+            ),
+            key=key,
+            on_select="rerun",
+            selection_mode="points",
+        )
+        st.caption(f"Range of this map: {np.nanmin(values):.4g} .. {np.nanmax(values):.4g}")
+if differs == "models":
+    st.caption(
+        f"Pane B: {md_plain(what_b)}, {cap_b.block_label(block_b)} (the same relative depth as "
+        f"{cap_a.block_label(block_a)})."
+    )
+
+diff = difference(map_a, map_b)
+if diff is None:
+    st.caption(
+        f"No difference panel: the maps lie on different grids ({map_a.shape[0]} x {map_a.shape[1]} and "
+        f"{map_b.shape[0]} x {map_b.shape[1]})."
+    )
+else:
+    bound = float(np.nanmax(np.abs(diff))) or 1.0
+    common.chart(
+        figures.map_figure(
+            None,
+            diff,
+            title="A minus B (same grid)",
+            colorbar_title="A - B",
+            zmin=-bound,
+            zmax=bound,
+            colorscale="RdBu_r",
+            height=360,
+        ),
+        key="sbs_diff",
+    )
+    st.caption("Red: larger in A; blue: larger in B; symmetric scale around 0.")
+    common.downloads("side_by_side", "sbs", a=map_a, b=map_b, difference=diff)

@@ -1,0 +1,140 @@
+"""Issue 23 items 9 and 10: evaluate keeps finished results of other settings, and reads regular files only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import random_image
+from test_cli_hardening import _cli, _one_line_error
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# -- 9. evaluate never replaces finished results of other settings without --overwrite ---------------
+
+
+@pytest.fixture(scope="module")
+def demo():
+    from vitviz.models.load import load_model
+
+    return load_model("demo", device="cpu")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"methods": ("random", "attention")}, {"size": 56}, {"seed": 4}, {"model": "assets/demo-vit"}],
+    ids=["methods", "size", "seed", "model"],
+)
+def test_evaluate_refuses_to_replace_results_of_other_settings(demo, tmp_path, change, one_thread):
+    import pyarrow.parquet as pq
+
+    from vitviz.data.shapes import write_dataset
+    from vitviz.evaluate.run import EvaluateError, evaluate_dataset
+
+    data = write_dataset(tmp_path / "shapes", n=2, seed=5)
+    out = tmp_path / "r.parquet"
+    base = {"methods": ("random",), "size": 48, "seed": 3, "loaded": demo}
+    first = evaluate_dataset("demo", data, out, **base)
+    assert first.evaluated == 2
+    before = out.read_bytes()
+    kw = {**base, **change}
+    model = kw.pop("model", "demo")
+    if model != "demo":  # the same weights under another name (their folder) is another --model
+        model = str(ROOT / "vitviz" / model)
+        kw.pop("loaded")
+    with pytest.raises(EvaluateError, match=r"other settings.*--overwrite"):
+        evaluate_dataset(model, data, out, **kw)
+    assert out.read_bytes() == before
+    again = evaluate_dataset("demo", data, out, **base)  # the same settings: runs as before
+    assert again.evaluated == 2
+    replaced = evaluate_dataset(model, data, out, overwrite=True, **kw)
+    assert replaced.evaluated == 2
+    rows = pq.read_table(out).to_pylist()
+    assert {r["method"] for r in rows} == set(kw["methods"])
+
+
+def test_evaluate_cli_refuses_a_foreign_out_file(tmp_path, capsys):
+    from vitviz.data.shapes import write_dataset
+
+    data = write_dataset(tmp_path / "shapes", n=1, seed=5)
+    out = tmp_path / "notes.parquet"
+    out.write_text("my own notes")
+    args = ["evaluate", "--data", str(data), "--out", str(out), "--methods", "random", "--size", "48"]
+    line = _one_line_error(_cli(capsys, *args), 1)
+    assert "not vitviz results" in line and out.read_text() == "my own notes"
+    assert _cli(capsys, *args, "--overwrite").returncode == 0
+
+
+# -- 10. evaluate --data opens regular files only, size checked first ---------------------------------
+
+
+@pytest.fixture
+def alarm():
+    """Fail instead of hanging: a blocked open or an endless read raises after 60 s."""
+    import signal
+
+    def stop(signum, frame):
+        raise TimeoutError("blocked: evaluate read something it should not have")
+
+    before = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, before)
+
+
+def test_evaluate_folder_reads_regular_files_only(demo, tmp_path, alarm, one_thread):
+    import os
+
+    from vitviz.evaluate.run import evaluate_dataset
+
+    data = tmp_path / "data"
+    data.mkdir()
+    random_image(1, (48, 48)).save(data / "a.png")
+    os.mkfifo(data / "fifo.png")
+    (data / "zero.png").symlink_to("/dev/zero")
+    with open(data / "huge.png", "wb") as fh:  # sparse: 201 MB on paper, nothing on disk
+        fh.truncate(201 * 2**20)
+    (data / "link.png").symlink_to(data / "a.png")  # a link to a regular file is read
+    report = evaluate_dataset("demo", data, tmp_path / "r.parquet", methods=("random",), size=48, loaded=demo)
+    assert report.evaluated == 2
+    why = {Path(s.where).name: s.reason for s in report.skipped}
+    assert set(why) == {"fifo.png", "zero.png", "huge.png"}
+    assert "FIFO" in why["fifo.png"] and "device" in why["zero.png"] and "201 MB" in why["huge.png"]
+
+
+def test_evaluate_csv_rows_naming_a_fifo_or_a_device_are_skipped(tmp_path, alarm):
+    import os
+
+    from vitviz.evaluate.data import read_csv
+
+    os.mkfifo(tmp_path / "f.png")
+    random_image(1, (48, 48)).save(tmp_path / "a.png")
+    (tmp_path / "l.csv").write_text("file,label\na.png,x\nf.png,y\n/dev/zero,z\n")
+    ds = read_csv(tmp_path / "l.csv")
+    assert [i.image_id for i in ds.items] == ["a.png"]
+    assert [s.where for s in ds.skipped] == ["l.csv:3", "l.csv:4"]
+    assert "FIFO" in ds.skipped[0].reason and "device" in ds.skipped[1].reason
+
+
+@pytest.mark.parametrize("where", ["read-only", "under a file"])
+def test_evaluate_out_that_cannot_be_written_is_a_message(tmp_path, capsys, where):
+    import os
+
+    from vitviz.data.shapes import write_dataset
+
+    data = write_dataset(tmp_path / "shapes", n=1, seed=5)
+    if where == "under a file":
+        out = data / "r.parquet"  # data is labels.csv: a file
+    elif os.geteuid() != 0:
+        (tmp_path / "ro").mkdir(mode=0o555)
+        out = tmp_path / "ro" / "r.parquet"
+    elif Path("/sys/kernel").is_dir():
+        out = Path("/sys/kernel/r.parquet")
+    else:
+        pytest.skip("no read-only folder available to root here")
+    args = ["evaluate", "--data", str(data), "--out", str(out), "--methods", "random", "--size", "48"]
+    proc = _cli(capsys, *args)
+    assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr
+    assert str(out.parent) in _one_line_error(proc, proc.returncode)

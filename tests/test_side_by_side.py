@@ -1,0 +1,139 @@
+"""Side by side: the rules that keep two panes in step (vitviz.compare) and the page (AppTest)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from app_tools import APP, no_trouble
+from conftest import random_image
+from streamlit.testing.v1 import AppTest
+
+from vitviz.analysis.blocks import head_maps
+from vitviz.analysis.rollout import capture_rollout
+from vitviz.capture.run import capture
+from vitviz.compare import depth_match, difference, pane_map, point_of, token_of
+from vitviz.models.load import load_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_depth_match_by_relative_depth():
+    assert [depth_match(b, 12, 6) for b in (0, 5, 6, 11)] == [0, 2, 3, 5]  # round(b * 5 / 11)
+    assert depth_match(3, 4, 4) == 3 and depth_match(7, 1, 4) == 0 and depth_match(2, 4, 1) == 0
+
+
+def test_difference_only_on_one_grid():
+    a, b = np.arange(6.0).reshape(2, 3), np.ones((2, 3))
+    assert np.array_equal(difference(a, b), a - 1)
+    assert difference(a, np.ones((3, 2))) is None
+
+
+@pytest.fixture(scope="module")
+def deit_dino(tiny_dirs):
+    image = random_image(3, (40, 48))
+    return [capture(load_model(str(tiny_dirs[k]), device="cpu"), image) for k in ("deit", "dino")]
+
+
+def test_a_point_is_the_same_place_on_any_grid(deit_dino):
+    deit, _ = deit_dino
+    demo = capture(load_model("demo", device="cpu"), random_image(1, (50, 60)))
+    swin = capture(load_model("demo-swin", device="cpu"), random_image(1, (50, 60)))
+    gh, gw = demo.grid
+    r, c = 7, 2
+    point = point_of(demo, 0, demo.num_prefix_tokens + r * gw + c)
+    assert point == pytest.approx(((c + 0.5) / gw, (r + 0.5) / gh))
+    for stage in range(len(swin.stages)):
+        sh, sw = swin.stages[stage].grid
+        token = token_of(swin, stage, point)
+        row, col = divmod(token - swin.stages[stage].num_prefix, sw)
+        assert (row, col) == (int(point[1] * sh), int(point[0] * sw))  # the cell holding that point, by hand
+    assert token_of(deit, 0, None) == 0  # no click: CLS
+    assert point_of(deit, 0, 1) is None  # DIST is not on the image
+
+
+def test_pane_maps_are_the_records_own_maps(deit_dino):
+    for cap in deit_dino:
+        point = (0.6, 0.3)
+        token = token_of(cap, 0, point)
+        maps = head_maps(cap.blocks[1], token).values
+        head = pane_map(cap, "head", block=1, head=1, point=point)
+        assert np.allclose(head.values, maps[1]) and "patch (" in head.title
+        assert np.allclose(pane_map(cap, "mean", block=1, point=point).values, maps.mean(axis=0), atol=1e-6)
+        roll = pane_map(cap, "rollout", block=0)
+        row, _ = capture_rollout(cap)
+        assert np.allclose(roll.values, row[cap.num_prefix_tokens :].reshape(cap.grid))
+    with pytest.raises(ValueError, match="unknown view"):
+        pane_map(deit_dino[0], "gradcam", block=0)
+
+
+def _z(at: AppTest, title: str) -> np.ndarray:
+    """The heatmap of the chart whose title starts with ``title``."""
+    for el in at.get("plotly_chart"):
+        spec = json.loads(el.proto.spec)
+        if spec.get("layout", {}).get("title", {}).get("text", "").startswith(title):
+            return _decode(next(t["z"] for t in spec["data"] if t["type"] == "heatmap"))
+    raise AssertionError(f"no chart titled {title!r}")
+
+
+def _decode(z) -> np.ndarray:
+    if isinstance(z, dict):
+        import base64
+
+        arr = np.frombuffer(base64.b64decode(z["bdata"]), dtype=z["dtype"])
+        return arr.reshape([int(n) for n in str(z.get("shape", arr.size)).split(",")]).astype(float)
+    return np.array(z, dtype=float)
+
+
+def _page() -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.run()
+    at.switch_page("pages/side_by_side.py").run()
+    no_trouble(at)
+    return at
+
+
+def _titles(at: AppTest) -> list[str]:
+    return [json.loads(el.proto.spec)["layout"]["title"]["text"] for el in at.get("plotly_chart")]
+
+
+def test_two_models_step_together_and_get_no_difference_on_different_grids():
+    at = _page()
+    at.selectbox(key="sbs_model").set_value("demo-swin").run()
+    no_trouble(at)
+    titles = _titles(at)
+    assert titles[0].startswith("A. demo:") and titles[1].startswith("B. demo-swin:")
+    assert any("No difference panel" in c.value for c in at.caption)
+    at.session_state["sbs_point"] = (0.3, 0.6)  # what a click on either map stores
+    at.run()
+    no_trouble(at)
+    a, b = _titles(at)[:2]
+    assert "where patch (7, 3) looks" in a  # 12 x 12: row int(0.6 * 12), col int(0.3 * 12)
+    assert "where token (" in b
+
+
+def test_an_image_and_its_flipped_copy_get_a_difference_panel():
+    at = _page()
+    at.radio(key="sbs_differs").set_value("images").run()
+    at.radio(key="sbs_view").set_value("rollout").run()
+    no_trouble(at)
+    a, b, d = _z(at, "A."), _z(at, "B."), _z(at, "A minus B")
+    assert np.allclose(d, a - b, atol=1e-6)
+    assert not np.allclose(a, b)
+
+
+def test_two_labels_on_demo_clip():
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.run()
+    at.selectbox(key="model_pick").set_value("demo-clip").run()
+    at.text_area(key="labels_demo-clip").input("circle, star, square").run()
+    at.switch_page("pages/side_by_side.py").run()
+    at.radio(key="sbs_differs").set_value("labels").run()
+    at.radio(key="sbs_view").set_value("relevance").run()
+    at.selectbox(key="sbs_label_a").set_value(0).run()
+    at.selectbox(key="sbs_label_b").set_value(1).run()
+    no_trouble(at)
+    a, b = _titles(at)[:2]
+    assert "relevance for 'circle'" in a and "relevance for 'star'" in b
+    assert np.allclose(_z(at, "A minus B"), _z(at, "A.") - _z(at, "B."), atol=1e-6)

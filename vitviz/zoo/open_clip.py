@@ -1,0 +1,307 @@
+"""``python -m vitviz convert --arch open_clip --checkpoint FOLDER --out DIR``: an open_clip CLIP -> an HF CLIP folder.
+
+An open_clip folder holds ``open_clip_config.json`` (``{"model_cfg": {...}, "preprocess_cfg":
+{...}}``) and ``open_clip_pytorch_model.bin`` or ``open_clip_model.safetensors`` /
+``open_clip_pytorch_model.safetensors``. The ``.bin`` is read with
+``torch.load(weights_only=True)`` only (a pickle that carries code is refused). Where it maps
+(open_clip's own ``VisionTransformer`` and ``TextTransformer``), the weights become a
+``transformers`` ``CLIPModel``, key by key:
+
+* image tower: ``visual.conv1`` -> ``patch_embedding`` (no bias), ``class_embedding``,
+  ``positional_embedding``, ``ln_pre`` -> ``pre_layrnorm``, ``ln_post`` -> ``post_layernorm``,
+  ``visual.proj`` ``(width, embed)`` -> ``visual_projection.weight`` transposed;
+* text tower: ``token_embedding``, ``positional_embedding``, ``ln_final`` -> ``final_layer_norm``,
+  ``text_projection`` ``(width, embed)`` -> ``text_projection.weight`` transposed;
+* each residual block: ``ln_1``/``ln_2`` -> ``layer_norm1``/``layer_norm2``, ``attn.in_proj_weight``
+  and ``in_proj_bias`` split in thirds -> ``q_proj``, ``k_proj``, ``v_proj``, ``attn.out_proj`` ->
+  ``out_proj``, ``mlp.c_fc``/``mlp.c_proj`` -> ``mlp.fc1``/``mlp.fc2``;
+* ``logit_scale`` as is. GELU is exact (``gelu``) unless the config says ``quick_gelu``.
+
+The text tower pools as open_clip does (``argmax``: the highest token id, CLIP's end-of-text
+token): the HF config gets ``eos_token_id = 2``, the value for which ``CLIPTextTransformer``
+pools at the argmax of the ids. The zero-shot logits are then open_clip's
+``logit_scale.exp() * normalize(image) @ normalize(text).T``.
+
+Refused with a message, nothing written: towers open_clip builds from timm (ConvNeXt, ...) or
+Hugging Face text models, ResNet image towers, layer scale, attentional poolers, projection
+biases, other pooling, a ``logit_bias`` (SigLIP-style), and weights whose keys or shapes do not
+fit the config. The tokenizer is written where the folder holds CLIP's BPE tokenizer files
+(``tokenizer.json`` or ``vocab.json`` + ``merges.txt``) and the config names no other tokenizer;
+otherwise the folder works without labels and the report says why.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from vitviz.zoo.convert import ConvertError, _check, read_state_dict
+
+__all__ = ["OpenClipReport", "convert_open_clip", "hf_clip_config", "map_open_clip"]
+
+CONFIG = "open_clip_config.json"
+WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.safetensors", "open_clip_pytorch_model.bin")
+OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
+
+# config keys whose presence (with a value other than the default) means a tower HF CLIP cannot hold
+_VISION_UNMAPPABLE = {
+    "timm_model_name": "a timm image tower (e.g. ConvNeXt)",
+    "ls_init_value": "layer scale in the image tower",
+    "attentional_pool": "an attentional pooler",
+    "attn_pooler_queries": None,
+    "global_average_pool": "average pooling instead of the class token",
+    "no_ln_pre": "no pre-norm",
+    "final_ln_after_pool": "a final norm after pooling",
+    "input_patchnorm": "patch norm on the input",
+    "proj_bias": "a projection bias",
+    "act_kwargs": "other activation settings",
+    "norm_kwargs": "other norm settings",
+}
+_TEXT_UNMAPPABLE = {
+    "hf_model_name": "a Hugging Face text model",
+    "ls_init_value": "layer scale in the text tower",
+    "no_causal_mask": "a text tower without causal mask",
+    "embed_cls": "a class token in the text tower (CoCa)",
+    "proj_bias": "a projection bias",
+    "act_kwargs": "other activation settings",
+    "norm_kwargs": "other norm settings",
+    "attn_pooler_heads": None,
+}
+_DEFAULT_OK = {"attn_pooler_queries": 256, "attn_pooler_heads": 8}
+
+
+class OpenClipReport:
+    """What :func:`convert_open_clip` wrote: the folder and notes (e.g. why no tokenizer)."""
+
+    def __init__(self, out: Path, notes: list[str]) -> None:
+        self.out, self.notes = out, notes
+
+
+def _unmappable(cfg: dict, table: dict, tower: str) -> list[str]:
+    found = []
+    for key, what in table.items():
+        value = cfg.get(key)
+        if value in (None, False, 0, {}, "", _DEFAULT_OK.get(key)):
+            continue
+        found.append(what or key)
+    return [f"{tower}: {w}" for w in found]
+
+
+def _read_config(folder: Path) -> dict:
+    path = folder / CONFIG
+    if not path.is_file():
+        raise ConvertError(f"{folder} has no {CONFIG}: an open_clip folder holds it beside the weights.")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConvertError(f"{path} is not readable JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model_cfg", data), dict):
+        raise ConvertError(f"{path} holds no model_cfg.")
+    return data
+
+
+def hf_clip_config(model_cfg: dict):
+    """The ``transformers`` ``CLIPConfig`` of an open_clip ``model_cfg``; :class:`ConvertError` where none fits."""
+    from transformers import CLIPConfig
+
+    vision, text = model_cfg.get("vision_cfg") or {}, model_cfg.get("text_cfg") or {}
+    problems = _unmappable(vision, _VISION_UNMAPPABLE, "image tower") + _unmappable(
+        text, _TEXT_UNMAPPABLE, "text tower"
+    )
+    if isinstance(vision.get("layers", 12), (list, tuple)):
+        problems.append("image tower: a ResNet (layers given per stage)")
+    if vision.get("pool_type", "tok") != "tok":
+        problems.append(f"image tower: pooling '{vision.get('pool_type')}' (HF CLIP reads the class token)")
+    if text.get("pool_type", "argmax") != "argmax":
+        problems.append(f"text tower: pooling '{text.get('pool_type')}' (HF CLIP reads the end-of-text token)")
+    if vision.get("pos_embed_type", "learnable") != "learnable":
+        problems.append(f"image tower: position embedding '{vision.get('pos_embed_type')}'")
+    if model_cfg.get("init_logit_bias") is not None:
+        problems.append("a logit bias (SigLIP-style sigmoid loss)")
+    if problems:
+        raise ConvertError(
+            "This open_clip model does not map to Hugging Face CLIP (" + "; ".join(problems) + "). "
+            "vitviz converts open_clip's own ViT image tower with its own text transformer; nothing was written."
+        )
+    width = int(vision.get("width", 768))
+    head_width = int(vision.get("head_width", 64))
+    patch = vision.get("patch_size", 16)
+    size = vision.get("image_size", 224)
+    if isinstance(patch, (list, tuple)) or isinstance(size, (list, tuple)):
+        if (
+            len(set(patch if isinstance(patch, (list, tuple)) else [patch])) > 1
+            or len(set(size if isinstance(size, (list, tuple)) else [size])) > 1
+        ):
+            raise ConvertError("Non-square patches or images do not map to Hugging Face CLIP; nothing was written.")
+        patch = patch[0] if isinstance(patch, (list, tuple)) else patch
+        size = size[0] if isinstance(size, (list, tuple)) else size
+    act = "quick_gelu" if model_cfg.get("quick_gelu") else "gelu"
+    t_width = int(text.get("width", 512))
+    return CLIPConfig(
+        projection_dim=int(model_cfg.get("embed_dim", 512)),
+        vision_config={
+            "hidden_size": width,
+            "intermediate_size": int(width * float(vision.get("mlp_ratio", 4.0))),
+            "num_hidden_layers": int(vision.get("layers", 12)),
+            "num_attention_heads": width // head_width,
+            "image_size": int(size),
+            "patch_size": int(patch),
+            "hidden_act": act,
+            "layer_norm_eps": 1e-5,
+        },
+        text_config={
+            "vocab_size": int(text.get("vocab_size", 49408)),
+            "hidden_size": t_width,
+            "intermediate_size": int(t_width * float(text.get("mlp_ratio", 4.0))),
+            "num_hidden_layers": int(text.get("layers", 12)),
+            "num_attention_heads": int(text.get("heads", 8)),
+            "max_position_embeddings": int(text.get("context_length", 77)),
+            "hidden_act": act,
+            "layer_norm_eps": 1e-5,
+            "eos_token_id": 2,  # CLIPTextTransformer then pools at the argmax of the ids, as open_clip does
+            "bos_token_id": int(text.get("vocab_size", 49408)) - 2,  # CLIP's BPE: <|startoftext|>, then <|endoftext|>
+            "pad_token_id": 0,  # open_clip pads with 0
+        },
+    )
+
+
+def _blocks(sd: dict, src: str, dst: str, n: int, out: dict) -> None:
+    for i in range(n):
+        s, d = f"{src}.{i}", f"{dst}.{i}"
+        for a, b in (("ln_1", "layer_norm1"), ("ln_2", "layer_norm2")):
+            out[f"{d}.{b}.weight"] = sd.pop(f"{s}.{a}.weight")
+            out[f"{d}.{b}.bias"] = sd.pop(f"{s}.{a}.bias")
+        w, b = sd.pop(f"{s}.attn.in_proj_weight"), sd.pop(f"{s}.attn.in_proj_bias")
+        if w.shape[0] % 3 or b.shape[0] != w.shape[0]:
+            raise ConvertError(f"{s}.attn.in_proj_weight {tuple(w.shape)} is not three stacked projections.")
+        for part, wp, bp in zip(("q_proj", "k_proj", "v_proj"), w.chunk(3), b.chunk(3), strict=True):
+            out[f"{d}.self_attn.{part}.weight"], out[f"{d}.self_attn.{part}.bias"] = wp, bp
+        out[f"{d}.self_attn.out_proj.weight"] = sd.pop(f"{s}.attn.out_proj.weight")
+        out[f"{d}.self_attn.out_proj.bias"] = sd.pop(f"{s}.attn.out_proj.bias")
+        for a, b2 in (("c_fc", "fc1"), ("c_proj", "fc2")):
+            out[f"{d}.mlp.{b2}.weight"] = sd.pop(f"{s}.mlp.{a}.weight")
+            out[f"{d}.mlp.{b2}.bias"] = sd.pop(f"{s}.mlp.{a}.bias")
+
+
+def map_open_clip(state: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
+    """open_clip's CLIP state dict -> ``CLIPModel``'s (module docstring); :class:`ConvertError` on a missing key."""
+    sd = dict(state)
+    out: dict[str, torch.Tensor] = {}
+    try:
+        v = "vision_model"
+        out[f"{v}.embeddings.class_embedding"] = sd.pop("visual.class_embedding")
+        out[f"{v}.embeddings.patch_embedding.weight"] = sd.pop("visual.conv1.weight")
+        out[f"{v}.embeddings.position_embedding.weight"] = sd.pop("visual.positional_embedding")
+        for a, b in (("ln_pre", "pre_layrnorm"), ("ln_post", "post_layernorm")):
+            out[f"{v}.{b}.weight"], out[f"{v}.{b}.bias"] = sd.pop(f"visual.{a}.weight"), sd.pop(f"visual.{a}.bias")
+        _blocks(sd, "visual.transformer.resblocks", f"{v}.encoder.layers", config.vision_config.num_hidden_layers, out)
+        out["visual_projection.weight"] = sd.pop("visual.proj").t().contiguous()
+        t = "text_model"
+        out[f"{t}.embeddings.token_embedding.weight"] = sd.pop("token_embedding.weight")
+        out[f"{t}.embeddings.position_embedding.weight"] = sd.pop("positional_embedding")
+        out[f"{t}.final_layer_norm.weight"], out[f"{t}.final_layer_norm.bias"] = (
+            sd.pop("ln_final.weight"),
+            sd.pop("ln_final.bias"),
+        )
+        _blocks(sd, "transformer.resblocks", f"{t}.encoder.layers", config.text_config.num_hidden_layers, out)
+        out["text_projection.weight"] = sd.pop("text_projection").t().contiguous()
+        out["logit_scale"] = sd.pop("logit_scale").reshape(())
+    except KeyError as exc:
+        raise ConvertError(
+            f"The weights do not fit the open_clip config: key {exc.args[0]} is missing. Nothing was written."
+        ) from None
+    sd.pop("attn_mask", None)  # a non-persistent buffer in open_clip, present in some old files
+    if sd:
+        keys = sorted(sd)
+        raise ConvertError(
+            f"The weights do not fit the open_clip config: {len(keys)} keys it does not describe "
+            f"({'; '.join(keys[:5])}). Nothing was written."
+        )
+    return out
+
+
+def _weights(folder: Path) -> Path:
+    for name in WEIGHTS:
+        if (folder / name).is_file():
+            return folder / name
+    raise ConvertError(f"{folder} holds none of {', '.join(WEIGHTS)}.")
+
+
+def _tokenizer(folder: Path, text_cfg: dict, notes: list[str]):
+    """CLIP's BPE tokenizer from the folder's files, or None with a note saying why."""
+    other = text_cfg.get("hf_tokenizer_name")
+    if other:
+        notes.append(f"the checkpoint uses the tokenizer '{other}', not CLIP's BPE: no tokenizer was written")
+        return None
+    has = (folder / "tokenizer.json").is_file() or (
+        (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file()
+    )
+    if not has:
+        notes.append(
+            "the folder holds no tokenizer files (tokenizer.json, or vocab.json + merges.txt of CLIP's BPE): "
+            "the image tower works, zero-shot labels need the tokenizer copied into the output folder"
+        )
+        return None
+    from transformers import AutoTokenizer, CLIPTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+    except Exception:  # a folder without tokenizer_config.json: CLIP's BPE from its two files
+        try:
+            tok = CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"))
+        except Exception as exc:
+            notes.append(f"the tokenizer files could not be read ({str(exc)[:200]}): no tokenizer was written")
+            return None
+    return tok
+
+
+def convert_open_clip(folder: str | Path, out: str | Path, *, overwrite: bool = False) -> OpenClipReport:
+    """Convert the open_clip folder ``folder`` into an HF CLIP folder ``out`` (module docstring)."""
+    folder, out = Path(folder), Path(out)
+    if not folder.is_dir():
+        raise ConvertError(f"--checkpoint {folder} is not a folder: give the open_clip folder (with {CONFIG}).")
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ConvertError(f"{out} exists and is not empty; choose another --out.")
+    data = _read_config(folder)
+    model_cfg = data.get("model_cfg", data)
+    config = hf_clip_config(model_cfg)
+    state = read_state_dict(_weights(folder))
+    if "logit_bias" in state:
+        raise ConvertError(
+            "The weights hold a logit_bias (a SigLIP-style open_clip model): it does not map to HF CLIP."
+        )
+    mapped = map_open_clip(state, config)
+
+    from transformers import CLIPModel, ViTImageProcessor
+
+    model = CLIPModel(config).eval()
+    _check(mapped, model.state_dict(), "open_clip CLIP of this config")
+    model.load_state_dict(mapped, strict=True)
+    notes: list[str] = []
+    tok = _tokenizer(folder, model_cfg.get("text_cfg") or {}, notes)
+    pre = data.get("preprocess_cfg") or {}
+    size = config.vision_config.image_size
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        ViTImageProcessor(  # vitviz resizes the whole image (no centre crop), so every patch is on the image
+            size={"height": size, "width": size},
+            image_mean=list(pre.get("mean", OPENAI_MEAN)),
+            image_std=list(pre.get("std", OPENAI_STD)),
+            resample=3 if pre.get("interpolation", "bicubic") == "bicubic" else 2,
+        ).save_pretrained(tmp)
+        if tok is not None:
+            tok.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return OpenClipReport(out, notes)
