@@ -6,7 +6,8 @@ Sections (all by default): ``overhead`` (ViT-B/16, DINOv2-base at 518, Swin-T: f
 against the plain SDPA forward, records, DINOv2's peak memory), ``interaction`` (Heads page
 reruns), ``export``, ``browser``, ``zeroshot`` (CLIP ViT-B/16, SigLIP-base: overhead and label
 change; ``benchmarks/zeroshot.py``), ``causal`` (head importance in forward-equivalents, fast
-vs exact rank correlation on 50 demo images; ``benchmarks/causal.py``), ``faithfulness``
+vs exact rank correlation on 50 demo images; ``benchmarks/causal.py``), ``patching`` (activation
+patching in forward-equivalents, estimate vs exact on 50 demo image pairs; ``benchmarks/patching.py``), ``faithfulness``
 (deletion + insertion of one ViT-B/16 image over one forward; ``benchmarks/faithfulness.py``),
 ``evaluate`` (``python -m vitviz evaluate`` throughput, local vs Ray; ``benchmarks/evaluate.py``),
 ``headview`` (the instant head view in Chromium: input -> redraw, payload; ``benchmarks/headview.py``).
@@ -226,6 +227,7 @@ SECTIONS = (
     "browser",
     "zeroshot",
     "causal",
+    "patching",
     "faithfulness",
     "evaluate",
     "headview",
@@ -289,6 +291,13 @@ def main(argv: list[str] | None = None) -> int:
                 "head_importance_cost": causal.head_importance_cost(vit, runs=max(2, runs // 3)),
                 "one_run": causal.one_run_views(vit, runs=max(2, runs // 3)),
                 "fast_vs_exact": causal.fast_vs_exact_rank_correlation(50, mode="mean"),
+            }
+        if "patching" in sections:
+            from benchmarks import patching
+
+            results["patching"] = {
+                "cost": patching.patching_cost(vit, runs=max(1, runs // 3)),
+                "estimate_vs_exact": patching.estimate_vs_exact(50),
             }
         if "faithfulness" in sections:
             from benchmarks import faithfulness

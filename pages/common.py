@@ -796,8 +796,12 @@ def get_method_maps(cur: Current, class_index: int, labels: Labels | None = None
     return results_cache().get_or_compute(("methods", *cur.key, class_index, prompts), compute)
 
 
-def get_curves(cur: Current, class_index: int, progress=None, labels: Labels | None = None) -> dict:
-    """Deletion and insertion curves of every method (``vitviz.evaluate``), computed on request: cached, queued."""
+def get_curves(
+    cur: Current, class_index: int, progress=None, labels: Labels | None = None, insertion_start: str = "mean"
+) -> dict:
+    """Deletion and insertion curves of every method (``vitviz.evaluate``), computed on request: cached, queued.
+
+    ``insertion_start``: what insertion starts from (``vitviz.evaluate.faithfulness.INSERTION_STARTS``)."""
     from vitviz.evaluate.faithfulness import Perturbations
 
     def compute():
@@ -806,13 +810,13 @@ def get_curves(cur: Current, class_index: int, progress=None, labels: Labels | N
         model = labelled_model(cur.model, labels)
 
         def run():
-            perturb = Perturbations(model, image, size=cur.key[2], batch_size=20)
+            perturb = Perturbations(model, image, size=cur.key[2], batch_size=20, insertion_start=insertion_start)
             return perturb.curves_many(list(maps.values()), progress=progress)
 
         return in_queue(run)
 
     prompts = None if labels is None else labels.prompts
-    return results_cache().get_or_compute(("curves", *cur.key, class_index, prompts), compute)
+    return results_cache().get_or_compute(("curves", *cur.key, class_index, prompts, insertion_start), compute)
 
 
 def target_ui(ranked: Classes, *, key: str, default: int | None = None):

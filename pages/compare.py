@@ -3,7 +3,7 @@
 import numpy as np
 import streamlit as st
 
-from pages import common
+from pages import common, photo
 from vitviz import figures
 from vitviz.analysis.scales import SCALES, scale_maps
 from vitviz.errors import VitvizError
@@ -73,12 +73,36 @@ common.chart(
     key="method_maps",
 )
 st.caption("Each tile's title gives the map's own range [min, max] before scaling.")
+photo.photo_panel(
+    "method",
+    [np.asarray(maps[m].values, np.float64) for m in names],
+    [f"{m} for '{name}'" for m in names],
+    index=None,
+    colorbar_title="raw value",
+    set_name="every method: raw units differ",
+    default_scale="per_map",
+)
 with st.expander("How each map is defined"):
     for m in names:
         st.markdown(f"**{m}**: {maps[m].definition}")
 
 st.subheader("Deletion and insertion")
-key = ("curves", *cur.key, cls, None if labels is None else labels.prompts)
+STARTS = {
+    "mean": "the image's mean colour",
+    "blur": "the image blurred",
+    "grey": "a fixed grey",
+    "noise": "seeded noise",
+}
+start = st.radio(
+    "Insertion starts from",
+    list(STARTS),
+    format_func=STARTS.get,
+    horizontal=True,
+    key="insertion_start",
+    help="Blur keeps each region's colour: where colour is the evidence (the demo shapes), insertion from blur is "
+    "flat for every method. The default, the mean colour, hides colour and shape.",
+)
+key = ("curves", *cur.key, cls, None if labels is None else labels.prompts, start)
 if ss.get("curves_wanted") != key:
     st.button(
         "Compute the curves",
@@ -88,7 +112,7 @@ if ss.get("curves_wanted") != key:
     )
     st.caption(
         "Deletion removes the most important patches first (replaced by the image's mean colour); insertion "
-        "puts them back into a blurred image. The random map is the floor."
+        f"puts them back into {STARTS[start]}. The random map is the floor."
     )
 else:
     stop = st.empty()  # the Stop button lives while the curves are computed, and goes with them
@@ -100,6 +124,7 @@ else:
             cls,
             progress=lambda done, total: bar.progress(done / max(total, 1), text=f"{done} of {total} images"),
             labels=labels,
+            insertion_start=start,
         )
     except (VitvizError, ValueError) as exc:
         bar.empty()
@@ -126,7 +151,7 @@ else:
         flat = np.ptp([r.insertion_area for r in results]) < 1e-3
         if flat:
             st.caption(
-                "Every insertion area is the same here: the blurred image alone already gives the class "
+                f"Every insertion area is the same here: {STARTS[start]} alone already gives the class "
                 "its full probability, so insertion tells the methods apart on this image no better than chance."
             )
         common.downloads(

@@ -149,7 +149,9 @@ with big:
         windows=window_edges(g) if (g.kind == "window" and ss.show_windows) else None,
         click_hint="click to make it the query",
     )
-    common.chart(fig, key="head_map", on_select="rerun", selection_mode="points")
+    common.chart(
+        fig, key="head_map", on_select="rerun", selection_mode="points", config=photo.camera_config("head_map")
+    )
     photo.photo_panel(
         "head",
         list(maps.values),

@@ -112,6 +112,7 @@ else:
             key="rollout_map",
             on_select="rerun",
             selection_mode="points",
+            config=photo.camera_config("rollout"),
         )
         ss._rollout_stage = st_idx  # the grid the next click on this map lands on
         if cap.is_hierarchical:
@@ -170,6 +171,7 @@ else:
                         colorbar_title="relevance (raw)",
                     ),
                     key="relevance_map",
+                    config=photo.camera_config("relevance"),
                 )
                 target = "the label's image-text score" if ranked.labels else "the class logit (before softmax)"
                 through = "all blocks (the default)" if exp.start_block == 0 else _through(exp.start_block, n_enc)
@@ -182,6 +184,14 @@ else:
                     "relevance",
                     csv=long_table(exp.patch_map(), ("row", "col"), f"relevance for '{exp.label}' (raw)"),
                     relevance=exp.patch_map(),
+                )
+                photo.photo_panel(
+                    "relevance",
+                    [exp.patch_map()],
+                    [f"Relevance for '{exp.label}'"],
+                    index=0,
+                    colorbar_title="relevance (raw)",
+                    set_name="one map",
                 )
                 if ranked.labels:
                     prompt_words_ui(cur, known[cls], ranked.prompt(cls))

@@ -3,11 +3,12 @@
 import numpy as np
 import streamlit as st
 
-from pages import common
+from pages import common, photo
 from vitviz import figures
 from vitviz.capture.patching import activation_patching, patch_lens
 from vitviz.data.images import read_image
 from vitviz.errors import VitvizError
+from vitviz.figures.animation import view_stack
 from vitviz.figures.patching import patching_grid_figure
 from vitviz.text import md_plain, plotly_plain
 
@@ -194,4 +195,15 @@ else:
             colorbar_title="score (raw)",
         ),
         key="patch_lens_map",
+    )
+    photo.photo_panel(
+        "patch_lens",
+        list(lens),
+        [f"Per-patch lens, layer {r}: {target.name(cur.model.id2label)}" for r in range(lens.shape[0])],
+        index=layer,
+        colorbar_title="score (raw)",
+        set_name="every layer",
+        gif=lambda view: view_stack(cap, "lens", lens=lens),
+        gif_views=("lens",),
+        gif_key=(target,),
     )

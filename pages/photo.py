@@ -14,6 +14,7 @@ import streamlit as st
 from pages import common
 from vitviz.data.images import read_image
 from vitviz.figures import animation, overlay
+from vitviz.text import plotly_plain
 
 UPSAMPLING = {"bilinear": "bilinear (smooth)", "nearest": "nearest (one block per token)"}
 SCALES = {"shared": "shared by the set", "per_map": "each map its own"}
@@ -25,19 +26,29 @@ def _photo(image_digest: str, _data: bytes) -> np.ndarray:
     return overlay.fit_photo(read_image(_data, max_bytes=common.upload_limit()).image)
 
 
+def camera_config(filename: str) -> dict:
+    """``st.plotly_chart`` config: the camera button saves the figure at the photo's size (at most 2048 px long)."""
+    wh = st.session_state.get("image_wh")
+    return overlay.image_config(wh, filename=filename) if wh else {}
+
+
 def photo_panel(
     key: str,
     maps: Sequence[np.ndarray],
     titles: Sequence[str],
     *,
-    index: int,
+    index: int | None,
     colorbar_title: str,
     set_name: str,
     gif: Callable[[str], tuple[list[np.ndarray], list[str]]] | None = None,
     gif_views: Sequence[str] = (),
     gif_key: tuple = (),
+    default_scale: str = "shared",
 ) -> None:
     """``maps[index]`` over the photo at the photo's size, with its controls and downloads.
+
+    ``index`` None: the user picks the map among ``titles``. ``default_scale``: the colour
+    scale first offered (``shared`` or ``per_map``).
 
     ``maps``: the set the colour scale can be shared across (``set_name`` says what it
     is: "the heads of block 3"). ``gif(view)``: the maps and labels of a view across the
@@ -52,7 +63,15 @@ def photo_panel(
     mode = c1.radio("Upsampling", list(UPSAMPLING), format_func=UPSAMPLING.get, key=f"{key}_photo_mode")
     opacity = c2.slider("Opacity", 0.0, 1.0, 0.6, 0.05, key=f"{key}_photo_opacity")
     threshold = c3.slider("Hide below (of the scale)", 0.0, 1.0, 0.0, 0.05, key=f"{key}_photo_threshold")
-    scale = c4.radio(f"Colour scale ({set_name})", list(SCALES), format_func=SCALES.get, key=f"{key}_photo_scale")
+    scale = c4.radio(
+        f"Colour scale ({set_name})",
+        list(SCALES),
+        index=list(SCALES).index(default_scale),
+        format_func=SCALES.get,
+        key=f"{key}_photo_scale",
+    )
+    if index is None:
+        index = st.selectbox("Map", range(len(titles)), format_func=lambda i: titles[i], key=f"{key}_photo_pick")
     photo = _photo(ss.image_digest, ss.image_bytes)
     lo, hi = overlay.colour_limits(maps, scale=scale)[index]
     composite = overlay.photo_overlay(
@@ -62,7 +81,10 @@ def photo_panel(
     fmt = st.radio("Camera button saves", ["png", "svg"], horizontal=True, key=f"{key}_photo_fmt")
     common.chart(
         overlay.photo_overlay_figure(
-            composite, limits=(lo, hi), colorbar_title=colorbar_title, title=f"{titles[index]}, over the photo"
+            composite,
+            limits=(lo, hi),
+            colorbar_title=colorbar_title,
+            title=f"{plotly_plain(titles[index])}, over the photo",
         ),
         key=f"{key}_photo_fig",
         config=overlay.image_config((w, h), filename=key, fmt=fmt),

@@ -86,3 +86,45 @@ def test_layers_rollout_over_the_photo():
     fig = _photo_figure(at)
     assert fig["layout"]["title"]["text"].startswith("Rollout of CLS")
     assert fig["layout"]["xaxis"]["range"][1] == Image.open(io.BytesIO(at.session_state.image_bytes)).size[0]
+
+
+def test_compare_any_method_over_the_photo_and_relevance_on_layers():
+    at = _page("pages/compare.py")
+    at.toggle(key="method_photo_on").set_value(True).run()
+    no_trouble(at)
+    assert at.radio(key="method_photo_scale").value == "per_map"  # raw units differ between methods
+    at.selectbox(key="method_photo_pick").set_value(1).run()
+    assert _photo_figure(at)["layout"]["title"]["text"].startswith("rollout for")
+    at = _page("pages/layers.py")
+    at.toggle(key="relevance_photo_on").set_value(True).run()
+    no_trouble(at)
+    assert any(
+        json.loads(el.proto.spec)["layout"].get("title", {}).get("text", "").startswith("Relevance for")
+        and "over the photo" in el.proto.spec
+        for el in at.get("plotly_chart")
+    )
+
+
+def test_patching_page_gif_of_the_per_patch_lens():
+    at = _page("pages/patching.py")
+    no_trouble(at)
+    at.toggle(key="patch_lens_photo_on").set_value(True).run()
+    at.toggle(key="patch_lens_gif_on").set_value(True).run()
+    no_trouble(at)
+    wanted, data, n = at.session_state["patch_lens_gif"]
+    gif = Image.open(io.BytesIO(data))
+    assert wanted[0] == "lens" and gif.n_frames == n == 5  # the demo ViT: embeddings + 4 blocks
+    assert _photo_figure(at)["layout"]["title"]["text"].startswith("Per-patch lens, layer 4")
+
+
+def test_camera_button_of_the_main_maps_saves_at_the_photos_size():
+    for page, words in (("pages/heads.py", "head 0"), ("pages/layers.py", "Rollout of CLS")):
+        at = _page(page)
+        w, h = Image.open(io.BytesIO(at.session_state.image_bytes)).size
+        chart = next(
+            el
+            for el in at.get("plotly_chart")
+            if words in json.loads(el.proto.spec)["layout"].get("title", {}).get("text", "")
+        )
+        opts = json.loads(chart.proto.config)["toImageButtonOptions"]
+        assert (opts["width"], opts["height"]) == (w, h)

@@ -82,3 +82,23 @@ def test_gif_loops_through_every_frame():
         decoded = np.asarray(gif.convert("RGB"), dtype=float)
         assert decoded.shape == frames[i].shape
         assert np.abs(decoded - frames[i]).mean() < 6  # 256 colours per frame: close, not exact
+
+
+def test_a_hierarchical_model_steps_through_its_stages(hier_dirs):
+    """Swin: head maps on each stage's own grid, rollout on the first stage's; frames of mixed grids share a scale."""
+    from vitviz.analysis.rollout import capture_rollout
+    from vitviz.models.load import load_model
+
+    loaded = load_model(str(hier_dirs["swin"]), device="cpu")
+    image = random_image(6, (64, 64))
+    cap = capture(loaded, image)
+    maps, labels = view_stack(cap, "mean")
+    assert len(maps) == cap.num_blocks and len({m.shape for m in maps}) > 1  # several stage grids
+    roll, _ = view_stack(cap, "rollout")
+    first = cap.stages[0]
+    for b, m in enumerate(roll):
+        row, s = capture_rollout(cap, stop=b + 1)
+        assert s == 0 and m.shape == first.grid
+        np.testing.assert_allclose(m, row[first.num_prefix :].reshape(first.grid))
+    frames = gif_frames(image, maps, labels, scale="shared")
+    assert len(frames) == cap.num_blocks and {f.shape for f in frames} == {(BAND + 64, 64, 3)}

@@ -282,3 +282,35 @@ def test_siglip_label_embeddings_equal_get_text_features(tmp_path):
         own = model.get_text_features(input_ids=ids)
         own = getattr(own, "pooler_output", own).numpy()
     np.testing.assert_allclose(got, own, rtol=1e-5, atol=1e-6)
+
+
+def test_labels_as_classes_give_the_models_own_logits(tmp_path):
+    import copy
+
+    from vitviz.capture.run import input_size_for, preprocess
+    from vitviz.methods.base import class_logits
+    from vitviz.models.load import load_model
+    from vitviz.models.zeroshot import LabelScores, as_classifier
+
+    _two_tower(tmp_path, "siglip")
+    from transformers import SiglipImageProcessor
+
+    SiglipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path))
+    labels = parse_labels("cat, red car, a dog")
+    clf = as_classifier(loaded, labels)
+    assert clf.has_classifier and clf.id2label == {0: "cat", 1: "red car", 2: "a dog"}
+    assert clf.family.probability_rule == "sigmoid" and clf.family.name == loaded.family.name
+    assert copy.copy(clf.family).name == loaded.family.name  # copy probes do not recurse
+    from PIL import Image
+
+    image = Image.fromarray(np.random.default_rng(1).integers(0, 255, (32, 32, 3), dtype=np.uint8))
+    pixels, _ = preprocess(loaded, [image], input_size_for(loaded, None, image.size))
+    ids = loaded.text.tokenizer(list(labels.prompts), padding="max_length", max_length=16, return_tensors="pt")
+    with torch.no_grad():
+        own = loaded.model(input_ids=ids["input_ids"], pixel_values=pixels).logits_per_image[0].numpy()
+        got = class_logits(clf, pixels, input_size_for(loaded, None, image.size))[0].numpy()
+    np.testing.assert_allclose(got, own, rtol=1e-4, atol=1e-4)
+    assert isinstance(clf.family, LabelScores)
+    with pytest.raises(ZeroShotError):
+        as_classifier(load_model("demo"), labels)

@@ -397,6 +397,8 @@ class LabelScores:
         self.probability_rule = rule
 
     def __getattr__(self, name: str):
+        if name.startswith("__") or name == "_family":  # copy/pickle probes before __init__ ran: no recursion
+            raise AttributeError(name)
         return getattr(self._family, name)
 
     def logits(self, model: torch.nn.Module, out) -> torch.Tensor | None:
