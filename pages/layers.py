@@ -271,7 +271,11 @@ with s2:
 st.subheader("Logit lens")
 ranked = common.classes(cur)
 notes = common.get_causal_notes(cap.model_name)
-partial_lens = cur.model.family.hierarchical and cur.model.has_classifier  # the last stage's rows only
+partial_lens = (  # hierarchical with a readout head: the last stage's rows only
+    cur.model.family.hierarchical
+    and cur.model.has_classifier
+    and cur.model.family.readout_head(cur.model.model) is not None
+)
 if notes["lens"] and not partial_lens:
     st.info(notes["lens"])
 elif ranked is None or ranked.labels is not None:
