@@ -12,6 +12,7 @@ from pages import common
 from vitviz.data.images import read_image
 from vitviz.errors import VitvizError
 from vitviz.models.zeroshot import MAX_LABELS_TEXT, MAX_TEMPLATE_CHARS, parse_labels, vocabulary_warning
+from vitviz.presets import DEMO_NOTES
 from vitviz.text import md_plain
 
 common.leave_folder_mode()
@@ -199,8 +200,8 @@ with st.sidebar:
     st.title("vitviz")
     try:
         model_ui()
-        if ss.model_name in common.DEMO_NOTES:  # after a change: the note of the model now shown
-            st.caption(common.DEMO_NOTES[ss.model_name])
+        if ss.model_name in DEMO_NOTES:  # after a change: the note of the model now shown
+            st.caption(DEMO_NOTES[ss.model_name])
         labels_ui()
         image_ui()
         size_ui()

@@ -33,7 +33,6 @@ from vitviz.capture.gradients import explain_classes, explain_targets
 from vitviz.capture.run import predictions_from_logits
 from vitviz.data.images import configure as configure_images
 from vitviz.data.images import read_image
-from vitviz.demo import bundled
 from vitviz.errors import VitvizError
 from vitviz.models.load import LoadedModel, parse_model_name
 from vitviz.models.zeroshot import (
@@ -47,6 +46,7 @@ from vitviz.models.zeroshot import (
     rank,
     score,
 )
+from vitviz.presets import PRESETS
 from vitviz.record import POOLED, Prediction
 from vitviz.serve import (
     ForwardQueue,
@@ -68,41 +68,6 @@ from vitviz.tables import csv_bytes, long_table
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "assets" / "examples"
-PRESETS = (
-    *bundled(),  # demo, demo-swin, demo-clip: work with no network
-    "google/vit-base-patch16-224",
-    "facebook/deit-small-distilled-patch16-224",
-    "facebook/dino-vits8",
-    "facebook/dinov2-small",
-    "facebook/dinov2-with-registers-small",
-    "microsoft/swin-tiny-patch4-window7-224",
-    "microsoft/swinv2-tiny-patch4-window8-256",
-    "Zetatech/pvt-tiny-224",
-    "OpenGVLab/pvt_v2_b0",
-    "microsoft/cvt-13",
-    "apple/mobilevit-small",
-    "apple/mobilevitv2-1.0-imagenet1k-256",
-    "openai/clip-vit-base-patch32",
-    "openai/clip-vit-base-patch16",
-    "google/siglip-base-patch16-224",
-    "google/siglip2-base-patch16-224",
-    "google/siglip2-base-patch16-naflex",
-    "facebook/dinov3-vits16-pretrain-lvd1689m",
-    "facebook/vit-mae-base",
-    "facebook/ijepa_vith14_1k",
-    "apple/aimv2-large-patch14-224",
-    "facebook/data2vec-vision-base-ft1k",
-    "facebook/vit-msn-small",
-)
-_SHAPES = "circles, squares, triangles, crosses and stars"
-DEMO_NOTES = {  # shown where a demo model is chosen: what it was trained on, and what a photo then shows
-    "demo": f"The demo ViT was trained on synthetic shapes ({_SHAPES}): on a photo it shows where a shape "
-    "detector looks, not what a photo model sees.",
-    "demo-swin": f"The demo Swin was trained on synthetic shapes ({_SHAPES}): on a photo it shows where a shape "
-    "detector looks, not what a photo model sees.",
-    "demo-clip": f"The demo CLIP was trained on synthetic shapes ({_SHAPES}) and their names: on a photo it shows "
-    "where a shape detector looks; labels are best chosen among the shapes' names.",
-}
 DEFAULTS = {
     "model_name": "demo",
     "image_name": "demo-star.png",
@@ -815,14 +780,17 @@ def labelled_model(model: LoadedModel, labels: Labels | None) -> LoadedModel:
     return as_classifier(model, labels, get_label_embeddings(model.name, labels.prompts))
 
 
-def get_method_maps(cur: Current, class_index: int, labels: Labels | None = None) -> dict:
-    """Every explanation method's map of the session's image for one class or label (``vitviz.methods``): cached, queued."""
+def get_method_maps(cur: Current, class_index: int, labels: Labels | None = None, progress=None) -> dict:
+    """Every explanation method's map of the session's image for one class or label (``vitviz.methods``): cached, queued.
+
+    ``progress(done, total, name)``: called before each method and at the end (see ``explain_many``).
+    """
     from vitviz.methods import explain_many
 
     def compute():
         image = read_image(cur.image_bytes, max_bytes=upload_limit()).image
         model = labelled_model(cur.model, labels)
-        return in_queue(lambda: explain_many(model, image, class_index=class_index, size=cur.key[2]))
+        return in_queue(lambda: explain_many(model, image, class_index=class_index, size=cur.key[2], progress=progress))
 
     prompts = None if labels is None else labels.prompts
     return results_cache().get_or_compute(("methods", *cur.key, class_index, prompts), compute)

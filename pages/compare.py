@@ -5,6 +5,7 @@ import streamlit as st
 
 from pages import common, photo
 from vitviz import figures
+from vitviz.analysis.scales import SCALES, scale_maps
 from vitviz.errors import VitvizError
 from vitviz.methods import METHODS, why_unavailable
 from vitviz.text import md_plain
@@ -33,28 +34,45 @@ skipped = {m: why_unavailable(model, m) for m in METHODS if why_unavailable(mode
 for method, why in skipped.items():
     st.caption(f"{method}: {why}")
 
+maps_bar = st.empty()  # per-method progress on the first open; gone once the maps are drawn
+
+
+def _method_progress(done: int, total: int, name: str) -> None:
+    text = f"Maps: {done} of {total} done" + (f", computing {name}…" if name else ".")
+    maps_bar.progress(done / max(total, 1), text=text)
+
+
 try:
-    with st.spinner("Computing every method's map…"):
-        maps = common.get_method_maps(cur, cls, labels)
+    maps = common.get_method_maps(cur, cls, labels, progress=_method_progress)
 except (VitvizError, ValueError) as exc:
+    maps_bar.empty()
     st.error(str(exc))
     st.stop()
+maps_bar.empty()
 names = list(maps)
-tiles = np.stack([np.asarray(maps[m].values, np.float64) for m in names])
-scale = np.abs(tiles).reshape(len(names), -1).max(axis=1)
-tiles = tiles / np.where(scale > 0, scale, 1.0)[:, None, None]
+how = st.radio(
+    "Colour scale",
+    SCALES,
+    horizontal=True,
+    key="compare_scale",
+    help="fixed [0, max]: each map over its own maximum, a flat map stays flat (the default: it invents no "
+    "contrast); per map: each map stretched from its min to its max (small differences look large); shared: "
+    "one raw range for the whole panel.",
+)
+scaled = scale_maps(np.stack([np.asarray(maps[m].values, np.float64) for m in names]), how)
 common.chart(
     figures.small_multiples_figure(
-        tiles.astype(np.float32),
-        names,
-        colorbar_title="normalised per map (value / max |value|)",
+        scaled.values,
+        [f"{m} [{lo:.3g}, {hi:.3g}]" for m, (lo, hi) in zip(names, scaled.ranges, strict=True)],
+        colorbar_title=scaled.colorbar_title,
         cols=6,
         image=cap.image,
-        zmin=-1 if (tiles < 0).any() else 0,
-        zmax=1,
+        zmin=scaled.zmin,
+        zmax=scaled.zmax,
     ),
     key="method_maps",
 )
+st.caption("Each tile's title gives the map's own range [min, max] before scaling.")
 photo.photo_panel(
     "method",
     [np.asarray(maps[m].values, np.float64) for m in names],
@@ -97,7 +115,8 @@ if ss.get("curves_wanted") != key:
         f"puts them back into {STARTS[start]}. The random map is the floor."
     )
 else:
-    st.button("Stop", on_click=lambda: ss.update(curves_wanted=None))
+    stop = st.empty()  # the Stop button lives while the curves are computed, and goes with them
+    stop.button("Stop", on_click=lambda: ss.update(curves_wanted=None))
     bar = st.progress(0.0, text="Forwarding the perturbed images…")
     try:
         results = common.get_curves(
@@ -109,9 +128,11 @@ else:
         )
     except (VitvizError, ValueError) as exc:
         bar.empty()
+        stop.empty()
         st.error(str(exc))
     else:
         bar.empty()
+        stop.empty()
         curves = {r.method: (r.deletion, r.insertion) for r in results}
         common.chart(figures.curves_figure(results[0].fractions, curves, target=name), key="curves")
         rows = [

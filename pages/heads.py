@@ -147,6 +147,7 @@ with big:
         colorbar_title=f"attention (raw, {cap.attention_precision})",
         marked=marked,
         windows=window_edges(g) if (g.kind == "window" and ss.show_windows) else None,
+        click_hint="click to make it the query",
     )
     common.chart(
         fig, key="head_map", on_select="rerun", selection_mode="points", config=photo.camera_config("head_map")

@@ -72,7 +72,8 @@ with left:
         run, _ = st.columns([1, 2])
         run.button("Compute head importance", type="primary", on_click=lambda: ss.update(importance_wanted=key))
     if ss.get("importance_wanted") == key:
-        st.button(
+        stop = st.empty()  # the Stop button lives while the importance is computed, and goes with it
+        stop.button(
             "Stop",
             on_click=lambda: ss.update(importance_wanted=None),
             help="Stops the computation; nothing partial is kept.",
@@ -88,9 +89,11 @@ with left:
             )
         except (VitvizError, ValueError) as exc:
             bar.empty()
+            stop.empty()
             st.error(str(exc))
         else:
             bar.empty()
+            stop.empty()
             title = "Fast estimate (first order, not exact)" if fast else "Effect of knocking out each head"
             fig = figures.layer_head_figure(
                 result.effects,

@@ -45,6 +45,7 @@ def open_head(data) -> None:
 
 
 common.take_click("summary_map", open_head)
+common.take_click("rollout_map", lambda data: common.click_query(cap, ss.get("_rollout_stage", 0), data))
 if ss.pop("open_heads_page", False):
     st.switch_page("pages/heads.py")
 common.clamp_state(cap)
@@ -106,10 +107,14 @@ else:
                 title=f"Rollout of {cap.token_label(q_end, cap.blocks[end].stage)}, "
                 f"{'blocks' if cap.is_hierarchical else 'layers'} {start}-{end}",
                 colorbar_title=f"rollout (raw, {precision})",
+                click_hint="click to make it the query",
             ),
             key="rollout_map",
+            on_select="rerun",
+            selection_mode="points",
             config=photo.camera_config("rollout"),
         )
+        ss._rollout_stage = st_idx  # the grid the next click on this map lands on
         if cap.is_hierarchical:
             st.caption(
                 f"On stage {st_idx + 1}'s grid: windows undone, reduced keys spread over the tokens they came from, "
@@ -266,7 +271,12 @@ with s2:
 st.subheader("Logit lens")
 ranked = common.classes(cur)
 notes = common.get_causal_notes(cap.model_name)
-if notes["lens"]:
+partial_lens = (  # hierarchical with a readout head: the last stage's rows only
+    cur.model.family.hierarchical
+    and cur.model.has_classifier
+    and cur.model.family.readout_head(cur.model.model) is not None
+)
+if notes["lens"] and not partial_lens:
     st.info(notes["lens"])
 elif ranked is None or ranked.labels is not None:
     st.info("The logit lens reads class logits through the model's own head: it needs a classifier.")
@@ -282,9 +292,18 @@ else:
         probs = lens.probabilities()[:, top]
         names = [cur.model.id2label.get(int(c), f"class {c}") for c in top]
         common.chart(figures.lens_figure(probs, names, lens.ranks(int(top[0])), target=names[0]), key="lens")
+        shown = [int(r) for r in np.flatnonzero(lens.defined)]
+        where = (
+            ""
+            if len(shown) == len(lens.defined)
+            else f" Points drawn: after block{'s' if len(shown) > 1 else ''} {', '.join(map(str, shown))} "
+            f"of {len(lens.defined) - 1} (0 is the embeddings); the others are not defined here."
+        )
         st.caption(
-            f"Each row: the residual stream after that block, through the model's final norm and head ({lens.readout}). "
-            + (lens.note or "The last row is the model's own prediction.")
+            f"Each point: the residual stream after that block, through the model's final norm and head "
+            f"({lens.readout}); the last is the model's own prediction."
+            + where
+            + (f" {lens.note}" if lens.note else "")
         )
         common.downloads(
             "logit_lens",

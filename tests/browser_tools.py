@@ -172,7 +172,7 @@ def server_heads(page) -> None:
     """On the Heads page of a plain ViT, switch the instant (in-browser) view off for the server-drawn one."""
     toggle = page.get_by_test_id("stCheckbox").filter(has_text="Instant view")
     toggle.wait_for(timeout=60_000)
-    if toggle.get_by_role("checkbox").is_checked():
+    if toggle.locator("input").is_checked():  # st.toggle: role "switch", not "checkbox"
         toggle.locator("label").click()
 
 

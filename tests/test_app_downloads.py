@@ -82,6 +82,7 @@ def test_compare_curves_csv_holds_every_methods_curves(offered):
     at = _app("pages/compare.py")
     next(b for b in at.button if b.label == "Compute the curves").click().run()
     no_trouble(at)
+    assert not [b for b in at.button if b.label == "Stop"]  # 22.14: Stop goes once the curves are done
     rows = _rows(offered["faithfulness.csv"][0])
     header = rows[0]
     assert header[0] == "fraction of patches"
@@ -93,3 +94,13 @@ def test_compare_curves_csv_holds_every_methods_curves(offered):
     assert values.shape == (21, 1 + 2 * len(methods))
     assert values[0, 0] == 0 and values[-1, 0] == 1 and (np.diff(values[:, 0]) >= 0).all()
     assert ((values[:, 1:] >= 0) & (values[:, 1:] <= 1)).all()  # probabilities
+
+
+def test_importance_csv_and_no_stop_once_done(offered):
+    at = _app("pages/importance.py")
+    next(b for b in at.button if b.label == "Compute head importance").click().run()
+    no_trouble(at)
+    assert not [b for b in at.button if b.label == "Stop"]  # 22.14
+    rows = _rows(offered["head_importance.csv"][0])
+    assert rows[0][:2] == ["block", "head"] and rows[0][2].startswith("change of the logit of '")
+    assert len(rows) == 1 + 4 * 4  # the demo's 4 blocks x 4 heads

@@ -97,3 +97,29 @@ def test_the_demo_models_say_they_classify_synthetic_shapes():
     assert "demo Swin was trained on synthetic shapes" in " ".join(c.value for c in at.sidebar.caption)
     at.selectbox(key="model_pick").set_value("other (hub id or local folder)…").run()
     assert "synthetic shapes" in " ".join(c.value for c in at.sidebar.caption)  # still demo-swin until another loads
+
+
+def test_the_swin_logit_lens_says_which_points_it_draws():
+    """22.14: the note promised rows the figure did not have; it now lists the points drawn, as the figure has them."""
+    import json
+
+    at = _app()
+    at.selectbox(key="model_pick").set_value("demo-swin").run()
+    at.switch_page("pages/layers.py").run()
+    no_trouble(at)
+    lens = next(
+        json.loads(el.proto.spec)
+        for el in at.get("plotly_chart")
+        if "Logit lens" in str(json.loads(el.proto.spec)["layout"].get("title", {}).get("text", ""))
+    )
+    trace = lens["data"][0]
+    import numpy as np
+
+    ys = trace["y"]
+    if isinstance(ys, dict):
+        import base64
+
+        ys = np.frombuffer(base64.b64decode(ys["bdata"]), dtype=ys["dtype"])
+    drawn = [int(x) for x, y in zip(range(len(ys)), np.asarray(ys, float), strict=True) if np.isfinite(y)]
+    caption = next(c.value for c in at.caption if "Points drawn" in c.value)
+    assert f"after block{'s' if len(drawn) > 1 else ''} {', '.join(map(str, drawn))} of {len(ys) - 1}" in caption

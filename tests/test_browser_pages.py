@@ -14,7 +14,6 @@ from browser_tools import (
     FLAGS,
     PLOTS,
     ROOT,
-    plot_state,
     require_chromium,
     settle,
     streamlit_server,
@@ -122,6 +121,8 @@ def test_two_quick_downloads_both_start(server, browser, tmp_path):
 def _quick_clicks(page, words: str, where: list[tuple[float, float]], gap_ms: int = 120) -> None:
     """Clicks at fractions of the plot area of the figure titled ``words``, ``gap_ms`` apart (a user's double take)."""
     plot = page.locator(PLOTS).filter(has=page.locator(f"text={words}")).first
+    plot.scroll_into_view_if_needed()
+    page.wait_for_timeout(300)
     box = plot.locator(".nsewdrag").first.bounding_box()
     for k, (fx, fy) in enumerate(where):
         if k:
@@ -129,25 +130,17 @@ def _quick_clicks(page, words: str, where: list[tuple[float, float]], gap_ms: in
         page.mouse.click(box["x"] + box["width"] * fx, box["y"] + box["height"] * fy)
 
 
-def _title_now(page, words: str) -> str:
-    return next(f["title"] for f in plot_state(page) if words in f["title"])
-
-
-def test_the_last_of_quick_clicks_wins(server, browser):
-    """22.4: clicks 120 ms apart on the head grid: the page ends on the last one (Plotly took them for a double
-    click, which clears the selection)."""
+def test_a_click_on_the_rollout_map_sets_the_query(server, browser):
+    """22.3: the rollout map's hover says "click to make it the query": the click does it."""
     page = browser.new_page(viewport={"width": 1500, "height": 1100})
     try:
-        page.goto(f"{server}/heads")
-        server_heads(page)
-        wait_for_title(page, "Layer 3, head 0: where CLS looks", timeout=90)
+        page.goto(f"{server}/layers")
+        wait_for_title(page, "Rollout of CLS", timeout=90)
         settle(page)
-        for first, last in [(0.12, 0.87), (0.62, 0.37)]:  # the demo's 4 heads in a row: tiles 0 -> 3, 2 -> 1
-            _quick_clicks(page, "head 3", [(first, 0.5), (last, 0.5)])
-            settle(page)
-            page.wait_for_timeout(1500)
-            settle(page)
-            want = int(last * 4)
-            assert f"Layer 3, head {want}:" in _title_now(page, "Layer 3, head"), (first, last)
+        plot = page.locator(PLOTS).filter(has=page.locator("text=Rollout of CLS")).first
+        plot.scroll_into_view_if_needed()
+        settle(page)
+        _quick_clicks(page, "Rollout of CLS", [(7.5 / 12, 3.5 / 12)])  # cell (3, 7) of the demo's 12 x 12 grid
+        wait_for_title(page, "Rollout of patch (3, 7)")
     finally:
         page.close()

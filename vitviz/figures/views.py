@@ -133,8 +133,12 @@ def map_figure(
     marked: tuple[int, int] | None = None,
     windows: tuple[Sequence[int], Sequence[int]] | None = None,
     height: int = 480,
+    click_hint: str = "",
 ) -> go.Figure:
     """A ``(gh, gw)`` map over the image (or alone), clickable cell by cell.
+
+    ``click_hint`` ends each cell's hover text ("click to make it the query" where a click does that);
+    by default the hover promises nothing.
 
     Cells span the image evenly (``image`` height / gh by width / gw pixels), so maps
     on a stage grid or a coarser key grid sit where their tokens are; without an
@@ -170,7 +174,9 @@ def map_figure(
             (gh, gw),
             (ch, cw),
             num_prefix_tokens,
-            "cell (row %{customdata[1]}, col %{customdata[2]}): %{customdata[3]:.4g}<br>click to make it the query<extra></extra>",
+            "cell (row %{customdata[1]}, col %{customdata[2]}): %{customdata[3]:.4g}"
+            + (f"<br>{click_hint}" if click_hint else "")
+            + "<extra></extra>",
             grid_map,
         )
     )

@@ -22,7 +22,7 @@ with that reason.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from PIL import Image
 
@@ -111,11 +111,14 @@ def explain_many(
     target: Target | int | None = None,
     size: int | tuple[int, int] | None = None,
     seed: int = 0,
+    progress: Callable[[int, int, str], None] | None = None,
 ) -> dict[str, MethodMap]:
     """Several methods on one image (default: every available one), sharing one capture and one target.
 
     ``target`` (or ``class_index``) None: the predicted class, resolved once so that every
     map explains the same class. Raises :class:`MethodError` for a method that does not apply.
+    ``progress(done, total, name)`` is called before each method (``name`` the one starting) and
+    once at the end (``done == total``, ``name`` "").
     """
     given = target if target is not None else class_index
     t = given if isinstance(given, Target) else None
@@ -125,4 +128,11 @@ def explain_many(
         inputs.capture  # noqa: B018 - one capture serves the prediction and every attention-based map
     if given is None:
         given = inputs.predicted_class()
-    return {m.name: m(inputs, target=given, seed=seed) for m in chosen}
+    out = {}
+    for k, m in enumerate(chosen):
+        if progress is not None:
+            progress(k, len(chosen), m.name)
+        out[m.name] = m(inputs, target=given, seed=seed)
+    if progress is not None:
+        progress(len(chosen), len(chosen), "")
+    return out
