@@ -241,3 +241,28 @@ def test_typed_labels_on_the_zero_shot_demo(server, browser):
         assert not page.locator("[data-testid='stException']").count()
     finally:
         page.close()
+
+
+def test_heads_main_map_is_visible_without_scrolling_at_1366x768(server, browser):
+    """Issue 22.16, for the Heads page as it opens (the instant view of a plain ViT): its large map lies wholly
+    inside a 1366 x 768 window before any scrolling."""
+    page = browser.new_page(viewport={"width": 1366, "height": 768})
+    try:
+        page.goto(f"{server}/heads")
+        instant_state(page, timeout=120)
+        frame_box = page.locator("iframe").first.bounding_box()
+        frame = next(f for f in page.frames if f.evaluate("!!document.getElementById('big')"))
+        canvas = frame.evaluate(
+            "(() => { const r = document.getElementById('big').getBoundingClientRect();"
+            " return {top: r.top, bottom: r.bottom, left: r.left, right: r.right}; })()"
+        )
+        top, bottom = frame_box["y"] + canvas["top"], frame_box["y"] + canvas["bottom"]
+        left, right = frame_box["x"] + canvas["left"], frame_box["x"] + canvas["right"]
+        assert page.evaluate("window.scrollY") == 0
+        assert top >= 0 and bottom <= 768 and left >= 0 and right <= 1366, (top, bottom, left, right)
+        thumbs = frame.evaluate("document.getElementById('thumbs').getBoundingClientRect().left")
+        assert thumbs > canvas["right"]  # the layer x head thumbnails sit beside the large map, not below it
+        OUTPUT.mkdir(exist_ok=True)
+        page.screenshot(path=str(OUTPUT / "heads-instant-1366x768.png"))
+    finally:
+        page.close()

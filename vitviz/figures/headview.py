@@ -264,7 +264,8 @@ _PAGE = r"""<!DOCTYPE html>
   <div id="hover" class="note">&nbsp;</div>
   <div id="prefix" class="note"></div>
  </div>
- <div><div class="note">Every layer (rows) x head (columns) for this query; click one to enlarge.</div><div id="thumbs"></div></div>
+ <div><div class="note" style="max-width:260px">Every layer (rows) x head (columns) for this query; click one to
+ enlarge.</div><div id="thumbs"></div></div>
 </div>
 <div class="note">Attention from the query token to each patch, A[layer, head, query, patch], raw softmax weights
 (prefix tokens are not on the image: their share is printed under the map). Maps travel at 8 bits per map, relative
