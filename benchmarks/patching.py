@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--residual-size", type=int, default=96)
     parser.add_argument("--skip-cost", action="store_true")
     args = parser.parse_args(argv)
-    from benchmarks.run import make_model
+    from benchmarks.common import make_model
 
     results: dict = {"estimate_vs_exact": estimate_vs_exact(args.pairs)}
     print(json.dumps(results, indent=2), flush=True)
