@@ -101,7 +101,8 @@ def unpack_rows(codes: np.ndarray, top: np.ndarray) -> np.ndarray:
 
 
 def _b64(raw: bytes, *, deflate: bool) -> str:
-    return base64.b64encode(zlib.compress(raw, 6) if deflate else raw).decode("ascii")
+    # level 1: a ViT-B/16 record deflates in ~0.07 s instead of ~0.5 s at level 6, for ~15 % more bytes
+    return base64.b64encode(zlib.compress(raw, 1) if deflate else raw).decode("ascii")
 
 
 def _png_b64(image: np.ndarray) -> str:
