@@ -113,46 +113,28 @@ def explain_targets(
         out = run_forward(loaded, pixels, rec)
         order = sorted(rec.raw)
         geoms = [rec.geometries[b] for b in order]
-        stages = build_stages(loaded, geoms, {}, 0)
         attn = [to_native(geoms[i], rec.raw[b].detach(), 1)[0].float().cpu().numpy() for i, b in enumerate(order)]
         tensors = [rec.raw[b] for b in order]
-        reads = loaded.family.readout(loaded.config)
-        first_block = start_block_index(geoms, start_block)
-        if geoms[-1].kind == "pool":
-            readout = "pooling head"
-        else:
-            readout = "CLS" if reads == "cls" and "CLS" in stages[-1].prefix_kinds else "pooled query"
+        explain = _explainer(loaded, geoms, attn, start_block)
         for k, (key, (label, target)) in enumerate(targets.items()):
             grads = torch.autograd.grad(target(out), tensors, retain_graph=k < len(targets) - 1, allow_unused=True)
-            abars = {
-                i: relevance_abar(geoms[i], attn[i], _native_grad(geoms[i], gr, attn[i]))
-                if i >= first_block
-                else np.zeros_like(relevance_abar(geoms[i], attn[i], attn[i]))
-                for i, gr in enumerate(grads)
-            }
-            row = relevance_row(geoms, stages, abars, readout=reads).astype(np.float32)
-            row.setflags(write=False)
-            first = stages[0]
-            result[key] = Explanation(int(key), label, row, first.num_prefix, first.grid, readout, first_block)
+            result[key] = explain(key, label, grads)
     return result
 
 
-def explain_run(run, targets: Mapping[int, tuple[str, Target]], *, start_block: int = 0) -> dict[int, Explanation]:
-    """:func:`explain_targets` from a :class:`~vitviz.capture.session.Run`'s graph: one backward per target."""
-    loaded = run.loaded
-    order = [s.index for s in run.sites]
-    geoms = list(run.geometries)
+def _explainer(loaded: LoadedModel, geoms: Sequence[Geometry], attn: Sequence[np.ndarray], start_block: int):
+    """``(key, label, gradients per block) -> Explanation`` for one forward's blocks (native attention ``attn``):
+    relevance through blocks ``start_block..L-1``, the blocks before it identities (``Abar = 0``)."""
     stages = build_stages(loaded, geoms, {}, 0)
-    attn = [to_native(geoms[i], run.probs(b), 1)[0].float().cpu().numpy() for i, b in enumerate(order)]
     reads = loaded.family.readout(loaded.config)
     first_block = start_block_index(geoms, start_block)
     if geoms[-1].kind == "pool":
         readout = "pooling head"
     else:
         readout = "CLS" if reads == "cls" and "CLS" in stages[-1].prefix_kinds else "pooled query"
-    result: dict[int, Explanation] = {}
-    for key, (label, target) in targets.items():
-        grads = run.gradients(target, "probs")
+    first = stages[0]
+
+    def explain(key: int, label: str, grads: Sequence) -> Explanation:
         abars = {
             i: relevance_abar(geoms[i], attn[i], _native_grad(geoms[i], gr, attn[i]))
             if i >= first_block
@@ -161,9 +143,19 @@ def explain_run(run, targets: Mapping[int, tuple[str, Target]], *, start_block: 
         }
         row = relevance_row(geoms, stages, abars, readout=reads).astype(np.float32)
         row.setflags(write=False)
-        first = stages[0]
-        result[key] = Explanation(int(key), label, row, first.num_prefix, first.grid, readout, first_block)
-    return result
+        return Explanation(int(key), label, row, first.num_prefix, first.grid, readout, first_block)
+
+    return explain
+
+
+def explain_run(run, targets: Mapping[int, tuple[str, Target]], *, start_block: int = 0) -> dict[int, Explanation]:
+    """:func:`explain_targets` from a :class:`~vitviz.capture.session.Run`'s graph: one backward per target."""
+    loaded = run.loaded
+    order = [s.index for s in run.sites]
+    geoms = list(run.geometries)
+    attn = [to_native(geoms[i], run.probs(b), 1)[0].float().cpu().numpy() for i, b in enumerate(order)]
+    explain = _explainer(loaded, geoms, attn, start_block)
+    return {key: explain(key, label, run.gradients(target, "probs")) for key, (label, target) in targets.items()}
 
 
 def explain_classes(
