@@ -45,12 +45,12 @@ def _flipped(data: bytes) -> bytes:
 
 def _pane_b() -> tuple[common.Current, str] | None:
     """Pane B's model and capture, and what names it; None (with a message) when it cannot be shown."""
-    name, data, size, what = ss.model_name, ss.image_bytes, ss.input_size, ""
+    state, what = common.state_from_session(), ""
     if differs == "models":
         options = common.model_options()
         other = next((m for m in options if m != ss.model_name), ss.model_name)
-        name = st.selectbox("Model of pane B", options, index=options.index(other), key="sbs_model")
-        size, what = None, name  # each model at its own input size
+        what = st.selectbox("Model of pane B", options, index=options.index(other), key="sbs_model")
+        state = state.with_model(what)  # at its own input size, with its own labels
     elif differs == "images":
         source = st.radio("Image of pane B", ["flipped copy", "an example", "upload"], horizontal=True, key="sbs_src")
         if source == "flipped copy":
@@ -65,15 +65,9 @@ def _pane_b() -> tuple[common.Current, str] | None:
                 st.info("Upload an image for pane B.")
                 return None
             data, what = up.getvalue(), up.name
-    try:
-        model = common.get_model(name)
-        digest = common.digest(data)
-        with st.spinner("Running pane B's model…"):
-            cap = common.get_capture(name, digest, size, data)
-    except VitvizError as exc:
-        st.error(f"Pane B: {exc}")
-        return None
-    return common.Current(model, cap, (name, digest, size), data), what
+        state = state.with_image(data)
+    cur_b = common.current_of(state, name="Pane B")
+    return None if cur_b is None else (cur_b, what)
 
 
 pane = _pane_b()
