@@ -14,6 +14,7 @@ from streamlit.testing.v1 import AppTest
 
 from vitviz.analysis.blocks import head_maps
 from vitviz.analysis.rollout import capture_rollout
+from vitviz.capture.gradients import explain_classes
 from vitviz.capture.run import capture
 from vitviz.compare import token_of
 from vitviz.models.load import load_model
@@ -63,7 +64,7 @@ def test_current_of_reads_no_session_state():
 
 
 def _twice_script(root: str, states: tuple, block: int, head: int, point: tuple[float, float]) -> None:
-    """One script draws the head map, the mean of heads and the rollout twice: once per pane state."""
+    """One script draws the head map, the mean of heads, the rollout and relevance twice: once per pane state."""
     import sys
 
     if root not in sys.path:
@@ -80,6 +81,9 @@ def _twice_script(root: str, states: tuple, block: int, head: int, point: tuple[
             cur, views.HeadSettings(block, query, head=None), key=f"{who}_mean", title_prefix=f"{who}. "
         )
         views.draw_rollout(cur, views.RolloutSettings(), key=f"{who}_rollout", title_prefix=f"{who}. ")
+        top = common.classes(cur).ranked[0]
+        explained = views.RelevanceSettings(top.index, top.label, start_block=1)
+        views.draw_relevance(cur, explained, key=f"{who}_relevance", title_prefix=f"{who}. ")
 
 
 def _charts(at: AppTest) -> dict[str, np.ndarray]:
@@ -108,15 +112,18 @@ def test_one_view_drawn_twice_with_two_states_shows_each_states_own_numbers():
     at.run()
     no_trouble(at)
     charts = _charts(at)
-    assert len(charts) == 6  # six titles: no chart replaced another
+    assert len(charts) == 8  # eight titles: no chart replaced another
 
     loaded = load_model("demo", device="cpu")
     refs = {}
     for who, name in zip("AB", names, strict=True):
-        cap = capture(loaded, Image.open(EXAMPLES / name).convert("RGB"))  # each image on its own, outside the app
+        image = Image.open(EXAMPLES / name).convert("RGB")
+        cap = capture(loaded, image)  # each image on its own, outside the app
         query = token_of(cap, 0, point)
         maps = head_maps(cap.blocks[block], query).values
         row, _ = capture_rollout(cap)
+        top = int(np.argmax(cap.logits))
+        exp = explain_classes(loaded, image, [top], start_block=1)[top]
         refs[who] = {
             f"{who}. layer {block}, head {head}: where {cap.token_label(query)} looks": maps[head],
             f"{who}. layer {block}, mean of {cap.blocks[block].num_heads} heads: where {cap.token_label(query)} looks": (
@@ -125,6 +132,7 @@ def test_one_view_drawn_twice_with_two_states_shows_each_states_own_numbers():
             f"{who}. rollout of what the model reads, layers 0-{cap.num_blocks - 1}": (
                 row[cap.num_prefix_tokens :].reshape(cap.grid)
             ),
+            f"{who}. relevance for '{loaded.id2label[top]}' (Chefer et al. 2021)": exp.patch_map(),
         }
         for title, ref in refs[who].items():
             assert title in charts, (title, list(charts))
