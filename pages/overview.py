@@ -171,11 +171,14 @@ if ranked is not None:
                 key="overview_relevance",
             )
             score = "image-text score" if ranked.labels else "logit (before softmax)"
-            what = f"the {score} of {name}" if target.minus is None else f"{name}: the difference of the two {score}s"
+            what = (
+                f"the {score} of **{md_plain(name)}**"
+                if target.minus is None
+                else f"**{md_plain(name)}**, the difference of the two {score}s"
+            )
             st.caption(
-                md_plain(f"Explained: {what}. Row of the {exp.readout} of R, through ")
-                + _through(exp.start_block, n_enc)
-                + "."
+                f"Explained: {what}. Chefer et al.'s rule, the {exp.readout} row of R, through "
+                f"{_through(exp.start_block, n_enc)}."
             )
             common.downloads(
                 "relevance_target",
