@@ -180,3 +180,36 @@ def test_prompt_words_have_their_own_start_block():
     assert not np.allclose([v for _, v in all_blocks], [v for _, v in last])
     assert any("the last block" in c.value and "Prompt words" in c.value for c in at.caption)
     assert at.selectbox(key="_w_relevance_from").value == 0  # the image side keeps its own start block
+
+
+def test_compare_explains_a_label_minus_another_on_demo_clip():
+    """Zero-shot: label A's score minus label B's, relevance by hand from CLIP's own vision attentions."""
+    from vitviz.capture.run import preprocess
+    from vitviz.models.load import load_model
+
+    at = _app()
+    at.selectbox(key="model_pick").set_value("demo-clip").run()
+    at.switch_page("pages/compare.py").run()
+    no_trouble(at, "demo-clip compare")
+    names = ("circle", "square", "triangle", "cross", "star")
+    a = at.session_state.class_index
+    b = next(i for i in range(len(names)) if i != a)
+    at.selectbox(key="compare_target_minus").set_value(b).run()
+    no_trouble(at, "label minus label")
+    title, fig = _titled(at, "Every method's map for")
+    assert f"label '{names[a]}' minus label '{names[b]}'" in title
+    tiles = [t["text"].split(" [")[0] for t in fig["layout"]["annotations"]]
+
+    clip = load_model("demo-clip", device="cpu")
+    pixels = preprocess(clip, [Image.open(STAR).convert("RGB")], (96, 96))[0]
+    tok = clip.text.tokenizer([f"a photo of a {n}." for n in names], padding=True, return_tensors="pt")
+    with torch.enable_grad():
+        p = pixels.clone().requires_grad_(True)
+        out = clip.model(**tok, pixel_values=p, output_attentions=True)
+        att = out.vision_model_output.attentions
+        grads = torch.autograd.grad(out.logits_per_image[0, a] - out.logits_per_image[0, b], att)
+    r = np.eye(att[0].shape[-1])
+    for x, g in zip(att, grads, strict=True):
+        r = r + (g * x).clamp(min=0).mean(dim=1)[0].detach().double().numpy() @ r
+    want = r[0, 1:].reshape(12, 12)
+    np.testing.assert_allclose(_tile(fig, tiles.index("relevance"), (12, 12)), want / want.max(), rtol=1e-4, atol=1e-6)
