@@ -18,7 +18,7 @@ import hashlib
 import io
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -410,14 +410,23 @@ def get_label_embeddings(model_name: str, prompts: tuple[str, ...]) -> np.ndarra
 SUGGESTED_LABELS = "cat, dog, car, bird, airplane"
 
 
-def current_labels(model: LoadedModel) -> Labels | None:
-    """The session's labels for a zero-shot model (None when what was typed does not parse)."""
-    ss = st.session_state
-    text = ss.labels_text if ss.labels_text is not None else model.text.labels or SUGGESTED_LABELS
+def labels_of(model: LoadedModel, text: str | None, template: str | None) -> Labels | None:
+    """A zero-shot model's labels from what was typed (None: its suggestion) and the template (None: its own).
+
+    None for a classifier or backbone, and when the text does not parse.
+    """
+    if not model.zero_shot:
+        return None
+    text = text if text is not None else model.text.labels or SUGGESTED_LABELS
     try:
-        return parse_labels(text, ss.template if ss.template is not None else model.text.template)
+        return parse_labels(text, template if template is not None else model.text.template)
     except ZeroShotError:
         return None
+
+
+def current_labels(model: LoadedModel) -> Labels | None:
+    """The session's labels for a zero-shot model (None when what was typed does not parse)."""
+    return labels_of(model, st.session_state.labels_text, st.session_state.template)
 
 
 @dataclass(frozen=True)
@@ -440,9 +449,10 @@ class Classes:
 
 
 def classes(cur: Current) -> Classes | None:
-    """The ranked classes of the session's image, or None (a backbone, or labels that do not parse)."""
+    """The ranked classes of the pane's image (``cur.labels`` for zero-shot models), or None (a backbone, or labels
+    that do not parse)."""
     if cur.model.zero_shot:
-        labels = current_labels(cur.model)
+        labels = cur.labels
         if labels is None or cur.cap.image_embedding is None:
             return None
         scores = score(
@@ -568,25 +578,65 @@ def digest(data: bytes) -> str:
 
 
 @dataclass(frozen=True)
+class PaneState:
+    """What one pane shows: a model, an image, the input size asked for and, for zero-shot models, the labels.
+
+    The session's own pane is :func:`state_from_session`; a page draws a second pane from a copy with one
+    thing changed (``dataclasses.replace``, :meth:`with_image`) and :func:`current_of`.
+    """
+
+    model_name: str
+    image_bytes: bytes = field(repr=False)
+    image_digest: str
+    input_size: tuple[int, int] | None = None  # None: the model's own
+    labels_text: str | None = None  # zero-shot models: what was typed (None: the model's suggestion)
+    template: str | None = None  # zero-shot models: the prompt template (None: the model's own)
+
+    def with_image(self, data: bytes) -> PaneState:
+        return replace(self, image_bytes=data, image_digest=digest(data))
+
+    def with_model(self, name: str) -> PaneState:
+        """Another model at its own input size, with its own labels (what belongs to a model does not carry over)."""
+        return replace(self, model_name=name, input_size=None, labels_text=None, template=None)
+
+
+def state_from_session() -> PaneState:
+    """The sidebar's model, image, input size and labels."""
+    ss = st.session_state
+    return PaneState(ss.model_name, ss.image_bytes, ss.image_digest, ss.input_size, ss.labels_text, ss.template)
+
+
+@dataclass(frozen=True)
 class Current:
+    """One pane's model and capture (and its labels): what every view draws from."""
+
     model: LoadedModel
     cap: vcapture.Capture
     key: tuple[str, str, tuple[int, int] | None]  # (model name, image digest, requested size)
     image_bytes: bytes
+    labels: Labels | None = None  # zero-shot models: the pane's labels (None: a classifier, or text that won't parse)
+
+
+def current_of(state: PaneState, *, name: str = "") -> Current | None:
+    """The model and capture of ``state`` (no session state read); shows the error and returns None.
+
+    ``name``: what the error message starts with (e.g. "Pane B").
+    """
+    whose = f"{name}'s" if name else "the"
+    try:
+        model = get_model(state.model_name)
+        with st.spinner(f"Running {whose} model…"):
+            cap = get_capture(state.model_name, state.image_digest, state.input_size, state.image_bytes)
+    except VitvizError as exc:
+        st.error(f"{name}: {exc}" if name else str(exc))
+        return None
+    labels = labels_of(model, state.labels_text, state.template)
+    return Current(model, cap, (state.model_name, state.image_digest, state.input_size), state.image_bytes, labels)
 
 
 def current() -> Current | None:
     """The model and capture for the session's image, model and size; shows the error and returns None."""
-    ss = st.session_state
-    name, data, key, size = ss.model_name, ss.image_bytes, ss.image_digest, ss.input_size
-    try:
-        model = get_model(name)
-        with st.spinner("Running the model…"):
-            cap = get_capture(name, key, size, data)
-    except VitvizError as exc:
-        st.error(str(exc))
-        return None
-    return Current(model, cap, (name, key, size), data)
+    return current_of(state_from_session())
 
 
 def require_current() -> Current:
@@ -684,16 +734,14 @@ def model_options() -> list[str]:
 
 
 def label_embeddings(cur: Current) -> np.ndarray | None:
-    """Zero-shot models: the embeddings of the session's labels (what "class" means for them); else None."""
-    if not cur.model.zero_shot:
+    """Zero-shot models: the embeddings of the pane's labels (what "class" means for them); else None."""
+    if not cur.model.zero_shot or cur.labels is None:
         return None
-    labels = current_labels(cur.model)
-    return None if labels is None else get_label_embeddings(cur.model.name, labels.prompts)
+    return get_label_embeddings(cur.model.name, cur.labels.prompts)
 
 
 def _labels_key(cur: Current) -> tuple[str, ...] | None:
-    labels = current_labels(cur.model) if cur.model.zero_shot else None
-    return None if labels is None else labels.prompts
+    return cur.labels.prompts if cur.model.zero_shot and cur.labels is not None else None
 
 
 def get_knockout(cur: Current, heads: tuple[tuple[int, int], ...], mode: str):
