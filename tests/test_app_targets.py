@@ -152,8 +152,11 @@ def test_prompt_words_have_their_own_start_block():
     from vitviz.models.zeroshot import Labels
 
     at = _app()
+    at.selectbox(key="overview_minus").set_value(1 if at.session_state.class_index != 1 else 2).run()
+    assert at.selectbox(key="overview_minus").value is not None
     at.selectbox(key="model_pick").set_value("demo-clip").run()
     no_trouble(at, "demo-clip")
+    assert at.selectbox(key="overview_minus").value is None  # a class of the previous model means nothing here
     box = at.selectbox(key="_w_text_relevance_from")
     assert box.value == 0 and "all text blocks" in box.format_func(0)
     top = at.session_state.class_index
