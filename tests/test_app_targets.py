@@ -84,6 +84,9 @@ def test_overview_explains_a_class_minus_another(demo_model, star_pixels):
     np.testing.assert_allclose(
         got, relevance_by_hand(demo_model.model, star_pixels, a, b, (12, 12), start=3), rtol=1e-4, atol=1e-6
     )
+    at.toggle(key="_w_overview_relevance").set_value(False).run()  # off: no gradients on this page
+    no_trouble(at, "off")
+    assert not [t for t in _figures(at) if t.startswith("Relevance for")]
 
 
 def _tile(fig: dict, k: int, grid: tuple[int, int]) -> np.ndarray:
