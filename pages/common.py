@@ -911,12 +911,13 @@ def _labels_edited(key: str) -> None:
     ss.labels_text, ss.template, ss.class_index = ss[f"labels_{key}"], ss[f"template_{key}"], None
 
 
-def labels_ui(model: LoadedModel, *, key: str) -> None:
+def labels_ui(model: LoadedModel, *, key: str, sidebar: bool = False) -> None:
     """An editable labels box and prompt template for a zero-shot model, drawn where it is called.
 
     Every box (the sidebar's, a page's) shows the session's ``labels_text`` / ``template`` and writes
-    them when edited, so all stay in step. Widget keys: ``labels_<key>``, ``template_<key>``. Nothing
-    is drawn for other models. Notes on what was typed are the sidebar's (drawn once).
+    them when edited, so all stay in step. Widget keys: ``labels_<key>``, ``template_<key>``; a page's box
+    is labelled apart from the sidebar's (``sidebar``). Nothing is drawn for other models. Notes on what
+    was typed are the sidebar's (drawn once).
     """
     from vitviz.models.zeroshot import MAX_LABELS_TEXT, MAX_TEMPLATE_CHARS
 
@@ -927,7 +928,7 @@ def labels_ui(model: LoadedModel, *, key: str) -> None:
     # the browser stops typing at the cap; the parser caps what arrives all the same
     ss[f"labels_{key}"], ss[f"template_{key}"] = text[:MAX_LABELS_TEXT], template[:MAX_TEMPLATE_CHARS]
     st.text_area(
-        "One per line, or separated by commas",
+        "One per line, or separated by commas" if sidebar else "Labels, one per line or separated by commas",
         key=f"labels_{key}",
         height=90,
         max_chars=MAX_LABELS_TEXT,
@@ -935,7 +936,7 @@ def labels_ui(model: LoadedModel, *, key: str) -> None:
         args=(key,),
     )
     st.text_input(
-        "Prompt template ({} is the label)",
+        "Prompt template ({} is the label)" if sidebar else "Labels' prompt template ({} is the label)",
         key=f"template_{key}",
         max_chars=MAX_TEMPLATE_CHARS,
         on_change=_labels_edited,
