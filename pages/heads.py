@@ -70,7 +70,6 @@ shown = views.HeadSettings(
     windows=g.kind == "window" and ss.show_windows,
 )
 looking, what = views.head_looks(cur, shown), views.head_what(cur, shown)
-maps = head_maps(block, query, direction="query" if looking else "key")
 if (
     cur.model.family.name == "T2T-ViT"
     and getattr(cur.model.config, "tokens_type", "") == "performer"
@@ -87,18 +86,7 @@ if g.kind == "separable":
 elif looking and ss.direction == common.DIRECTIONS[1]:
     st.caption("The pooled query is a mean of rows and has no column: the map shows where it looks.")
 
-common.chart(
-    figures.small_multiples_figure(
-        maps.values,
-        [f"head {h}" for h in range(block.num_heads)],
-        colorbar_title=f"attention (raw, {cap.attention_precision})",
-        cols=6,
-        image=cap.image,
-    ),
-    key="head_grid",
-    on_select="rerun",
-    selection_mode="points",
-)
+maps = views.draw_head_grid(cur, shown, key="head")
 st.caption(
     f"{cap.block_label(ss.layer)}: maps on the {maps.grid[0]} x {maps.grid[1]} "
     f"{'key grid' if maps.grid != g.grid else 'token grid'}; all heads share one colour scale; click a head to show it large."

@@ -20,7 +20,7 @@ import streamlit as st
 
 from pages import common
 from vitviz import figures
-from vitviz.analysis.blocks import head_maps, window_edges
+from vitviz.analysis.blocks import HeadMaps, head_maps, window_edges
 from vitviz.record import POOLED
 from vitviz.text import plotly_plain
 
@@ -29,6 +29,7 @@ __all__ = [
     "RelevanceSettings",
     "RolloutSettings",
     "ViewMap",
+    "draw_head_grid",
     "draw_head_map",
     "draw_relevance",
     "draw_rollout",
@@ -135,6 +136,27 @@ def head_map(cur: common.Current, s: HeadSettings) -> ViewMap:
     windows = window_edges(g) if g.kind == "window" and s.windows else None
     title = f"{cap.block_label(s.block)}, {which}: {head_what(cur, s)}"
     return ViewMap(values, title, colorbar, block.stage, marked, windows)
+
+
+def draw_head_grid(cur: common.Current, s: HeadSettings, *, key: str, **figure_kw) -> HeadMaps:
+    """Every head of block ``s.block`` for the query, one tile each on one colour scale (chart ``f"{key}_grid"``;
+    a click's customdata is ``[head]``). Returns the maps (``head_maps``); ``s.head`` does not apply.
+
+    ``figure_kw``: options of ``vitviz.figures.small_multiples_figure``.
+    """
+    cap = cur.cap
+    block = cap.blocks[s.block]
+    maps = head_maps(block, s.query, direction="query" if head_looks(cur, s) else "key")
+    fig = figures.small_multiples_figure(
+        maps.values,
+        [f"head {h}" for h in range(block.num_heads)],
+        colorbar_title=f"attention (raw, {cap.attention_precision})",
+        cols=6,
+        image=cap.image,
+        **figure_kw,
+    )
+    common.chart(fig, key=f"{key}_grid", on_select="rerun", selection_mode="points")
+    return maps
 
 
 def draw_head_map(

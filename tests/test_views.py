@@ -64,7 +64,7 @@ def test_current_of_reads_no_session_state():
 
 
 def _twice_script(root: str, states: tuple, block: int, head: int, point: tuple[float, float]) -> None:
-    """One script draws the head map, the mean of heads, the rollout and relevance twice: once per pane state."""
+    """One script draws the head grid and map, the mean of heads, the rollout and relevance twice: once per state."""
     import sys
 
     if root not in sys.path:
@@ -76,18 +76,18 @@ def _twice_script(root: str, states: tuple, block: int, head: int, point: tuple[
         cur = common.current_of(state)
         query = token_of(cur.cap, cur.cap.blocks[block].stage, point)
         one = views.HeadSettings(block, query, head=head)
+        views.draw_head_grid(cur, one, key=f"{who}_head")
         views.draw_head_map(cur, one, key=f"{who}_head", title_prefix=f"{who}. ")
-        views.draw_head_map(
-            cur, views.HeadSettings(block, query, head=None), key=f"{who}_mean", title_prefix=f"{who}. "
-        )
+        mean = views.HeadSettings(block, query, head=None)
+        views.draw_head_map(cur, mean, key=f"{who}_mean", title_prefix=f"{who}. ")
         views.draw_rollout(cur, views.RolloutSettings(), key=f"{who}_rollout", title_prefix=f"{who}. ")
         top = common.classes(cur).ranked[0]
         explained = views.RelevanceSettings(top.index, top.label, start_block=1)
         views.draw_relevance(cur, explained, key=f"{who}_relevance", title_prefix=f"{who}. ")
 
 
-def _charts(at: AppTest) -> dict[str, np.ndarray]:
-    """Each chart's heatmap by its title."""
+def _charts(at: AppTest) -> dict[str, tuple[str, np.ndarray]]:
+    """Each chart's title and heatmap by its key."""
     out = {}
     for el in at.get("plotly_chart"):
         spec = json.loads(el.proto.spec)
@@ -95,8 +95,16 @@ def _charts(at: AppTest) -> dict[str, np.ndarray]:
         if isinstance(z, dict):  # plotly's typed array
             arr = np.frombuffer(base64.b64decode(z["bdata"]), dtype=z["dtype"])
             z = arr.reshape([int(n) for n in str(z.get("shape", arr.size)).split(",")])
-        out[spec["layout"]["title"]["text"]] = np.asarray(z, dtype=np.float64)
+        title = spec["layout"].get("title", {}).get("text", "")
+        out[el.proto.id.split("-", 2)[2]] = (title, np.asarray(z, dtype=np.float64))
     return out
+
+
+def _tiles(z: np.ndarray, k: int, grid: tuple[int, int], cols: int = 6) -> np.ndarray:
+    """The k tiles of a small-multiples heatmap: one-cell gaps, ``min(cols, k)`` tiles a row."""
+    (gh, gw), cols = grid, min(cols, k)
+    places = [divmod(i, cols) for i in range(k)]
+    return np.stack([z[r * (gh + 1) : r * (gh + 1) + gh, c * (gw + 1) : c * (gw + 1) + gw] for r, c in places])
 
 
 def test_one_view_drawn_twice_with_two_states_shows_each_states_own_numbers():
@@ -112,7 +120,7 @@ def test_one_view_drawn_twice_with_two_states_shows_each_states_own_numbers():
     at.run()
     no_trouble(at)
     charts = _charts(at)
-    assert len(charts) == 8  # eight titles: no chart replaced another
+    assert len(charts) == 10  # ten keys: no chart replaced another
 
     loaded = load_model("demo", device="cpu")
     refs = {}
@@ -124,18 +132,27 @@ def test_one_view_drawn_twice_with_two_states_shows_each_states_own_numbers():
         row, _ = capture_rollout(cap)
         top = int(np.argmax(cap.logits))
         exp = explain_classes(loaded, image, [top], start_block=1)[top]
+        where = f"where {cap.token_label(query)} looks"
         refs[who] = {
-            f"{who}. layer {block}, head {head}: where {cap.token_label(query)} looks": maps[head],
-            f"{who}. layer {block}, mean of {cap.blocks[block].num_heads} heads: where {cap.token_label(query)} looks": (
-                maps.astype(np.float64).mean(axis=0)
+            f"{who}_head_map": (f"{who}. layer {block}, head {head}: {where}", maps[head]),
+            f"{who}_mean_map": (
+                f"{who}. layer {block}, mean of {len(maps)} heads: {where}",
+                maps.astype(np.float64).mean(axis=0),
             ),
-            f"{who}. rollout of what the model reads, layers 0-{cap.num_blocks - 1}": (
-                row[cap.num_prefix_tokens :].reshape(cap.grid)
+            f"{who}_rollout_map": (
+                f"{who}. rollout of what the model reads, layers 0-{cap.num_blocks - 1}",
+                row[cap.num_prefix_tokens :].reshape(cap.grid),
             ),
-            f"{who}. relevance for '{loaded.id2label[top]}' (Chefer et al. 2021)": exp.patch_map(),
+            f"{who}_relevance_map": (
+                f"{who}. relevance for '{loaded.id2label[top]}' (Chefer et al. 2021)",
+                exp.patch_map(),
+            ),
         }
-        for title, ref in refs[who].items():
-            assert title in charts, (title, list(charts))
-            assert np.allclose(charts[title], ref, rtol=1e-3, atol=1e-6), title
-    for a, b in zip(refs["A"].values(), refs["B"].values(), strict=True):
+        for key, (title, ref) in refs[who].items():
+            assert charts[key][0] == title
+            assert np.allclose(charts[key][1], ref, rtol=1e-3, atol=1e-6), key
+        tiles = _tiles(charts[f"{who}_head_grid"][1], len(maps), cap.grid)
+        assert np.allclose(tiles, maps, rtol=1e-3, atol=1e-6)
+        refs[who]["grid"] = ("", maps)
+    for (_, a), (_, b) in zip(refs["A"].values(), refs["B"].values(), strict=True):
         assert not np.allclose(a, b, rtol=1e-3, atol=1e-6)  # the two states' maps differ: neither reused the other
