@@ -893,3 +893,161 @@ def target_ui(ranked: Classes, *, key: str, default: int | None = None):
     if ranked.labels is not None:
         return Target.of_label(ranked.labels, index, minus)
     return Target.of_class(index, minus)
+
+
+# --- labels on any page, explained targets (issue 22 item 14, issue 20 item 3) ----------------------------
+
+
+def labels_text(model: LoadedModel) -> tuple[str, str]:
+    """The session's labels text and prompt template for a zero-shot model (the model's suggestions by default)."""
+    ss = st.session_state
+    text = ss.labels_text if ss.labels_text is not None else model.text.labels or SUGGESTED_LABELS
+    return text, ss.template if ss.template is not None else model.text.template
+
+
+def _labels_edited(key: str) -> None:
+    """A labels box (sidebar or page) changed: it becomes the session's labels, and the class its top-1."""
+    ss = st.session_state
+    ss.labels_text, ss.template, ss.class_index = ss[f"labels_{key}"], ss[f"template_{key}"], None
+
+
+def labels_ui(model: LoadedModel, *, key: str) -> None:
+    """An editable labels box and prompt template for a zero-shot model, drawn where it is called.
+
+    Every box (the sidebar's, a page's) shows the session's ``labels_text`` / ``template`` and writes
+    them when edited, so all stay in step. Widget keys: ``labels_<key>``, ``template_<key>``. Nothing
+    is drawn for other models. Notes on what was typed are the sidebar's (drawn once).
+    """
+    from vitviz.models.zeroshot import MAX_LABELS_TEXT, MAX_TEMPLATE_CHARS
+
+    if not getattr(model, "zero_shot", False) or model.text is None:
+        return
+    ss = st.session_state
+    text, template = labels_text(model)
+    # the browser stops typing at the cap; the parser caps what arrives all the same
+    ss[f"labels_{key}"], ss[f"template_{key}"] = text[:MAX_LABELS_TEXT], template[:MAX_TEMPLATE_CHARS]
+    st.text_area(
+        "One per line, or separated by commas",
+        key=f"labels_{key}",
+        height=90,
+        max_chars=MAX_LABELS_TEXT,
+        on_change=_labels_edited,
+        args=(key,),
+    )
+    st.text_input(
+        "Prompt template ({} is the label)",
+        key=f"template_{key}",
+        max_chars=MAX_TEMPLATE_CHARS,
+        on_change=_labels_edited,
+        args=(key,),
+    )
+
+
+def target_scalar(cur: Current, target):
+    """A :class:`~vitviz.capture.targets.Target` bound to the session's model: the forward's output -> a scalar
+    (a class logit, a label's score, or the difference of two), as relevance backpropagates it."""
+    emb = get_label_embeddings(cur.model.name, target.prompts) if target.is_label else None
+    bound = target.bind(cur.model, emb)
+    return lambda out: bound(out).reshape(-1)[0]
+
+
+def get_target_relevance(cur: Current, target, start_block: int = 0):
+    """Chefer et al.'s relevance of the session's image for ``target`` (a class or label, or the difference of
+    two), through blocks ``start_block..L-1``: cached, queued."""
+
+    def compute():
+        image = read_image(cur.image_bytes, max_bytes=upload_limit()).image
+        scalar = target_scalar(cur, target)
+        name = target.name(cur.model.id2label)
+        return in_queue(
+            lambda: explain_targets(
+                cur.model, image, {target.index: (name, scalar)}, size=cur.key[2], start_block=start_block
+            )[target.index]
+        )
+
+    return results_cache().get_or_compute(("target_relevance", *cur.key, target, start_block), compute)
+
+
+def text_blocks(model: LoadedModel) -> int:
+    """How many blocks the text tower of a zero-shot model has (0: none whose attention vitviz reads)."""
+    from vitviz.models.text_hooks import install_text_hooks
+
+    return install_text_hooks(model.model) if getattr(model, "zero_shot", False) else 0
+
+
+def forget_widgets_unless(owner, *keys: str) -> None:
+    """Drop the widget state of ``keys`` when ``owner`` (what their values refer to: the model, its labels, the
+    session's class) is no longer what it was when they were last drawn: class and label indices mean
+    other things after such a change."""
+    ss = st.session_state
+    tag = f"_owner_{keys[0]}"
+    if ss.get(tag) != owner:
+        for k in keys:
+            ss.pop(k, None)
+        ss[tag] = owner
+
+
+def get_target_maps(cur: Current, target, labels: Labels | None = None, progress=None) -> dict:
+    """Every method's map for ``target`` (a class or label, or the difference of two): cached, queued.
+
+    A single class or label is :func:`get_method_maps` (same cache); a difference runs every method on
+    ``logit[A] - logit[B]`` (zero-shot: label A's score minus label B's), the class-agnostic ones unchanged.
+    """
+    if target.minus is None:
+        return get_method_maps(cur, target.index, labels, progress=progress)
+    from vitviz.capture.targets import Target
+    from vitviz.methods import explain_many
+
+    def compute():
+        image = read_image(cur.image_bytes, max_bytes=upload_limit()).image
+        model = labelled_model(cur.model, labels)  # zero-shot: label scores are its class logits
+        t = Target.of_class(target.index, target.minus)
+        return in_queue(lambda: explain_many(model, image, target=t, size=cur.key[2], progress=progress))
+
+    prompts = None if labels is None else labels.prompts
+    return results_cache().get_or_compute(("methods", *cur.key, target.index, target.minus, prompts), compute)
+
+
+def get_target_curves(
+    cur: Current, target, progress=None, labels: Labels | None = None, insertion_start: str = "mean"
+) -> list:
+    """Deletion and insertion of every method's map for ``target``: cached, queued.
+
+    A single class or label: :func:`get_curves` (its probability). A difference A minus B: each curve is
+    the probability of A minus that of B on the same perturbed images (the maps of A minus B order the
+    patches; B's probabilities come from the same forwards), and each area is A's minus B's (the
+    trapezoid rule is linear).
+    """
+    if target.minus is None:
+        return get_curves(cur, target.index, progress=progress, labels=labels, insertion_start=insertion_start)
+    import dataclasses
+
+    from vitviz.evaluate.faithfulness import Perturbations
+
+    def compute():
+        image = read_image(cur.image_bytes, max_bytes=upload_limit()).image
+        maps = list(get_target_maps(cur, target, labels).values())
+        model = labelled_model(cur.model, labels)
+
+        def run():
+            perturb = Perturbations(model, image, size=cur.key[2], batch_size=20, insertion_start=insertion_start)
+            a = perturb.curves_many(maps, class_index=target.index, progress=progress)
+            b = perturb.curves_many(maps, class_index=target.minus)  # the same images: no forward
+            return [
+                dataclasses.replace(
+                    ra,
+                    label=f"{ra.label} minus {rb.label}",
+                    deletion=ra.deletion - rb.deletion,
+                    insertion=ra.insertion - rb.insertion,
+                    deletion_area=ra.deletion_area - rb.deletion_area,
+                    insertion_area=ra.insertion_area - rb.insertion_area,
+                    probability=ra.probability - rb.probability,
+                )
+                for ra, rb in zip(a, b, strict=True)
+            ]
+
+        return in_queue(run)
+
+    prompts = None if labels is None else labels.prompts
+    key = ("curves", *cur.key, target.index, target.minus, prompts, insertion_start)
+    return results_cache().get_or_compute(key, compute)

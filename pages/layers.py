@@ -10,7 +10,7 @@ from vitviz.analysis.blocks import global_query, head_maps, row_map, select
 from vitviz.analysis.masks import mass_masks
 from vitviz.analysis.stats import SUMMARIES, summary_table
 from vitviz.errors import VitvizError
-from vitviz.figures.animation import view_stack
+from vitviz.figures.animation import lens_rows, view_stack
 from vitviz.tables import long_table
 
 cur = common.require_current()
@@ -253,13 +253,16 @@ else:
         top = np.argsort(-final)[:5]
         probs = lens.probabilities()[:, top]
         names = [cur.model.id2label.get(int(c), f"class {c}") for c in top]
-        common.chart(figures.lens_figure(probs, names, lens.ranks(int(top[0])), target=names[0]), key="lens")
-        shown = [int(r) for r in np.flatnonzero(lens.defined)]
+        rows, ticks = lens_rows(cap)
+        fig = figures.lens_figure(
+            probs, names, lens.ranks(int(top[0])), target=names[0], row_labels=rows, tick_labels=ticks
+        )
+        common.chart(fig, key="lens")
+        shown = [rows[r] for r in np.flatnonzero(lens.defined)]
         where = (
             ""
             if len(shown) == len(lens.defined)
-            else f" Points drawn: after block{'s' if len(shown) > 1 else ''} {', '.join(map(str, shown))} "
-            f"of {len(lens.defined) - 1} (0 is the embeddings); the others are not defined here."
+            else f" Points drawn: {', '.join(shown)}; the other rows are not defined here."
         )
         st.caption(
             f"Each point: the residual stream after that block, through the model's final norm and head "
@@ -271,7 +274,7 @@ else:
             "logit_lens",
             "lens",
             csv={
-                "residual stream after block (0: embeddings)": np.arange(len(probs)),
+                "residual stream": np.asarray(rows),
                 **{f"probability of '{n}'": probs[:, k] for k, n in enumerate(names)},
                 f"rank of '{names[0]}' (1 = top)": lens.ranks(int(top[0])),
             },

@@ -25,6 +25,9 @@ st.caption(
     "times the activation difference: instant, first order. The **exact** grid runs one patched forward per cell "
     "(batched; blocks before the patched one are reused)."
 )
+if cur.model.zero_shot:
+    with st.expander("Labels (zero-shot): edit them here or in the sidebar"):
+        common.labels_ui(cur.model, key="patching")
 ranked = common.classes(cur)
 if ranked is None:
     st.info("Patching measures a class score: it needs a classifier, or labels for a zero-shot model.")
@@ -54,6 +57,10 @@ if upload is not None:
     else:
         source_bytes, source_name = upload.getvalue(), upload.name
 source_digest = common.digest(source_bytes)
+# class and label indices mean other things once the model or its labels change
+common.forget_widgets_unless(
+    (cur.key[0], None if ranked.labels is None else ranked.labels.prompts), "patch_target_index", "patch_target_minus"
+)
 target = common.target_ui(ranked, key="patch_target")
 st.caption(f"Source: **{md_plain(source_name)}**; measured: **{md_plain(target.name(cur.model.id2label))}**.")
 

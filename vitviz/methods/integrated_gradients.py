@@ -1,4 +1,4 @@
-"""``integrated_gradients``: Integrated Gradients (Sundararajan et al. 2017) with captum, pooled to the patch grid.
+"""``integrated_gradients``: Integrated Gradients (Sundararajan et al. 2017), pooled to the patch grid.
 
 Definition. ``x``: the normalised model input ``(3, h, w)``; ``f(x) = y_c``, the target:
 the class logit before softmax, a zero-shot label's score, or a difference of two. Baseline ``x'``: the input's per-channel mean image (every
@@ -6,8 +6,8 @@ pixel set to the mean colour of the input), the same image the deletion curve
 converges to (``vitviz.evaluate.faithfulness``), so IG explains the change the
 deletion curve measures; the mean is taken in normalised space, which equals
 normalising the mean of the raw pixels (normalisation is per-channel affine).
-``captum.attr.IntegratedGradients`` with ``n_steps`` points (default 32) of its
-default Gauss-Legendre rule, run in batches of ``batch_size``:
+``n_steps`` points (default 32) of the Gauss-Legendre rule, run in batches of ``batch_size``
+(:func:`integrate`: captum's ``IntegratedGradients`` step for step, tested against it):
 
     a[ch, y, x] = (x - x')[ch, y, x] * integral_0^1 df/dx[ch, y, x](x' + t (x - x')) dt
 
@@ -29,7 +29,7 @@ from vitviz.capture.targets import BoundTarget
 from vitviz.methods.base import Inputs, Method, class_logits, pool_to_grid
 from vitviz.models.load import LoadedModel
 
-__all__ = ["IntegratedGradients", "mean_baseline", "pixel_attributions"]
+__all__ = ["IntegratedGradients", "gauss_legendre", "integrate", "mean_baseline", "pixel_attributions"]
 
 
 def mean_baseline(pixels: torch.Tensor) -> torch.Tensor:
@@ -42,6 +42,44 @@ def _forward(loaded: LoadedModel, pixels: torch.Tensor, hw: tuple[int, int]):
     fam = loaded.family
     with fam.running(loaded.model):
         return fam.forward(loaded.model, fam.model_inputs(loaded, pixels, hw))
+
+
+def gauss_legendre(n_steps: int) -> tuple[list[float], list[float]]:
+    """Step sizes and points of the ``n_steps``-point Gauss-Legendre rule on [0, 1] (captum's ``gausslegendre``).
+
+    ``numpy.polynomial.legendre.leggauss`` on [-1, 1], rescaled: points ``(1 + x) / 2``, weights ``w / 2``.
+    """
+    x, w = np.polynomial.legendre.leggauss(int(n_steps))
+    return (0.5 * w).tolist(), (0.5 * (1 + x)).tolist()
+
+
+def integrate(
+    f: Callable[[torch.Tensor], torch.Tensor],
+    x: torch.Tensor,
+    base: torch.Tensor,
+    *,
+    n_steps: int = 32,
+    batch_size: int = 8,
+) -> torch.Tensor:
+    """Integrated gradients of ``f`` (``(B, ...) -> (B,)``) at ``x`` ``(1, ...)`` from ``base``: ``(1, ...)``.
+
+    ``(x - base) * sum_i s_i grad f(base + a_i (x - base))`` with the Gauss-Legendre steps
+    (:func:`gauss_legendre`), ``batch_size`` points per forward. The same operations in the
+    same order as ``captum.attr.IntegratedGradients.attribute(x, base, n_steps=...,
+    internal_batch_size=batch_size)`` (tested against it); written here because importing
+    ``captum.attr`` pulls in matplotlib and IPython, seconds of the first Compare page.
+    """
+    steps, alphas = gauss_legendre(n_steps)
+    total = None
+    with torch.enable_grad():
+        for i in range(0, n_steps, batch_size):
+            s, a = steps[i : i + batch_size], alphas[i : i + batch_size]
+            scaled = torch.cat([base + alpha * (x - base) for alpha in a], dim=0).requires_grad_()
+            grads = torch.autograd.grad(torch.unbind(f(scaled)), scaled)[0]
+            weighted = grads.contiguous().view(len(a), -1) * torch.tensor(s).float().view(len(a), 1).to(grads.device)
+            part = (weighted.reshape((len(a), 1, *grads.shape[1:])).sum(dim=0) * (x - base)).detach()
+            total = part if total is None else part + total
+    return total
 
 
 def pixel_attributions(
@@ -59,16 +97,19 @@ def pixel_attributions(
     ``target``: a class index (``y_c`` its logit), or a function of the forward's output giving ``(B,)`` (a
     bound :class:`~vitviz.capture.targets.Target`). ``baseline``: ``(1, 3, h, w)``, default :func:`mean_baseline`.
     """
-    from captum.attr import IntegratedGradients as CaptumIG
-
     x = pixels.detach()
     base = mean_baseline(x) if baseline is None else baseline.detach().to(x)
     if isinstance(target, (int, np.integer)):
-        ig, which = CaptumIG(lambda batch: class_logits(loaded, batch, hw)), int(target)
+        c = int(target)
+
+        def f(batch):
+            return class_logits(loaded, batch, hw)[:, c]
     else:
-        ig, which = CaptumIG(lambda batch: target(_forward(loaded, batch, hw))), None
-    with torch.enable_grad():
-        attr = ig.attribute(x, baselines=base, target=which, n_steps=n_steps, internal_batch_size=batch_size)
+
+        def f(batch):
+            return target(_forward(loaded, batch, hw))
+
+    attr = integrate(f, x, base, n_steps=n_steps, batch_size=batch_size)
     return attr[0].double().cpu().numpy()
 
 
