@@ -6,7 +6,7 @@ import streamlit as st
 from pages import common, photo, views
 from vitviz import figures
 from vitviz.analysis import maps
-from vitviz.analysis.blocks import global_query, head_maps, row_map, select
+from vitviz.analysis.blocks import global_query, head_maps
 from vitviz.analysis.masks import mass_masks
 from vitviz.analysis.stats import SUMMARIES, summary_table
 from vitviz.errors import VitvizError
@@ -60,17 +60,8 @@ c2.caption(f"Query token: **{cap.token_label(ss.query, ss.query_stage)}** (pick 
 # Blocks side by side: one row of tiles per stage (each stage has its own grid)
 precision = "float32 mean" if ss.fusion == "mean" else cap.attention_precision
 for stage in cap.stages:
-    q = common.query_at(cap, stage.index)
-    tiles = np.stack(
-        [row_map(cap.blocks[b].geometry, select(cap.blocks[b], fusion=ss.fusion), q).values for b in stage.blocks]
-    )
-    where = f"stage {stage.index + 1} ({stage.grid[0]} x {stage.grid[1]}): " if len(cap.stages) > 1 else ""
-    st.subheader(f"{where}where {cap.token_label(q, stage.index)} looks, block by block ({ss.fusion} of heads)")
-    common.chart(
-        figures.small_multiples_figure(
-            tiles, [cap.block_label(b) for b in stage.blocks], colorbar_title=f"attention (raw, {precision})", cols=6
-        ),
-        key=f"layer_grid_{stage.index}",
+    views.draw_blocks(
+        cur, views.BlocksSettings(stage.index, common.query_at(cap, stage.index), ss.fusion), key="layer_grid"
     )
 
 # Rollout and relevance

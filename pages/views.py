@@ -20,15 +20,17 @@ import streamlit as st
 
 from pages import common
 from vitviz import figures
-from vitviz.analysis.blocks import HeadMaps, head_maps, window_edges
+from vitviz.analysis.blocks import HeadMaps, head_maps, row_map, select, window_edges
 from vitviz.record import POOLED
 from vitviz.text import plotly_plain
 
 __all__ = [
+    "BlocksSettings",
     "HeadSettings",
     "RelevanceSettings",
     "RolloutSettings",
     "ViewMap",
+    "draw_blocks",
     "draw_head_grid",
     "draw_head_map",
     "draw_relevance",
@@ -84,6 +86,15 @@ class RelevanceSettings:
     start_block: int = 0  # relevance through blocks k..L-1
 
 
+@dataclass(frozen=True)
+class BlocksSettings:
+    """Where one query looks in every block of one stage, the heads of each block fused."""
+
+    stage: int
+    query: int  # a token of that stage, or POOLED
+    fusion: str = "mean"  # vitviz.analysis.maps.FUSIONS
+
+
 def _titled(prefix: str, title: str) -> str:
     return prefix + title if prefix else title[:1].upper() + title[1:]
 
@@ -136,6 +147,23 @@ def head_map(cur: common.Current, s: HeadSettings) -> ViewMap:
     windows = window_edges(g) if g.kind == "window" and s.windows else None
     title = f"{cap.block_label(s.block)}, {which}: {head_what(cur, s)}"
     return ViewMap(values, title, colorbar, block.stage, marked, windows)
+
+
+def draw_blocks(cur: common.Current, s: BlocksSettings, *, key: str) -> np.ndarray:
+    """A heading and one tile per block of stage ``s.stage`` (chart ``f"{key}_{s.stage}"``); returns the tiles
+    ``(B, gh, gw)``: each block's fused attention (``select``) read at the query's row (``row_map``)."""
+    cap = cur.cap
+    stage = cap.stages[s.stage]
+    rows = [row_map(cap.blocks[b].geometry, select(cap.blocks[b], fusion=s.fusion), s.query) for b in stage.blocks]
+    tiles = np.stack([r.values for r in rows])
+    where = f"stage {stage.index + 1} ({stage.grid[0]} x {stage.grid[1]}): " if len(cap.stages) > 1 else ""
+    st.subheader(f"{where}where {cap.token_label(s.query, stage.index)} looks, block by block ({s.fusion} of heads)")
+    precision = "float32 mean" if s.fusion == "mean" else cap.attention_precision
+    fig = figures.small_multiples_figure(
+        tiles, [cap.block_label(b) for b in stage.blocks], colorbar_title=f"attention (raw, {precision})", cols=6
+    )
+    common.chart(fig, key=f"{key}_{s.stage}")
+    return tiles
 
 
 def draw_head_grid(cur: common.Current, s: HeadSettings, *, key: str, **figure_kw) -> HeadMaps:

@@ -12,7 +12,7 @@ from app_tools import no_trouble
 from PIL import Image
 from streamlit.testing.v1 import AppTest
 
-from vitviz.analysis.blocks import head_maps
+from vitviz.analysis.blocks import head_maps, row_map, select
 from vitviz.analysis.rollout import capture_rollout
 from vitviz.capture.gradients import explain_classes
 from vitviz.capture.run import capture
@@ -64,7 +64,8 @@ def test_current_of_reads_no_session_state():
 
 
 def _twice_script(root: str, states: tuple, block: int, head: int, point: tuple[float, float]) -> None:
-    """One script draws the head grid and map, the mean of heads, the rollout and relevance twice: once per state."""
+    """One script draws the block tiles, the head grid and map, the mean of heads, the rollout and relevance twice:
+    once per pane state."""
     import sys
 
     if root not in sys.path:
@@ -76,6 +77,7 @@ def _twice_script(root: str, states: tuple, block: int, head: int, point: tuple[
         cur = common.current_of(state)
         query = token_of(cur.cap, cur.cap.blocks[block].stage, point)
         one = views.HeadSettings(block, query, head=head)
+        views.draw_blocks(cur, views.BlocksSettings(0, query, "max"), key=f"{who}_blocks")
         views.draw_head_grid(cur, one, key=f"{who}_head")
         views.draw_head_map(cur, one, key=f"{who}_head", title_prefix=f"{who}. ")
         mean = views.HeadSettings(block, query, head=None)
@@ -120,7 +122,7 @@ def test_one_view_drawn_twice_with_two_states_shows_each_states_own_numbers():
     at.run()
     no_trouble(at)
     charts = _charts(at)
-    assert len(charts) == 10  # ten keys: no chart replaced another
+    assert len(charts) == 12  # twelve keys: no chart replaced another
 
     loaded = load_model("demo", device="cpu")
     refs = {}
@@ -154,5 +156,9 @@ def test_one_view_drawn_twice_with_two_states_shows_each_states_own_numbers():
         tiles = _tiles(charts[f"{who}_head_grid"][1], len(maps), cap.grid)
         assert np.allclose(tiles, maps, rtol=1e-3, atol=1e-6)
         refs[who]["grid"] = ("", maps)
+        fused = [row_map(b.geometry, select(b, fusion="max"), query).values for b in cap.blocks]
+        blocks = _tiles(charts[f"{who}_blocks_0"][1], cap.num_blocks, cap.grid)
+        assert np.allclose(blocks, np.stack(fused), rtol=1e-3, atol=1e-6)
+        refs[who]["blocks"] = ("", blocks)
     for (_, a), (_, b) in zip(refs["A"].values(), refs["B"].values(), strict=True):
         assert not np.allclose(a, b, rtol=1e-3, atol=1e-6)  # the two states' maps differ: neither reused the other
