@@ -1,13 +1,18 @@
-"""Views as functions of their state: a pane (``common.Current``) and frozen settings in, a drawn map out.
+"""Views as functions of their state: a pane (``common.Current``) and frozen settings in, a drawn view out.
 
-Streamlit wiring only: the numbers come from :mod:`vitviz` (``head_maps``, ``capture_rollout`` through the
-cached ``common.get_rollout``, relevance through ``common.get_relevance``), the figures from
-:mod:`vitviz.figures`. No ``draw_*`` function reads session state; ``key`` prefixes every key it draws (its
-map is ``f"{key}_map"``), so one page can draw the same view twice with two states, as the Side by side page
-does. Each view also has its computing half (``head_map``, ``rollout_map``, ``relevance_map``), which a page
-calls when it needs the numbers before drawing (a colour scale shared by two panes).
+Streamlit wiring only: the numbers come from :mod:`vitviz` (``head_maps``, ``row_map``, ``capture_rollout``
+through the cached ``common.get_rollout``, relevance through ``common.get_relevance``), the figures from
+:mod:`vitviz.figures`. No view reads session state; ``key`` prefixes every key it draws, so one page can
+draw the same view twice with two states, as the Side by side page does:
 
-A title starts lower case and gets a capital when drawn without ``title_prefix`` ("A. demo: " in a pane).
+* ``draw_head_map`` (one head, or the mean of a block's heads, for a query): chart ``f"{key}_map"``;
+* ``draw_head_grid`` (every head of a block for a query): chart ``f"{key}_grid"``;
+* ``draw_blocks`` (every block of a stage, heads fused, for a query): chart ``f"{key}_{stage}"``;
+* ``draw_rollout``, ``draw_relevance``: chart ``f"{key}_map"``.
+
+The maps also have their computing half (``head_map``, ``rollout_map``, ``relevance_map``), which a page
+calls when it needs the numbers before drawing (a colour scale shared by two panes). A title starts lower
+case and gets a capital when drawn without ``title_prefix`` (a pane's is "A. demo: ").
 """
 
 from __future__ import annotations
@@ -35,7 +40,10 @@ __all__ = [
     "draw_head_map",
     "draw_relevance",
     "draw_rollout",
+    "head_looks",
     "head_map",
+    "head_what",
+    "relevance",
     "relevance_map",
     "rollout_map",
     "rollout_row",
@@ -51,7 +59,7 @@ class ViewMap:
     colorbar_title: str
     stage: int
     marked: tuple[int, int] | None = None  # the query's cell
-    windows: tuple | None = None  # a windowed block's window edges (rows, cols), when asked for
+    windows: tuple | None = None  # a windowed block's window edges (``window_edges``), when asked for
 
 
 @dataclass(frozen=True)
@@ -111,8 +119,8 @@ def _draw(cur: common.Current, m: ViewMap, *, key: str, title_prefix: str, confi
         click_hint="click to make it the query" if clickable else "",
         **figure_kw,
     )
-    select = {"on_select": "rerun", "selection_mode": "points"} if clickable else {}
-    common.chart(fig, key=f"{key}_map", config=dict(config or {}), **select)
+    clicks = {"on_select": "rerun", "selection_mode": "points"} if clickable else {}
+    common.chart(fig, key=f"{key}_map", config=dict(config or {}), **clicks)
 
 
 def head_looks(cur: common.Current, s: HeadSettings) -> bool:
@@ -147,23 +155,6 @@ def head_map(cur: common.Current, s: HeadSettings) -> ViewMap:
     windows = window_edges(g) if g.kind == "window" and s.windows else None
     title = f"{cap.block_label(s.block)}, {which}: {head_what(cur, s)}"
     return ViewMap(values, title, colorbar, block.stage, marked, windows)
-
-
-def draw_blocks(cur: common.Current, s: BlocksSettings, *, key: str) -> np.ndarray:
-    """A heading and one tile per block of stage ``s.stage`` (chart ``f"{key}_{s.stage}"``); returns the tiles
-    ``(B, gh, gw)``: each block's fused attention (``select``) read at the query's row (``row_map``)."""
-    cap = cur.cap
-    stage = cap.stages[s.stage]
-    rows = [row_map(cap.blocks[b].geometry, select(cap.blocks[b], fusion=s.fusion), s.query) for b in stage.blocks]
-    tiles = np.stack([r.values for r in rows])
-    where = f"stage {stage.index + 1} ({stage.grid[0]} x {stage.grid[1]}): " if len(cap.stages) > 1 else ""
-    st.subheader(f"{where}where {cap.token_label(s.query, stage.index)} looks, block by block ({s.fusion} of heads)")
-    precision = "float32 mean" if s.fusion == "mean" else cap.attention_precision
-    fig = figures.small_multiples_figure(
-        tiles, [cap.block_label(b) for b in stage.blocks], colorbar_title=f"attention (raw, {precision})", cols=6
-    )
-    common.chart(fig, key=f"{key}_{s.stage}")
-    return tiles
 
 
 def draw_head_grid(cur: common.Current, s: HeadSettings, *, key: str, **figure_kw) -> HeadMaps:
@@ -205,6 +196,23 @@ def draw_head_map(
     return m
 
 
+def draw_blocks(cur: common.Current, s: BlocksSettings, *, key: str) -> np.ndarray:
+    """A heading and one tile per block of stage ``s.stage`` (chart ``f"{key}_{s.stage}"``); returns the tiles
+    ``(B, gh, gw)``: each block's fused attention (``select``) read at the query's row (``row_map``)."""
+    cap = cur.cap
+    stage = cap.stages[s.stage]
+    rows = [row_map(cap.blocks[b].geometry, select(cap.blocks[b], fusion=s.fusion), s.query) for b in stage.blocks]
+    tiles = np.stack([r.values for r in rows])
+    where = f"stage {stage.index + 1} ({stage.grid[0]} x {stage.grid[1]}): " if len(cap.stages) > 1 else ""
+    st.subheader(f"{where}where {cap.token_label(s.query, stage.index)} looks, block by block ({s.fusion} of heads)")
+    precision = "float32 mean" if s.fusion == "mean" else cap.attention_precision
+    fig = figures.small_multiples_figure(
+        tiles, [cap.block_label(b) for b in stage.blocks], colorbar_title=f"attention (raw, {precision})", cols=6
+    )
+    common.chart(fig, key=f"{key}_{s.stage}")
+    return tiles
+
+
 def rollout_row(cur: common.Current, s: RolloutSettings) -> tuple[np.ndarray, int]:
     """The whole rollout row (prefix tokens first) and the stage it lies on (``capture_rollout``), cached."""
     end = cur.cap.num_blocks - 1 if s.end is None else s.end
@@ -216,7 +224,7 @@ def rollout_row(cur: common.Current, s: RolloutSettings) -> tuple[np.ndarray, in
 def rollout_map(cur: common.Current, s: RolloutSettings) -> ViewMap:
     """The rollout row of ``s.query`` through blocks ``s.start``..``s.end`` on block ``s.start``'s stage grid.
 
-    Raises ``ValueError`` (a model rollout is not defined for) or ``VitvizError``.
+    Raises ``ValueError`` where rollout is not defined for the model (``Capture.rollout_note``), or ``VitvizError``.
     """
     cap = cur.cap
     end = cap.num_blocks - 1 if s.end is None else s.end
