@@ -100,26 +100,6 @@ st.radio(
 )
 
 
-def _deformable_view(head: int, query: int) -> None:
-    """A DAT deformable block in its native form: the query's attention over the points it sampled."""
-    from vitviz.capture.deformable import query_points
-    from vitviz.figures.deformable import deformable_figure
-
-    samples = common.get_deformable(cur).get(ss.layer)
-    if samples is None:
-        return
-    arrows = st.checkbox("Show the offsets (reference point -> sampled point)", key="deformable_arrows")
-    qp = query_points(samples, head, query)
-    title = f"{cap.block_label(ss.layer).capitalize()}, head {head}: {what}, over its {len(qp.weights)} sampled keys"
-    common.chart(deformable_figure(cap.image, qp, arrows=arrows, title=title), key="deformable")
-    st.caption(
-        "Deformable attention samples the block input at a reference grid moved by learned offsets; the map "
-        "above spreads each sampled key's weight onto the 4 cells around it (bilinear, as sampled), dropping "
-        "what fell outside the image. Relevance gets nothing from deformable blocks (their spread map is not on "
-        "the gradient path)."
-    )
-
-
 big, side = st.columns([3, 2])
 head = ss.head
 with big:
@@ -138,7 +118,7 @@ with big:
         gif_key=(head, query, block.stage),
     )
     if cur.model.family.name == "DAT" and looking:
-        _deformable_view(head, query)
+        views.draw_deformable(cur, shown, key="deformable")
     if g.kind == "window":
         st.caption(
             f"Window {g.window} x {g.window}, shift {g.shift}, grid {g.grid[0]} x {g.grid[1]} padded to "

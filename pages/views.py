@@ -7,6 +7,7 @@ draw the same view twice with two states, as the Side by side page does:
 
 * ``draw_head_map`` (one head, or the mean of a block's heads, for a query): chart ``f"{key}_map"``;
 * ``draw_head_grid`` (every head of a block for a query): chart ``f"{key}_grid"``;
+* ``draw_deformable`` (a DAT deformable block's sampled keys): chart ``f"{key}_map"``, checkbox ``f"{key}_arrows"``;
 * ``draw_blocks`` (every block of a stage, heads fused, for a query): chart ``f"{key}_{stage}"``;
 * ``draw_rollout``, ``draw_relevance``: chart ``f"{key}_map"``.
 
@@ -36,6 +37,7 @@ __all__ = [
     "RolloutSettings",
     "ViewMap",
     "draw_blocks",
+    "draw_deformable",
     "draw_head_grid",
     "draw_head_map",
     "draw_relevance",
@@ -194,6 +196,29 @@ def draw_head_map(
     m = head_map(cur, s)
     _draw(cur, m, key=key, title_prefix=title_prefix, config=config, clickable=True, **figure_kw)
     return m
+
+
+def draw_deformable(cur: common.Current, s: HeadSettings, *, key: str) -> None:
+    """A DAT deformable block in its native form: head ``s.head``'s attention from the query over the points it
+    sampled (chart ``f"{key}_map"``, checkbox ``f"{key}_arrows"``); nothing for a block that is not deformable."""
+    from vitviz.capture.deformable import query_points
+    from vitviz.figures.deformable import deformable_figure
+
+    samples = common.get_deformable(cur).get(s.block)
+    if samples is None or s.head is None:
+        return
+    arrows = st.checkbox("Show the offsets (reference point -> sampled point)", key=f"{key}_arrows")
+    qp = query_points(samples, s.head, s.query)
+    title = (
+        f"{cur.cap.block_label(s.block)}, head {s.head}: {head_what(cur, s)}, over its {len(qp.weights)} sampled keys"
+    )
+    common.chart(deformable_figure(cur.cap.image, qp, arrows=arrows, title=_titled("", title)), key=f"{key}_map")
+    st.caption(
+        "Deformable attention samples the block input at a reference grid moved by learned offsets; the map "
+        "above spreads each sampled key's weight onto the 4 cells around it (bilinear, as sampled), dropping "
+        "what fell outside the image. Relevance gets nothing from deformable blocks (their spread map is not on "
+        "the gradient path)."
+    )
 
 
 def draw_blocks(cur: common.Current, s: BlocksSettings, *, key: str) -> np.ndarray:
