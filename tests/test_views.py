@@ -16,7 +16,7 @@ from vitviz.analysis.blocks import head_maps, row_map, select
 from vitviz.analysis.rollout import capture_rollout
 from vitviz.capture.gradients import explain_classes
 from vitviz.capture.run import capture
-from vitviz.compare import token_of
+from vitviz.compare import depth_match, token_of
 from vitviz.models.load import load_model
 
 ROOT = str(Path(__file__).resolve().parents[1])
@@ -162,3 +162,29 @@ def test_one_view_drawn_twice_with_two_states_shows_each_states_own_numbers():
         refs[who]["blocks"] = ("", blocks)
     for (_, a), (_, b) in zip(refs["A"].values(), refs["B"].values(), strict=True):
         assert not np.allclose(a, b, rtol=1e-3, atol=1e-6)  # the two states' maps differ: neither reused the other
+
+
+def test_side_by_side_panes_are_each_models_own_head_map():
+    """The Side by side page calls the Heads page's view once per pane: each pane shows its model's own map."""
+    from app_tools import APP
+
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.run()
+    at.switch_page("pages/side_by_side.py").run()
+    at.selectbox(key="sbs_model").set_value("demo-swin").run()
+    at.number_input(key="sbs_head").set_value(1).run()
+    point = (0.3, 0.6)
+    at.session_state["sbs_point"] = point  # what a click on either map stores
+    at.run()
+    no_trouble(at)
+    charts = _charts(at)
+    image = Image.open(EXAMPLES / "demo-star.png").convert("RGB")  # the sidebar's image
+    caps = [capture(load_model(name, device="cpu"), image) for name in ("demo", "demo-swin")]
+    block_a = at.slider(key="sbs_block").value
+    blocks = (block_a, depth_match(block_a, caps[0].num_blocks, caps[1].num_blocks))
+    assert blocks[0] == caps[0].num_blocks - 1  # the default: the last block
+    for key, cap, block in zip(("sbs_a_map", "sbs_b_map"), caps, blocks, strict=True):
+        want = head_maps(cap.blocks[block], token_of(cap, cap.blocks[block].stage, point)).values[1]
+        title, got = charts[key]
+        assert title.startswith(f"{key[4].upper()}. {cap.model_name}: ") and "head 1" in title
+        assert np.allclose(got, want, rtol=1e-3, atol=1e-6), key
