@@ -6,9 +6,8 @@ import streamlit as st
 from pages import common, photo, views
 from vitviz import figures
 from vitviz.analysis import maps
-from vitviz.analysis.blocks import global_query, head_maps
-from vitviz.analysis.masks import mass_masks
-from vitviz.analysis.stats import SUMMARIES, summary_table
+from vitviz.analysis.blocks import global_query
+from vitviz.analysis.stats import SUMMARIES
 from vitviz.errors import VitvizError
 from vitviz.figures.animation import lens_rows, view_stack
 from vitviz.tables import long_table
@@ -43,14 +42,13 @@ def open_head(data) -> None:
     ss.open_heads_page = True
 
 
-common.take_click("summary_map", open_head)
+common.take_click("summaries_map", open_head)
 common.take_click("rollout_map", lambda data: common.click_query(cap, ss.get("_rollout_stage", 0), data))
 if ss.pop("open_heads_page", False):
     st.switch_page("pages/heads.py")
 common.clamp_state(cap)
 if ss.metric not in SUMMARIES:
     ss.metric = "distance"
-stage_of_block = [b.stage for b in cap.blocks]
 
 st.header("Blocks, rollout and explanations" if cap.is_hierarchical else "Layers, rollout and explanations")
 c1, c2 = st.columns(2)
@@ -164,61 +162,12 @@ last = cap.blocks[-1]
 gq = global_query(last)
 st.subheader(f"DINO attention masks (last block, {cap.token_label(gq, last.stage)})")
 st.slider("Kept attention mass (tau)", 0.1, 1.0, step=0.05, **common.keep("tau"))
-masks = mass_masks(head_maps(last, gq).values, tau=ss.tau).astype(np.float32)
-common.chart(
-    figures.small_multiples_figure(
-        masks,
-        [f"head {h}" for h in range(last.num_heads)],
-        colorbar_title="kept (1) / dropped (0)",
-        cols=6,
-        zmin=0,
-        zmax=1,
-    ),
-    key="masks",
-)
+views.draw_masks(cur, views.MasksSettings(ss.tau), key="masks")
 
 # Per-head summaries
 st.subheader("Per-head summaries")
 st.radio("Metric", list(SUMMARIES), format_func=SUMMARIES.get, **common.keep("metric"), horizontal=True)
-values = summary_table(cap.blocks, ss.metric)
-labels = [cap.block_label(b) for b in range(cap.num_blocks)]
-s1, s2 = st.columns(2)
-with s1:
-    common.chart(
-        figures.layer_head_figure(
-            values,
-            title=f"{SUMMARIES[ss.metric]}: click a cell to open that head",
-            colorbar_title=SUMMARIES[ss.metric],
-            marked=(ss.layer, ss.head),
-            row_labels=labels,
-            stage_of_block=stage_of_block if len(cap.stages) > 1 else None,
-        ),
-        key="summary_map",
-        on_select="rerun",
-        selection_mode="points",
-    )
-    st.caption("Computed from the float32 weights as each block ran; blank cells are heads a block does not have.")
-    common.downloads(
-        "summaries",
-        "summaries",
-        csv={
-            **long_table(summary_table(cap.blocks, "distance"), ("block", "head"), SUMMARIES["distance"]),
-            SUMMARIES["entropy"]: summary_table(cap.blocks, "entropy").reshape(-1),
-            SUMMARIES["entropy_norm"]: summary_table(cap.blocks, "entropy_norm").reshape(-1),
-        },
-        mean_attention_distance=summary_table(cap.blocks, "distance"),
-        attention_entropy=summary_table(cap.blocks, "entropy"),
-        attention_entropy_normalised=summary_table(cap.blocks, "entropy_norm"),
-    )
-with s2:
-    common.chart(
-        figures.distance_depth_figure(
-            summary_table(cap.blocks, "distance"),
-            image_px=max(cap.input_size),
-            stage_of_block=stage_of_block if len(cap.stages) > 1 else None,
-        ),
-        key="distance_depth",
-    )
+views.draw_summaries(cur, views.SummarySettings(ss.metric, marked=(ss.layer, ss.head)), key="summaries")
 
 # Logit lens
 st.subheader("Logit lens")

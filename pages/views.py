@@ -9,6 +9,9 @@ draw the same view twice with two states, as the Side by side page does:
 * ``draw_head_grid`` (every head of a block for a query): chart ``f"{key}_grid"``;
 * ``draw_deformable`` (a DAT deformable block's sampled keys): chart ``f"{key}_map"``, checkbox ``f"{key}_arrows"``;
 * ``draw_blocks`` (every block of a stage, heads fused, for a query): chart ``f"{key}_{stage}"``;
+* ``draw_masks`` (DINO's masks of every head of a block): chart ``f"{key}_grid"``;
+* ``draw_summaries`` (a per-head summary of every block, and distance against depth): charts ``f"{key}_map"``,
+  ``f"{key}_depth"``, downloads ``f"{key}-npz"``, ``f"{key}-csv"``;
 * ``draw_rollout``, ``draw_relevance``: chart ``f"{key}_map"``.
 
 The maps also have their computing half (``head_map``, ``rollout_map``, ``relevance_map``), which a page
@@ -26,22 +29,29 @@ import streamlit as st
 
 from pages import common
 from vitviz import figures
-from vitviz.analysis.blocks import HeadMaps, head_maps, row_map, select, window_edges
+from vitviz.analysis.blocks import HeadMaps, global_query, head_maps, row_map, select, window_edges
+from vitviz.analysis.masks import mass_masks
+from vitviz.analysis.stats import SUMMARIES, summary_table
 from vitviz.record import POOLED
+from vitviz.tables import long_table
 from vitviz.text import plotly_plain
 
 __all__ = [
     "BlocksSettings",
     "HeadSettings",
+    "MasksSettings",
     "RelevanceSettings",
     "RolloutSettings",
+    "SummarySettings",
     "ViewMap",
     "draw_blocks",
     "draw_deformable",
     "draw_head_grid",
     "draw_head_map",
+    "draw_masks",
     "draw_relevance",
     "draw_rollout",
+    "draw_summaries",
     "head_looks",
     "head_map",
     "head_what",
@@ -103,6 +113,22 @@ class BlocksSettings:
     stage: int
     query: int  # a token of that stage, or POOLED
     fusion: str = "mean"  # vitviz.analysis.maps.FUSIONS
+
+
+@dataclass(frozen=True)
+class MasksSettings:
+    """DINO's masks: per head, the smallest set of patches holding ``tau`` of the global query's attention."""
+
+    tau: float = 0.6
+    block: int = -1  # the last block by default
+
+
+@dataclass(frozen=True)
+class SummarySettings:
+    """One per-head summary of every block (``vitviz.analysis.stats.SUMMARIES``), a (block, head) cell marked."""
+
+    metric: str = "distance"
+    marked: tuple[int, int] | None = None
 
 
 def _titled(prefix: str, title: str) -> str:
@@ -236,6 +262,60 @@ def draw_blocks(cur: common.Current, s: BlocksSettings, *, key: str) -> np.ndarr
     )
     common.chart(fig, key=f"{key}_{s.stage}")
     return tiles
+
+
+def draw_masks(cur: common.Current, s: MasksSettings, *, key: str) -> np.ndarray:
+    """One tile per head of block ``s.block`` (chart ``f"{key}_grid"``); returns the masks ``(H, gh, gw)`` of
+    ``mass_masks`` on the block's map for its global query (CLS, else pooled), 1 kept and 0 dropped."""
+    block = cur.cap.blocks[s.block]
+    masks = mass_masks(head_maps(block, global_query(block)).values, tau=s.tau).astype(np.float32)
+    fig = figures.small_multiples_figure(
+        masks,
+        [f"head {h}" for h in range(block.num_heads)],
+        colorbar_title="kept (1) / dropped (0)",
+        cols=6,
+        zmin=0,
+        zmax=1,
+    )
+    common.chart(fig, key=f"{key}_grid")
+    return masks
+
+
+def draw_summaries(cur: common.Current, s: SummarySettings, *, key: str) -> np.ndarray:
+    """Block x head table of the summary (chart ``f"{key}_map"``; a click's customdata is ``[block, head]``), its
+    files (download keys ``f"{key}-npz"``, ``f"{key}-csv"``: all three summaries) and the distance against depth
+    (chart ``f"{key}_depth"``). Returns the table ``(L, H_max)``, NaN where a block has fewer heads."""
+    cap = cur.cap
+    table = {metric: summary_table(cap.blocks, metric) for metric in SUMMARIES}
+    stages = [b.stage for b in cap.blocks] if len(cap.stages) > 1 else None
+    left, right = st.columns(2)
+    with left:
+        fig = figures.layer_head_figure(
+            table[s.metric],
+            title=f"{SUMMARIES[s.metric]}: click a cell to open that head",
+            colorbar_title=SUMMARIES[s.metric],
+            marked=s.marked,
+            row_labels=[cap.block_label(b) for b in range(cap.num_blocks)],
+            stage_of_block=stages,
+        )
+        common.chart(fig, key=f"{key}_map", on_select="rerun", selection_mode="points")
+        st.caption("Computed from the float32 weights as each block ran; blank cells are heads a block does not have.")
+        common.downloads(
+            "summaries",
+            key,
+            csv={
+                **long_table(table["distance"], ("block", "head"), SUMMARIES["distance"]),
+                SUMMARIES["entropy"]: table["entropy"].reshape(-1),
+                SUMMARIES["entropy_norm"]: table["entropy_norm"].reshape(-1),
+            },
+            mean_attention_distance=table["distance"],
+            attention_entropy=table["entropy"],
+            attention_entropy_normalised=table["entropy_norm"],
+        )
+    with right:
+        fig = figures.distance_depth_figure(table["distance"], image_px=max(cap.input_size), stage_of_block=stages)
+        common.chart(fig, key=f"{key}_depth")
+    return table[s.metric]
 
 
 def rollout_row(cur: common.Current, s: RolloutSettings) -> tuple[np.ndarray, int]:

@@ -12,8 +12,10 @@ from app_tools import no_trouble
 from PIL import Image
 from streamlit.testing.v1 import AppTest
 
-from vitviz.analysis.blocks import head_maps, row_map, select
+from vitviz.analysis.blocks import global_query, head_maps, row_map, select
+from vitviz.analysis.masks import mass_masks
 from vitviz.analysis.rollout import capture_rollout
+from vitviz.analysis.stats import summary_table
 from vitviz.capture.gradients import explain_classes
 from vitviz.capture.run import capture
 from vitviz.compare import depth_match, token_of
@@ -64,8 +66,7 @@ def test_current_of_reads_no_session_state():
 
 
 def _twice_script(root: str, states: tuple, block: int, head: int, point: tuple[float, float]) -> None:
-    """One script draws the block tiles, the head grid and map, the mean of heads, the rollout and relevance twice:
-    once per pane state."""
+    """One script draws every view of pages/views.py twice: once per pane state."""
     import sys
 
     if root not in sys.path:
@@ -79,6 +80,8 @@ def _twice_script(root: str, states: tuple, block: int, head: int, point: tuple[
         one = views.HeadSettings(block, query, head=head)
         views.draw_blocks(cur, views.BlocksSettings(0, query, "max"), key=f"{who}_blocks")
         views.draw_head_grid(cur, one, key=f"{who}_head")
+        views.draw_masks(cur, views.MasksSettings(tau=0.5), key=f"{who}_masks")
+        views.draw_summaries(cur, views.SummarySettings("entropy", marked=(block, head)), key=f"{who}_summaries")
         views.draw_head_map(cur, one, key=f"{who}_head", title_prefix=f"{who}. ")
         mean = views.HeadSettings(block, query, head=None)
         views.draw_head_map(cur, mean, key=f"{who}_mean", title_prefix=f"{who}. ")
@@ -93,7 +96,7 @@ def _charts(at: AppTest) -> dict[str, tuple[str, np.ndarray]]:
     out = {}
     for el in at.get("plotly_chart"):
         spec = json.loads(el.proto.spec)
-        z = next(t["z"] for t in spec["data"] if t["type"] == "heatmap")
+        z = next((t["z"] for t in spec["data"] if t["type"] == "heatmap"), [])  # [] for a chart of lines
         if isinstance(z, dict):  # plotly's typed array
             arr = np.frombuffer(base64.b64decode(z["bdata"]), dtype=z["dtype"])
             z = arr.reshape([int(n) for n in str(z.get("shape", arr.size)).split(",")])
@@ -122,7 +125,7 @@ def test_one_view_drawn_twice_with_two_states_shows_each_states_own_numbers():
     at.run()
     no_trouble(at)
     charts = _charts(at)
-    assert len(charts) == 12  # twelve keys: no chart replaced another
+    assert len(charts) == 18  # eighteen keys: no chart replaced another
 
     loaded = load_model("demo", device="cpu")
     refs = {}
@@ -160,6 +163,12 @@ def test_one_view_drawn_twice_with_two_states_shows_each_states_own_numbers():
         blocks = _tiles(charts[f"{who}_blocks_0"][1], cap.num_blocks, cap.grid)
         assert np.allclose(blocks, np.stack(fused), rtol=1e-3, atol=1e-6)
         refs[who]["blocks"] = ("", blocks)
+        last = cap.blocks[-1]
+        masks = mass_masks(head_maps(last, global_query(last)).values, tau=0.5)
+        assert np.array_equal(_tiles(charts[f"{who}_masks_grid"][1], last.num_heads, cap.grid), masks)
+        entropy = summary_table(cap.blocks, "entropy")
+        assert np.allclose(charts[f"{who}_summaries_map"][1], entropy, rtol=1e-5, equal_nan=True)
+        refs[who]["summaries"] = ("", entropy)
     for (_, a), (_, b) in zip(refs["A"].values(), refs["B"].values(), strict=True):
         assert not np.allclose(a, b, rtol=1e-3, atol=1e-6)  # the two states' maps differ: neither reused the other
 
