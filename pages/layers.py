@@ -1,6 +1,5 @@
 """Layers & rollout: blocks side by side, rollout, class-specific relevance, DINO masks, per-head summaries."""
 
-import numpy as np
 import streamlit as st
 
 from pages import common, photo, views
@@ -9,7 +8,7 @@ from vitviz.analysis import maps
 from vitviz.analysis.blocks import global_query
 from vitviz.analysis.stats import SUMMARIES
 from vitviz.errors import VitvizError
-from vitviz.figures.animation import lens_rows, view_stack
+from vitviz.figures.animation import view_stack
 from vitviz.tables import long_table
 
 cur = common.require_current()
@@ -171,52 +170,4 @@ views.draw_summaries(cur, views.SummarySettings(ss.metric, marked=(ss.layer, ss.
 
 # Logit lens
 st.subheader("Logit lens")
-ranked = common.classes(cur)
-notes = common.get_causal_notes(cap.model_name)
-partial_lens = (  # hierarchical with a readout head: the last stage's rows only
-    cur.model.family.hierarchical
-    and cur.model.has_classifier
-    and cur.model.family.readout_head(cur.model.model) is not None
-)
-if notes["lens"] and not partial_lens:
-    st.info(notes["lens"])
-elif ranked is None or ranked.labels is not None:
-    st.info("The logit lens reads class logits through the model's own head: it needs a classifier.")
-else:
-    try:
-        with st.spinner("Reading the residual stream through the model's head…"):
-            lens = common.get_lens(cur)
-    except VitvizError as exc:
-        st.error(str(exc))
-    else:
-        final = lens.logits[-1]
-        top = np.argsort(-final)[:5]
-        probs = lens.probabilities()[:, top]
-        names = [cur.model.id2label.get(int(c), f"class {c}") for c in top]
-        rows, ticks = lens_rows(cap)
-        fig = figures.lens_figure(
-            probs, names, lens.ranks(int(top[0])), target=names[0], row_labels=rows, tick_labels=ticks
-        )
-        common.chart(fig, key="lens")
-        shown = [rows[r] for r in np.flatnonzero(lens.defined)]
-        where = (
-            ""
-            if len(shown) == len(lens.defined)
-            else f" Points drawn: {', '.join(shown)}; the other rows are not defined here."
-        )
-        st.caption(
-            f"Each point: the residual stream after that block, through the model's final norm and head "
-            f"({lens.readout}); the last is the model's own prediction."
-            + where
-            + (f" {lens.note}" if lens.note else "")
-        )
-        common.downloads(
-            "logit_lens",
-            "lens",
-            csv={
-                "residual stream": np.asarray(rows),
-                **{f"probability of '{n}'": probs[:, k] for k, n in enumerate(names)},
-                f"rank of '{names[0]}' (1 = top)": lens.ranks(int(top[0])),
-            },
-            logit_lens=lens.logits,
-        )
+views.draw_lens(cur, views.LensSettings(), key="lens")

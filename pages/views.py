@@ -12,7 +12,8 @@ draw the same view twice with two states, as the Side by side page does:
 * ``draw_masks`` (DINO's masks of every head of a block): chart ``f"{key}_grid"``;
 * ``draw_summaries`` (a per-head summary of every block, and distance against depth): charts ``f"{key}_map"``,
   ``f"{key}_depth"``, downloads ``f"{key}-npz"``, ``f"{key}-csv"``;
-* ``draw_rollout``, ``draw_relevance``: chart ``f"{key}_map"``.
+* ``draw_rollout``, ``draw_relevance``: chart ``f"{key}_map"``;
+* ``draw_lens`` (the logit lens): chart ``f"{key}_chart"``, downloads ``f"{key}-npz"``, ``f"{key}-csv"``.
 
 The maps also have their computing half (``head_map``, ``rollout_map``, ``relevance_map``), which a page
 calls when it needs the numbers before drawing (a colour scale shared by two panes). A title starts lower
@@ -32,6 +33,8 @@ from vitviz import figures
 from vitviz.analysis.blocks import HeadMaps, global_query, head_maps, row_map, select, window_edges
 from vitviz.analysis.masks import mass_masks
 from vitviz.analysis.stats import SUMMARIES, summary_table
+from vitviz.errors import VitvizError
+from vitviz.figures.animation import lens_rows
 from vitviz.record import POOLED
 from vitviz.tables import long_table
 from vitviz.text import plotly_plain
@@ -39,6 +42,7 @@ from vitviz.text import plotly_plain
 __all__ = [
     "BlocksSettings",
     "HeadSettings",
+    "LensSettings",
     "MasksSettings",
     "RelevanceSettings",
     "RolloutSettings",
@@ -48,6 +52,7 @@ __all__ = [
     "draw_deformable",
     "draw_head_grid",
     "draw_head_map",
+    "draw_lens",
     "draw_masks",
     "draw_relevance",
     "draw_rollout",
@@ -129,6 +134,13 @@ class SummarySettings:
 
     metric: str = "distance"
     marked: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class LensSettings:
+    """The logit lens: the probability of the final top ``top`` classes after each block, and the top-1's rank."""
+
+    top: int = 5
 
 
 def _titled(prefix: str, title: str) -> str:
@@ -390,3 +402,57 @@ def draw_relevance(
     m = relevance_map(cur, s)
     _draw(cur, m, key=key, title_prefix=title_prefix, config=config, clickable=False, **figure_kw)
     return m
+
+
+def draw_lens(cur: common.Current, s: LensSettings, *, key: str):
+    """The logit lens of a classifier (chart ``f"{key}_chart"``, downloads ``f"{key}-npz"``, ``f"{key}-csv"``),
+    or why there is none; returns the ``Lens`` (``vitviz.capture.causal.logit_lens``) or None."""
+    cap = cur.cap
+    ranked = common.classes(cur)
+    notes = common.get_causal_notes(cap.model_name)
+    partial = (  # hierarchical with a readout head: the last stage's rows only
+        cur.model.family.hierarchical
+        and cur.model.has_classifier
+        and cur.model.family.readout_head(cur.model.model) is not None
+    )
+    if notes["lens"] and not partial:
+        st.info(notes["lens"])
+        return None
+    if ranked is None or ranked.labels is not None:
+        st.info("The logit lens reads class logits through the model's own head: it needs a classifier.")
+        return None
+    try:
+        with st.spinner("Reading the residual stream through the model's head…"):
+            lens = common.get_lens(cur)
+    except VitvizError as exc:
+        st.error(str(exc))
+        return None
+    top = np.argsort(-lens.logits[-1])[: s.top]
+    probs = lens.probabilities()[:, top]
+    names = [cur.model.id2label.get(int(c), f"class {c}") for c in top]
+    rows, ticks = lens_rows(cap)
+    fig = figures.lens_figure(
+        probs, names, lens.ranks(int(top[0])), target=names[0], row_labels=rows, tick_labels=ticks
+    )
+    common.chart(fig, key=f"{key}_chart")
+    shown = [rows[r] for r in np.flatnonzero(lens.defined)]
+    where = (
+        ""
+        if len(shown) == len(lens.defined)
+        else f" Points drawn: {', '.join(shown)}; the other rows are not defined here."
+    )
+    st.caption(
+        f"Each point: the residual stream after that block, through the model's final norm and head "
+        f"({lens.readout}); the last is the model's own prediction." + where + (f" {lens.note}" if lens.note else "")
+    )
+    common.downloads(
+        "logit_lens",
+        key,
+        csv={
+            "residual stream": np.asarray(rows),
+            **{f"probability of '{n}'": probs[:, k] for k, n in enumerate(names)},
+            f"rank of '{names[0]}' (1 = top)": lens.ranks(int(top[0])),
+        },
+        logit_lens=lens.logits,
+    )
+    return lens

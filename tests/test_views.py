@@ -16,6 +16,7 @@ from vitviz.analysis.blocks import global_query, head_maps, row_map, select
 from vitviz.analysis.masks import mass_masks
 from vitviz.analysis.rollout import capture_rollout
 from vitviz.analysis.stats import summary_table
+from vitviz.capture.causal import logit_lens
 from vitviz.capture.gradients import explain_classes
 from vitviz.capture.run import capture
 from vitviz.compare import depth_match, token_of
@@ -86,22 +87,28 @@ def _twice_script(root: str, states: tuple, block: int, head: int, point: tuple[
         mean = views.HeadSettings(block, query, head=None)
         views.draw_head_map(cur, mean, key=f"{who}_mean", title_prefix=f"{who}. ")
         views.draw_rollout(cur, views.RolloutSettings(), key=f"{who}_rollout", title_prefix=f"{who}. ")
+        views.draw_lens(cur, views.LensSettings(top=3), key=f"{who}_lens")
         top = common.classes(cur).ranked[0]
         explained = views.RelevanceSettings(top.index, top.label, start_block=1)
         views.draw_relevance(cur, explained, key=f"{who}_relevance", title_prefix=f"{who}. ")
 
 
-def _charts(at: AppTest) -> dict[str, tuple[str, np.ndarray]]:
-    """Each chart's title and heatmap by its key."""
+def _array(z) -> np.ndarray:
+    """A plotly array from a figure's JSON (a list, or the typed form ``{"dtype", "bdata", "shape"}``)."""
+    if isinstance(z, dict):
+        arr = np.frombuffer(base64.b64decode(z["bdata"]), dtype=z["dtype"])
+        z = arr.reshape([int(n) for n in str(z.get("shape", arr.size)).split(",")])
+    return np.asarray(z, dtype=np.float64)
+
+
+def _charts(at: AppTest) -> dict[str, tuple[str, np.ndarray, list]]:
+    """Each chart's title, heatmap (empty for a chart of lines) and traces, by its key."""
     out = {}
     for el in at.get("plotly_chart"):
         spec = json.loads(el.proto.spec)
-        z = next((t["z"] for t in spec["data"] if t["type"] == "heatmap"), [])  # [] for a chart of lines
-        if isinstance(z, dict):  # plotly's typed array
-            arr = np.frombuffer(base64.b64decode(z["bdata"]), dtype=z["dtype"])
-            z = arr.reshape([int(n) for n in str(z.get("shape", arr.size)).split(",")])
+        z = next((t["z"] for t in spec["data"] if t["type"] == "heatmap"), [])
         title = spec["layout"].get("title", {}).get("text", "")
-        out[el.proto.id.split("-", 2)[2]] = (title, np.asarray(z, dtype=np.float64))
+        out[el.proto.id.split("-", 2)[2]] = (title, _array(z), spec["data"])
     return out
 
 
@@ -125,7 +132,7 @@ def test_one_view_drawn_twice_with_two_states_shows_each_states_own_numbers():
     at.run()
     no_trouble(at)
     charts = _charts(at)
-    assert len(charts) == 18  # eighteen keys: no chart replaced another
+    assert len(charts) == 20  # twenty keys: no chart replaced another
 
     loaded = load_model("demo", device="cpu")
     refs = {}
@@ -169,6 +176,11 @@ def test_one_view_drawn_twice_with_two_states_shows_each_states_own_numbers():
         entropy = summary_table(cap.blocks, "entropy")
         assert np.allclose(charts[f"{who}_summaries_map"][1], entropy, rtol=1e-5, equal_nan=True)
         refs[who]["summaries"] = ("", entropy)
+        lens = logit_lens(loaded, image)
+        top3 = np.argsort(-lens.logits[-1])[:3]
+        drawn = np.stack([_array(t["y"]) for t in charts[f"{who}_lens_chart"][2][:3]], axis=1)
+        assert np.allclose(drawn, lens.probabilities()[:, top3], rtol=1e-4, atol=1e-7)
+        refs[who]["lens"] = ("", drawn)
     for (_, a), (_, b) in zip(refs["A"].values(), refs["B"].values(), strict=True):
         assert not np.allclose(a, b, rtol=1e-3, atol=1e-6)  # the two states' maps differ: neither reused the other
 
@@ -194,6 +206,6 @@ def test_side_by_side_panes_are_each_models_own_head_map():
     assert blocks[0] == caps[0].num_blocks - 1  # the default: the last block
     for key, cap, block in zip(("sbs_a_map", "sbs_b_map"), caps, blocks, strict=True):
         want = head_maps(cap.blocks[block], token_of(cap, cap.blocks[block].stage, point)).values[1]
-        title, got = charts[key]
+        title, got, _ = charts[key]
         assert title.startswith(f"{key[4].upper()}. {cap.model_name}: ") and "head 1" in title
         assert np.allclose(got, want, rtol=1e-3, atol=1e-6), key
