@@ -1,15 +1,13 @@
 """Heads: every head of a block over the image; click a cell to make it the query (at any stage)."""
 
-import numpy as np
 import streamlit as st
 
 from pages import common, instant, photo, views
 from vitviz import figures
-from vitviz.analysis.blocks import head_maps, select
+from vitviz.analysis.blocks import head_maps
 from vitviz.errors import VitvizError
 from vitviz.figures.animation import view_stack
 from vitviz.record import POOLED
-from vitviz.tables import long_table
 from vitviz.text import md_plain
 
 cur = common.require_current()
@@ -125,34 +123,7 @@ with big:
             f"{g.padded[0]} x {g.padded[1]}. Keys outside the query's window get no attention."
         )
 with side:
-    if looking:
-        total = float(maps.values[head].sum(dtype=np.float64))
-        names = list(g.prefix_kinds)
-        values = maps.prefix[head]
-        if maps.padding[head] > 0:
-            names, values = [*names, "padding"], np.append(values, maps.padding[head])
-        common.chart(figures.prefix_attention_figure(values, names, patch_total=total), key="prefix")
-        st.caption(
-            "Raw attention weights of this query: its row sums to 1 over all its keys, "
-            "including tokens not on the image (prefix tokens, and padding in windowed blocks)."
-        )
-    else:
-        common.chart(
-            figures.prefix_attention_figure(
-                maps.prefix[head],
-                g.prefix_kinds,
-                title=f"Attention the prefix tokens pay to {cap.token_label(query, block.stage)} (raw)",
-            ),
-            key="prefix",
-        )
-    common.downloads(
-        f"block{ss.layer}_head{head}_token{query}",
-        "heads",
-        csv=long_table(maps.values, ("head", "row", "col"), f"attention weight (raw, {cap.attention_precision})"),
-        map=maps.values[head],
-        all_heads=maps.values,
-        attention=select(block, head=head),
-    )
+    views.draw_head_side(cur, shown, key="heads")
 
 # Does this head matter? Knock heads out and see the prediction and the attention downstream
 st.subheader("Does this head matter? Knock it out")

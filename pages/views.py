@@ -6,6 +6,8 @@ through the cached ``common.get_rollout``, relevance through ``common.get_releva
 draw the same view twice with two states, as the Side by side page does:
 
 * ``draw_head_map`` (one head, or the mean of a block's heads, for a query): chart ``f"{key}_map"``;
+* ``draw_head_side`` (the query's attention to tokens off the image, and the files): chart ``f"{key}_prefix"``,
+  downloads ``f"{key}-npz"``, ``f"{key}-csv"``;
 * ``draw_head_grid`` (every head of a block for a query): chart ``f"{key}_grid"``;
 * ``draw_deformable`` (a DAT deformable block's sampled keys): chart ``f"{key}_map"``, checkbox ``f"{key}_arrows"``;
 * ``draw_blocks`` (every block of a stage, heads fused, for a query): chart ``f"{key}_{stage}"``;
@@ -52,6 +54,7 @@ __all__ = [
     "draw_deformable",
     "draw_head_grid",
     "draw_head_map",
+    "draw_head_side",
     "draw_lens",
     "draw_masks",
     "draw_relevance",
@@ -216,6 +219,37 @@ def draw_head_grid(cur: common.Current, s: HeadSettings, *, key: str, **figure_k
     )
     common.chart(fig, key=f"{key}_grid", on_select="rerun", selection_mode="points")
     return maps
+
+
+def draw_head_side(cur: common.Current, s: HeadSettings, *, key: str) -> None:
+    """Beside the head map: the attention between the query and the tokens off the image (chart ``f"{key}_prefix"``)
+    and the files of the head view (downloads ``f"{key}-npz"``, ``f"{key}-csv"``: every head's map)."""
+    cap = cur.cap
+    block = cap.blocks[s.block]
+    g, head = block.geometry, s.head or 0
+    maps = head_maps(block, s.query, direction="query" if head_looks(cur, s) else "key")
+    if head_looks(cur, s):
+        total = float(maps.values[head].sum(dtype=np.float64))
+        names, values = list(g.prefix_kinds), maps.prefix[head]
+        if maps.padding[head] > 0:
+            names, values = [*names, "padding"], np.append(values, maps.padding[head])
+        common.chart(figures.prefix_attention_figure(values, names, patch_total=total), key=f"{key}_prefix")
+        st.caption(
+            "Raw attention weights of this query: its row sums to 1 over all its keys, "
+            "including tokens not on the image (prefix tokens, and padding in windowed blocks)."
+        )
+    else:
+        title = f"Attention the prefix tokens pay to {cap.token_label(s.query, block.stage)} (raw)"
+        fig = figures.prefix_attention_figure(maps.prefix[head], g.prefix_kinds, title=title)
+        common.chart(fig, key=f"{key}_prefix")
+    common.downloads(
+        f"block{s.block}_head{head}_token{s.query}",
+        key,
+        csv=long_table(maps.values, ("head", "row", "col"), f"attention weight (raw, {cap.attention_precision})"),
+        map=maps.values[head],
+        all_heads=maps.values,
+        attention=select(block, head=head),
+    )
 
 
 def draw_head_map(

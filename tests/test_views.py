@@ -84,6 +84,7 @@ def _twice_script(root: str, states: tuple, block: int, head: int, point: tuple[
         views.draw_masks(cur, views.MasksSettings(tau=0.5), key=f"{who}_masks")
         views.draw_summaries(cur, views.SummarySettings("entropy", marked=(block, head)), key=f"{who}_summaries")
         views.draw_head_map(cur, one, key=f"{who}_head", title_prefix=f"{who}. ")
+        views.draw_head_side(cur, one, key=f"{who}_head")
         mean = views.HeadSettings(block, query, head=None)
         views.draw_head_map(cur, mean, key=f"{who}_mean", title_prefix=f"{who}. ")
         views.draw_rollout(cur, views.RolloutSettings(), key=f"{who}_rollout", title_prefix=f"{who}. ")
@@ -132,7 +133,7 @@ def test_one_view_drawn_twice_with_two_states_shows_each_states_own_numbers():
     at.run()
     no_trouble(at)
     charts = _charts(at)
-    assert len(charts) == 20  # twenty keys: no chart replaced another
+    assert len(charts) == 22  # 22 keys: no chart replaced another
 
     loaded = load_model("demo", device="cpu")
     refs = {}
@@ -176,6 +177,10 @@ def test_one_view_drawn_twice_with_two_states_shows_each_states_own_numbers():
         entropy = summary_table(cap.blocks, "entropy")
         assert np.allclose(charts[f"{who}_summaries_map"][1], entropy, rtol=1e-5, equal_nan=True)
         refs[who]["summaries"] = ("", entropy)
+        row_q = select(cap.blocks[block], head=head)[query].astype(np.float64)  # (T,) the query's whole row
+        bars = _array(charts[f"{who}_head_prefix"][2][0]["y"])  # CLS, then all patches together
+        assert np.allclose(bars, [row_q[0], row_q[1:].sum()], atol=1e-3) and bars.sum() == pytest.approx(1, abs=2e-3)
+        refs[who]["prefix"] = ("", bars)
         lens = logit_lens(loaded, image)
         top3 = np.argsort(-lens.logits[-1])[:3]
         drawn = np.stack([_array(t["y"]) for t in charts[f"{who}_lens_chart"][2][:3]], axis=1)
