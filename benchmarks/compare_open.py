@@ -9,6 +9,11 @@ the first call in the process, so every lazy import and first-call cost is in it
 seconds come from ``explain_many``'s progress callback. A second call on another image gives
 the warm cost beside it. Medians over the runs; the ratio is first open over forward, both
 taken in the same interpreter.
+
+``page_first_open_s``: the page itself, in Streamlit's ``AppTest`` in another fresh interpreter: the
+app's first page is run (it loads the demo model and draws the example image: not counted), then
+``switch_page("pages/compare.py").run()`` is timed, widgets, figures and all; its own forward is
+timed in that interpreter for ``page_first_open_over_forward``.
 """
 
 from __future__ import annotations
@@ -74,8 +79,47 @@ print(json.dumps({"forward_s": fwd, "first_open_s": first, "second_open_s": seco
 """
 
 
-def _one_run() -> dict:
-    done = subprocess.run([sys.executable, "-c", _CODE], cwd=ROOT, check=True, capture_output=True, text=True)
+_PAGE_CODE = r"""
+import json, statistics, sys, time
+sys.path.insert(0, "tests")
+import torch
+from app_tools import APP, no_trouble
+from streamlit.testing.v1 import AppTest
+from vitviz.models.load import load_model
+from vitviz.data.shapes import make_sample
+from vitviz.methods.base import class_logits
+from vitviz.capture.run import input_size_for, preprocess
+
+at = AppTest.from_file(APP, default_timeout=600)
+at.run()
+no_trouble(at)
+loaded = load_model("demo", device="cpu")
+image = make_sample(1).image
+hw = input_size_for(loaded, None, image.size)
+
+
+def forward():
+    pixels, _ = preprocess(loaded, [image], hw)
+    with torch.inference_mode():
+        class_logits(loaded, pixels, hw)
+
+
+forward()
+times = []
+for _ in range(5):
+    t = time.perf_counter()
+    forward()
+    times.append(time.perf_counter() - t)
+t = time.perf_counter()
+at.switch_page("pages/compare.py").run()
+page = time.perf_counter() - t
+no_trouble(at, "compare")
+print(json.dumps({"forward_s": statistics.median(times), "page_first_open_s": page}))
+"""
+
+
+def _one_run(code: str = _CODE) -> dict:
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -84,7 +128,10 @@ def compare_first_open(runs: int = 3) -> dict:
     ``first_open_s``, ``second_open_s``, ``first_open_over_forward`` (each run's ratio, median), and each
     method's seconds in the first open."""
     _one_run()
-    rs = [_one_run() for _ in range(runs)]
+    rs, pages = [], []
+    for _ in range(runs):  # interleaved, so that drift of the machine's speed hits both alike
+        rs.append(_one_run())
+        pages.append(_one_run(_PAGE_CODE))
     methods = {m: round(statistics.median(r["methods"][m] for r in rs), 3) for m in rs[0]["methods"]}
     return {
         "model": "demo",
@@ -94,6 +141,10 @@ def compare_first_open(runs: int = 3) -> dict:
         "second_open_s": round(statistics.median(r["second_open_s"] for r in rs), 3),
         "first_open_over_forward": round(statistics.median(r["first_open_s"] / r["forward_s"] for r in rs), 1),
         "methods_s": methods,
+        "page_first_open_s": round(statistics.median(p["page_first_open_s"] for p in pages), 3),
+        "page_first_open_over_forward": round(
+            statistics.median(p["page_first_open_s"] / p["forward_s"] for p in pages), 1
+        ),
         "runs": runs,
     }
 
@@ -103,7 +154,7 @@ def print_row(r: dict) -> None:
     print(
         f"Compare explanations, first open on {r['model']} (cold process excluded): {r['first_open_s']} s = "
         f"{r['first_open_over_forward']}x one forward ({r['forward_s']} s); second image {r['second_open_s']} s; "
-        f"slowest: {slow}"
+        f"slowest: {slow}; the page in AppTest {r['page_first_open_s']} s = {r['page_first_open_over_forward']}x"
     )
 
 
