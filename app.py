@@ -11,7 +11,7 @@ import streamlit as st
 from pages import common
 from vitviz.data.images import read_image
 from vitviz.errors import VitvizError
-from vitviz.models.zeroshot import MAX_LABELS_TEXT, MAX_TEMPLATE_CHARS, parse_labels, vocabulary_warning
+from vitviz.models.zeroshot import parse_labels, vocabulary_warning
 from vitviz.presets import DEMO_NOTES
 from vitviz.text import md_plain
 
@@ -104,28 +104,9 @@ def labels_ui() -> None:
     if not model.zero_shot:
         return
     st.subheader("Labels (zero-shot)")
-    text = ss.labels_text if ss.labels_text is not None else model.text.labels or common.SUGGESTED_LABELS
-    text = text[:MAX_LABELS_TEXT]  # the browser stops typing at the cap; the parser caps what arrives all the same
-    typed = st.text_area(
-        "One per line, or separated by commas",
-        value=text,
-        key=f"labels_{ss.model_name}",
-        height=90,
-        max_chars=MAX_LABELS_TEXT,
-    )
-    template = st.text_input(
-        "Prompt template ({} is the label)",
-        value=(ss.template if ss.template is not None else model.text.template)[:MAX_TEMPLATE_CHARS],
-        key=f"template_{ss.model_name}",
-        max_chars=MAX_TEMPLATE_CHARS,
-    )
-    if (typed, template) != (text, ss.template if ss.template is not None else model.text.template):
-        ss.labels_text, ss.template, ss.class_index = typed, template, None
+    common.labels_ui(model, key=ss.model_name, sidebar=True)  # the same session state as the pages' boxes
     try:
-        labels = parse_labels(
-            ss.labels_text if ss.labels_text is not None else text,
-            ss.template if ss.template is not None else model.text.template,
-        )
+        labels = parse_labels(*common.labels_text(model))
     except VitvizError as exc:
         st.error(f"{exc} The views wait for labels that parse.")
         return

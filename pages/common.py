@@ -18,7 +18,7 @@ import hashlib
 import io
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -410,14 +410,23 @@ def get_label_embeddings(model_name: str, prompts: tuple[str, ...]) -> np.ndarra
 SUGGESTED_LABELS = "cat, dog, car, bird, airplane"
 
 
-def current_labels(model: LoadedModel) -> Labels | None:
-    """The session's labels for a zero-shot model (None when what was typed does not parse)."""
-    ss = st.session_state
-    text = ss.labels_text if ss.labels_text is not None else model.text.labels or SUGGESTED_LABELS
+def labels_of(model: LoadedModel, text: str | None, template: str | None) -> Labels | None:
+    """A zero-shot model's labels from what was typed (None: its suggestion) and the template (None: its own).
+
+    None for a classifier or backbone, and when the text does not parse.
+    """
+    if not model.zero_shot:
+        return None
+    text = text if text is not None else model.text.labels or SUGGESTED_LABELS
     try:
-        return parse_labels(text, ss.template if ss.template is not None else model.text.template)
+        return parse_labels(text, template if template is not None else model.text.template)
     except ZeroShotError:
         return None
+
+
+def current_labels(model: LoadedModel) -> Labels | None:
+    """The session's labels for a zero-shot model (None when what was typed does not parse)."""
+    return labels_of(model, st.session_state.labels_text, st.session_state.template)
 
 
 @dataclass(frozen=True)
@@ -440,9 +449,10 @@ class Classes:
 
 
 def classes(cur: Current) -> Classes | None:
-    """The ranked classes of the session's image, or None (a backbone, or labels that do not parse)."""
+    """The ranked classes of the pane's image (``cur.labels`` for zero-shot models), or None (a backbone, or labels
+    that do not parse)."""
     if cur.model.zero_shot:
-        labels = current_labels(cur.model)
+        labels = cur.labels
         if labels is None or cur.cap.image_embedding is None:
             return None
         scores = score(
@@ -568,25 +578,65 @@ def digest(data: bytes) -> str:
 
 
 @dataclass(frozen=True)
+class PaneState:
+    """What one pane shows: a model, an image, the input size asked for and, for zero-shot models, the labels.
+
+    The session's own pane is :func:`state_from_session`; a page draws a second pane from a copy with one
+    thing changed (``dataclasses.replace``, :meth:`with_image`) and :func:`current_of`.
+    """
+
+    model_name: str
+    image_bytes: bytes = field(repr=False)
+    image_digest: str
+    input_size: tuple[int, int] | None = None  # None: the model's own
+    labels_text: str | None = None  # zero-shot models: what was typed (None: the model's suggestion)
+    template: str | None = None  # zero-shot models: the prompt template (None: the model's own)
+
+    def with_image(self, data: bytes) -> PaneState:
+        return replace(self, image_bytes=data, image_digest=digest(data))
+
+    def with_model(self, name: str) -> PaneState:
+        """Another model at its own input size, with its own labels (what belongs to a model does not carry over)."""
+        return replace(self, model_name=name, input_size=None, labels_text=None, template=None)
+
+
+def state_from_session() -> PaneState:
+    """The sidebar's model, image, input size and labels."""
+    ss = st.session_state
+    return PaneState(ss.model_name, ss.image_bytes, ss.image_digest, ss.input_size, ss.labels_text, ss.template)
+
+
+@dataclass(frozen=True)
 class Current:
+    """One pane's model and capture (and its labels): what every view draws from."""
+
     model: LoadedModel
     cap: vcapture.Capture
     key: tuple[str, str, tuple[int, int] | None]  # (model name, image digest, requested size)
     image_bytes: bytes
+    labels: Labels | None = None  # zero-shot models: the pane's labels (None: a classifier, or text that won't parse)
+
+
+def current_of(state: PaneState, *, name: str = "") -> Current | None:
+    """The model and capture of ``state`` (no session state read); shows the error and returns None.
+
+    ``name``: what the error message starts with (e.g. "Pane B").
+    """
+    whose = f"{name}'s" if name else "the"
+    try:
+        model = get_model(state.model_name)
+        with st.spinner(f"Running {whose} model…"):
+            cap = get_capture(state.model_name, state.image_digest, state.input_size, state.image_bytes)
+    except VitvizError as exc:
+        st.error(f"{name}: {exc}" if name else str(exc))
+        return None
+    labels = labels_of(model, state.labels_text, state.template)
+    return Current(model, cap, (state.model_name, state.image_digest, state.input_size), state.image_bytes, labels)
 
 
 def current() -> Current | None:
     """The model and capture for the session's image, model and size; shows the error and returns None."""
-    ss = st.session_state
-    name, data, key, size = ss.model_name, ss.image_bytes, ss.image_digest, ss.input_size
-    try:
-        model = get_model(name)
-        with st.spinner("Running the model…"):
-            cap = get_capture(name, key, size, data)
-    except VitvizError as exc:
-        st.error(str(exc))
-        return None
-    return Current(model, cap, (name, key, size), data)
+    return current_of(state_from_session())
 
 
 def require_current() -> Current:
@@ -684,16 +734,14 @@ def model_options() -> list[str]:
 
 
 def label_embeddings(cur: Current) -> np.ndarray | None:
-    """Zero-shot models: the embeddings of the session's labels (what "class" means for them); else None."""
-    if not cur.model.zero_shot:
+    """Zero-shot models: the embeddings of the pane's labels (what "class" means for them); else None."""
+    if not cur.model.zero_shot or cur.labels is None:
         return None
-    labels = current_labels(cur.model)
-    return None if labels is None else get_label_embeddings(cur.model.name, labels.prompts)
+    return get_label_embeddings(cur.model.name, cur.labels.prompts)
 
 
 def _labels_key(cur: Current) -> tuple[str, ...] | None:
-    labels = current_labels(cur.model) if cur.model.zero_shot else None
-    return None if labels is None else labels.prompts
+    return cur.labels.prompts if cur.model.zero_shot and cur.labels is not None else None
 
 
 def get_knockout(cur: Current, heads: tuple[tuple[int, int], ...], mode: str):
@@ -845,3 +893,162 @@ def target_ui(ranked: Classes, *, key: str, default: int | None = None):
     if ranked.labels is not None:
         return Target.of_label(ranked.labels, index, minus)
     return Target.of_class(index, minus)
+
+
+# --- labels on any page, explained targets (issue 22 item 14, issue 20 item 3) ----------------------------
+
+
+def labels_text(model: LoadedModel) -> tuple[str, str]:
+    """The session's labels text and prompt template for a zero-shot model (the model's suggestions by default)."""
+    ss = st.session_state
+    text = ss.labels_text if ss.labels_text is not None else model.text.labels or SUGGESTED_LABELS
+    return text, ss.template if ss.template is not None else model.text.template
+
+
+def _labels_edited(key: str) -> None:
+    """A labels box (sidebar or page) changed: it becomes the session's labels, and the class its top-1."""
+    ss = st.session_state
+    ss.labels_text, ss.template, ss.class_index = ss[f"labels_{key}"], ss[f"template_{key}"], None
+
+
+def labels_ui(model: LoadedModel, *, key: str, sidebar: bool = False) -> None:
+    """An editable labels box and prompt template for a zero-shot model, drawn where it is called.
+
+    Every box (the sidebar's, a page's) shows the session's ``labels_text`` / ``template`` and writes
+    them when edited, so all stay in step. Widget keys: ``labels_<key>``, ``template_<key>``; a page's box
+    is labelled apart from the sidebar's (``sidebar``). Nothing is drawn for other models. Notes on what
+    was typed are the sidebar's (drawn once).
+    """
+    from vitviz.models.zeroshot import MAX_LABELS_TEXT, MAX_TEMPLATE_CHARS
+
+    if not getattr(model, "zero_shot", False) or model.text is None:
+        return
+    ss = st.session_state
+    text, template = labels_text(model)
+    # the browser stops typing at the cap; the parser caps what arrives all the same
+    ss[f"labels_{key}"], ss[f"template_{key}"] = text[:MAX_LABELS_TEXT], template[:MAX_TEMPLATE_CHARS]
+    st.text_area(
+        "One per line, or separated by commas" if sidebar else "Labels, one per line or separated by commas",
+        key=f"labels_{key}",
+        height=90,
+        max_chars=MAX_LABELS_TEXT,
+        on_change=_labels_edited,
+        args=(key,),
+    )
+    st.text_input(
+        "Prompt template ({} is the label)" if sidebar else "Labels' prompt template ({} is the label)",
+        key=f"template_{key}",
+        max_chars=MAX_TEMPLATE_CHARS,
+        on_change=_labels_edited,
+        args=(key,),
+    )
+
+
+def target_scalar(cur: Current, target):
+    """A :class:`~vitviz.capture.targets.Target` bound to the session's model: the forward's output -> a scalar
+    (a class logit, a label's score, or the difference of two), as relevance backpropagates it."""
+    emb = get_label_embeddings(cur.model.name, target.prompts) if target.is_label else None
+    bound = target.bind(cur.model, emb)
+    return lambda out: bound(out).reshape(-1)[0]
+
+
+def get_target_relevance(cur: Current, target, start_block: int = 0):
+    """Chefer et al.'s relevance of the session's image for ``target`` (a class or label, or the difference of
+    two), through blocks ``start_block..L-1``: cached, queued."""
+
+    def compute():
+        image = read_image(cur.image_bytes, max_bytes=upload_limit()).image
+        scalar = target_scalar(cur, target)
+        name = target.name(cur.model.id2label)
+        return in_queue(
+            lambda: explain_targets(
+                cur.model, image, {target.index: (name, scalar)}, size=cur.key[2], start_block=start_block
+            )[target.index]
+        )
+
+    return results_cache().get_or_compute(("target_relevance", *cur.key, target, start_block), compute)
+
+
+def text_blocks(model: LoadedModel) -> int:
+    """How many blocks the text tower of a zero-shot model has (0: none whose attention vitviz reads)."""
+    from vitviz.models.text_hooks import install_text_hooks
+
+    return install_text_hooks(model.model) if getattr(model, "zero_shot", False) else 0
+
+
+def forget_widgets_unless(owner, *keys: str) -> None:
+    """Drop the widget state of ``keys`` when ``owner`` (what their values refer to: the model, its labels, the
+    session's class) is no longer what it was when they were last drawn: class and label indices mean
+    other things after such a change."""
+    ss = st.session_state
+    tag = f"_owner_{keys[0]}"
+    if ss.get(tag) != owner:
+        for k in keys:
+            ss.pop(k, None)
+        ss[tag] = owner
+
+
+def get_target_maps(cur: Current, target, labels: Labels | None = None, progress=None) -> dict:
+    """Every method's map for ``target`` (a class or label, or the difference of two): cached, queued.
+
+    A single class or label is :func:`get_method_maps` (same cache); a difference runs every method on
+    ``logit[A] - logit[B]`` (zero-shot: label A's score minus label B's), the class-agnostic ones unchanged.
+    """
+    if target.minus is None:
+        return get_method_maps(cur, target.index, labels, progress=progress)
+    from vitviz.capture.targets import Target
+    from vitviz.methods import explain_many
+
+    def compute():
+        image = read_image(cur.image_bytes, max_bytes=upload_limit()).image
+        model = labelled_model(cur.model, labels)  # zero-shot: label scores are its class logits
+        t = Target.of_class(target.index, target.minus)
+        return in_queue(lambda: explain_many(model, image, target=t, size=cur.key[2], progress=progress))
+
+    prompts = None if labels is None else labels.prompts
+    return results_cache().get_or_compute(("methods", *cur.key, target.index, target.minus, prompts), compute)
+
+
+def get_target_curves(
+    cur: Current, target, progress=None, labels: Labels | None = None, insertion_start: str = "mean"
+) -> list:
+    """Deletion and insertion of every method's map for ``target``: cached, queued.
+
+    A single class or label: :func:`get_curves` (its probability). A difference A minus B: each curve is
+    the probability of A minus that of B on the same perturbed images (the maps of A minus B order the
+    patches; B's probabilities come from the same forwards), and each area is A's minus B's (the
+    trapezoid rule is linear).
+    """
+    if target.minus is None:
+        return get_curves(cur, target.index, progress=progress, labels=labels, insertion_start=insertion_start)
+    import dataclasses
+
+    from vitviz.evaluate.faithfulness import Perturbations
+
+    def compute():
+        image = read_image(cur.image_bytes, max_bytes=upload_limit()).image
+        maps = list(get_target_maps(cur, target, labels).values())
+        model = labelled_model(cur.model, labels)
+
+        def run():
+            perturb = Perturbations(model, image, size=cur.key[2], batch_size=20, insertion_start=insertion_start)
+            a = perturb.curves_many(maps, class_index=target.index, progress=progress)
+            b = perturb.curves_many(maps, class_index=target.minus)  # the same images: no forward
+            return [
+                dataclasses.replace(
+                    ra,
+                    label=f"{ra.label} minus {rb.label}",
+                    deletion=ra.deletion - rb.deletion,
+                    insertion=ra.insertion - rb.insertion,
+                    deletion_area=ra.deletion_area - rb.deletion_area,
+                    insertion_area=ra.insertion_area - rb.insertion_area,
+                    probability=ra.probability - rb.probability,
+                )
+                for ra, rb in zip(a, b, strict=True)
+            ]
+
+        return in_queue(run)
+
+    prompts = None if labels is None else labels.prompts
+    key = ("curves", *cur.key, target.index, target.minus, prompts, insertion_start)
+    return results_cache().get_or_compute(key, compute)

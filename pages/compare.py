@@ -8,12 +8,15 @@ from vitviz import figures
 from vitviz.analysis.scales import SCALES, scale_maps
 from vitviz.errors import VitvizError
 from vitviz.methods import METHODS, why_unavailable
-from vitviz.text import md_plain
+from vitviz.text import md_plain, plotly_plain
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
 
 st.header("Which map can you trust?")
+if cur.model.zero_shot:
+    with st.expander("Labels (zero-shot): edit them here or in the sidebar"):
+        common.labels_ui(cur.model, key="compare")
 ranked = common.classes(cur)
 if ranked is None:
     st.info(
@@ -24,15 +27,36 @@ if ranked is None:
     st.stop()
 labels = ranked.labels  # zero-shot: every method explains the label's score, and the curves follow its probability
 cls = ss.class_index if ss.class_index in {p.index for p in ranked.ranked} else ranked.ranked[0].index
-name = next(p.label for p in ranked.ranked if p.index == cls)
+# the box starts from the session's class (Image & predictions) and follows it when it, the model or the labels change
+common.forget_widgets_unless(
+    (cur.key, cls, None if labels is None else labels.prompts), "compare_target_index", "compare_target_minus"
+)
+target = common.target_ui(ranked, key="compare_target", default=cls)
+cls = target.index
+name = target.name(cur.model.id2label)
 what = "label" if labels else "class"
-st.caption(f"Explained: **{md_plain(name)}** (pick another {what} on *Image & predictions*).")
+plain = {p.index: p.label for p in ranked.ranked}
+if target.minus is None:
+    measured = f"probability of '{plain[target.index]}'"
+    st.caption(f"Explained: **{md_plain(name)}**; the curves follow its probability.")
+else:
+    measured = f"probability of '{plain[target.index]}' minus that of '{plain[target.minus]}'"
+    st.caption(
+        f"Explained: **{md_plain(name)}**, the difference of the two {what}{'e' if what == 'class' else ''}s' "
+        "scores (before softmax): each "
+        f"{what}-specific method explains that difference; the curves follow the {md_plain(measured)}."
+    )
 if labels:
     st.caption(f"Zero-shot: the label's score and its probability ({ranked.legend}) take the place of a class.")
 model = common.labelled_model(cur.model, labels)
 skipped = {m: why_unavailable(model, m) for m in METHODS if why_unavailable(model, m)}
 for method, why in skipped.items():
     st.caption(f"{method}: {why}")
+agnostic = [m for m, meth in METHODS.items() if not meth.class_specific and m not in skipped]
+st.caption(
+    f"{', '.join(agnostic)}: the same map for every {what}"
+    + (", so they do not explain the difference (shown for comparison)." if target.minus is not None else ".")
+)
 
 maps_bar = st.empty()  # per-method progress on the first open; gone once the maps are drawn
 
@@ -43,7 +67,7 @@ def _method_progress(done: int, total: int, name: str) -> None:
 
 
 try:
-    maps = common.get_method_maps(cur, cls, labels, progress=_method_progress)
+    maps = common.get_target_maps(cur, target, labels, progress=_method_progress)
 except (VitvizError, ValueError) as exc:
     maps_bar.empty()
     st.error(str(exc))
@@ -60,23 +84,22 @@ how = st.radio(
     "one raw range for the whole panel.",
 )
 scaled = scale_maps(np.stack([np.asarray(maps[m].values, np.float64) for m in names]), how)
-common.chart(
-    figures.small_multiples_figure(
-        scaled.values,
-        [f"{m} [{lo:.3g}, {hi:.3g}]" for m, (lo, hi) in zip(names, scaled.ranges, strict=True)],
-        colorbar_title=scaled.colorbar_title,
-        cols=6,
-        image=cap.image,
-        zmin=scaled.zmin,
-        zmax=scaled.zmax,
-    ),
-    key="method_maps",
+maps_fig = figures.small_multiples_figure(
+    scaled.values,
+    [f"{m} [{lo:.3g}, {hi:.3g}]" for m, (lo, hi) in zip(names, scaled.ranges, strict=True)],
+    colorbar_title=scaled.colorbar_title,
+    cols=6,
+    image=cap.image,
+    zmin=scaled.zmin,
+    zmax=scaled.zmax,
 )
+maps_fig.update_layout(title=f"Every method's map for {plotly_plain(name)}")
+common.chart(maps_fig, key="method_maps")
 st.caption("Each tile's title gives the map's own range [min, max] before scaling.")
 photo.photo_panel(
     "method",
     [np.asarray(maps[m].values, np.float64) for m in names],
-    [f"{m} for '{name}'" for m in names],
+    [f"{m} for {name}" for m in names],
     index=None,
     colorbar_title="raw value",
     set_name="every method: raw units differ",
@@ -102,7 +125,7 @@ start = st.radio(
     help="Blur keeps each region's colour: where colour is the evidence (the demo shapes), insertion from blur is "
     "flat for every method. The default, the mean colour, hides colour and shape.",
 )
-key = ("curves", *cur.key, cls, None if labels is None else labels.prompts, start)
+key = ("curves", *cur.key, target, start)
 if ss.get("curves_wanted") != key:
     st.button(
         "Compute the curves",
@@ -119,9 +142,9 @@ else:
     stop.button("Stop", on_click=lambda: ss.update(curves_wanted=None))
     bar = st.progress(0.0, text="Forwarding the perturbed images…")
     try:
-        results = common.get_curves(
+        results = common.get_target_curves(
             cur,
-            cls,
+            target,
             progress=lambda done, total: bar.progress(done / max(total, 1), text=f"{done} of {total} images"),
             labels=labels,
             insertion_start=start,
@@ -134,7 +157,12 @@ else:
         bar.empty()
         stop.empty()
         curves = {r.method: (r.deletion, r.insertion) for r in results}
-        common.chart(figures.curves_figure(results[0].fractions, curves, target=name), key="curves")
+        fig = figures.curves_figure(results[0].fractions, curves, target=plotly_plain(plain[target.index]))
+        fig.update_layout(title=f"Deletion and insertion curves: {plotly_plain(measured)} (Petsiuk et al. 2018)")
+        if target.minus is not None:  # a difference of two probabilities lies in [-1, 1]
+            fig.update_yaxes(title_text=plotly_plain(measured), range=[-1, 1], row=1, col=1)
+            fig.update_yaxes(range=[-1, 1], row=1, col=2)
+        common.chart(fig, key="curves")
         rows = [
             {
                 "method": r.method,
@@ -159,8 +187,8 @@ else:
             "curves",
             csv={
                 "fraction of patches": results[0].fractions,
-                **{f"{r.method} deletion (probability of '{name}')": r.deletion for r in results},
-                **{f"{r.method} insertion (probability of '{name}')": r.insertion for r in results},
+                **{f"{r.method} deletion ({measured})": r.deletion for r in results},
+                **{f"{r.method} insertion ({measured})": r.insertion for r in results},
             },
             fractions=results[0].fractions,
             **{f"{r.method}_deletion": r.deletion for r in results},

@@ -3,9 +3,9 @@
 import numpy as np
 import streamlit as st
 
-from pages import common, instant, photo
+from pages import common, instant, photo, views
 from vitviz import figures
-from vitviz.analysis.blocks import head_maps, select, window_edges
+from vitviz.analysis.blocks import head_maps, select
 from vitviz.errors import VitvizError
 from vitviz.figures.animation import view_stack
 from vitviz.record import POOLED
@@ -62,13 +62,15 @@ with c3:
         on_change=lambda: common.set_query(block.stage, ss[f"query_pick_{block.stage}_{query}"]),
     )
 
-looking = ss.direction == common.DIRECTIONS[0] or query == POOLED or g.kind in ("separable", "pool")
-maps = head_maps(block, query, direction="query" if looking else "key")
-what = (
-    f"where {cap.token_label(query, block.stage)} looks"
-    if looking
-    else f"who looks at {cap.token_label(query, block.stage)}"
+shown = views.HeadSettings(
+    block=ss.layer,
+    query=query,
+    head=ss.head,
+    looking=ss.direction == common.DIRECTIONS[0],
+    windows=g.kind == "window" and ss.show_windows,
 )
+looking, what = views.head_looks(cur, shown), views.head_what(cur, shown)
+maps = head_maps(block, query, direction="query" if looking else "key")
 if (
     cur.model.family.name == "T2T-ViT"
     and getattr(cur.model.config, "tokens_type", "") == "performer"
@@ -132,26 +134,10 @@ def _deformable_view(head: int, query: int) -> None:
 
 big, side = st.columns([3, 2])
 head = ss.head
-marked = None
-centre = cap.token_centre(block.stage, query)
-if centre is not None:
-    h_px, w_px = cap.input_size
-    marked = (int(centre[1] * maps.grid[0] // h_px), int(centre[0] * maps.grid[1] // w_px))
 with big:
     if g.kind == "window":
         st.checkbox("Show the windows (shifted blocks show shifted windows)", **common.keep("show_windows"))
-    fig = figures.map_figure(
-        cap.image,
-        maps.values[head],
-        title=f"{cap.block_label(ss.layer).capitalize()}, head {head}: {what}",
-        colorbar_title=f"attention (raw, {cap.attention_precision})",
-        marked=marked,
-        windows=window_edges(g) if (g.kind == "window" and ss.show_windows) else None,
-        click_hint="click to make it the query",
-    )
-    common.chart(
-        fig, key="head_map", on_select="rerun", selection_mode="points", config=photo.camera_config("head_map")
-    )
+    views.draw_head_map(cur, shown, key="head", config=photo.camera_config("head_map"))
     photo.photo_panel(
         "head",
         list(maps.values),

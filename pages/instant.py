@@ -8,7 +8,6 @@ records above the page budget, keep the server-drawn view, with a note saying wh
 from __future__ import annotations
 
 import streamlit as st
-import streamlit.components.v1 as components
 
 from pages import common
 from vitviz.figures.headview import HeadViewData, HeadViewTooLarge, head_view_data, head_view_html, record_problem
@@ -68,7 +67,8 @@ def draw(cur: common.Current) -> bool:
         head=ss.get("head") or 0,
         query=0 if query == POOLED else query,
     )
-    components.html(html, height=_height(cap.num_blocks) + 10, scrolling=False)
+    # st.iframe replaces the deprecated components.v1.html (same sandbox: an iframe running the page's script)
+    st.iframe(html, height=_height(cap.num_blocks) + 10)
     if data.nbytes > 2e6:
         st.caption(f"This view sent {data.nbytes / 1e6:.1f} MB to the browser once for this image.")
     return True

@@ -3,16 +3,15 @@
 import numpy as np
 import streamlit as st
 
-from pages import common, photo
+from pages import common, photo, views
 from vitviz import figures
 from vitviz.analysis import maps
 from vitviz.analysis.blocks import global_query, head_maps, row_map, select
 from vitviz.analysis.masks import mass_masks
 from vitviz.analysis.stats import SUMMARIES, summary_table
 from vitviz.errors import VitvizError
-from vitviz.figures.animation import view_stack
+from vitviz.figures.animation import lens_rows, view_stack
 from vitviz.tables import long_table
-from vitviz.text import plotly_plain
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
@@ -88,44 +87,23 @@ else:
     )
     r2.slider("Discard ratio (smallest entries zeroed per block)", 0.0, 0.95, step=0.05, **common.keep("discard"))
     start, end = ss.rollout_range
-    q_end = common.query_at(cap, cap.blocks[end].stage)
-    try:
-        row, st_idx = common.get_rollout(
-            *cur.key, cap, query=q_end, start=start, stop=end + 1, fusion=ss.fusion, discard=ss.discard
-        )
-    except (VitvizError, ValueError) as exc:
-        st.error(str(exc))
-        st.stop()
-    rs = cap.stages[st_idx]
-    roll_map = row[rs.num_prefix :].reshape(rs.grid)
+    rolled = views.RolloutSettings(
+        start, end, query=common.query_at(cap, cap.blocks[end].stage), fusion=ss.fusion, discard=ss.discard
+    )
     left, right = st.columns(2)
     with left:
-        common.chart(
-            figures.map_figure(
-                cap.image,
-                roll_map,
-                title=f"Rollout of {cap.token_label(q_end, cap.blocks[end].stage)}, "
-                f"{'blocks' if cap.is_hierarchical else 'layers'} {start}-{end}",
-                colorbar_title=f"rollout (raw, {precision})",
-                click_hint="click to make it the query",
-            ),
-            key="rollout_map",
-            on_select="rerun",
-            selection_mode="points",
-            config=photo.camera_config("rollout"),
-        )
-        ss._rollout_stage = st_idx  # the grid the next click on this map lands on
-        if cap.is_hierarchical:
-            st.caption(
-                f"On stage {st_idx + 1}'s grid: windows undone, reduced keys spread over the tokens they came from, "
-                "merged tokens averaged (ALGORITHMS.md). The row sums to 1."
-            )
+        try:
+            roll = views.draw_rollout(cur, rolled, key="rollout", config=photo.camera_config("rollout"))
+        except (VitvizError, ValueError) as exc:
+            st.error(str(exc))
+            st.stop()
+        ss._rollout_stage = roll.stage  # the grid the next click on this map lands on
         common.downloads(
             "rollout",
             "rollout",
-            csv=long_table(roll_map, ("row", "col"), f"rollout weight (raw, {precision})"),
-            rollout=roll_map,
-            row=row,
+            csv=long_table(roll.values, ("row", "col"), f"rollout weight (raw, {precision})"),
+            rollout=roll.values,
+            row=views.rollout_row(cur, rolled)[0],
         )
     with right:
         ranked = common.classes(cur)
@@ -150,29 +128,13 @@ else:
                 "block only; earlier blocks then count as identities.",
                 **common.keep("relevance_from"),
             )
+            explained = views.RelevanceSettings(cls, known[cls], ranked.prompt(cls), ss.relevance_from)
             try:
-                with st.spinner("Computing gradients for the relevance map…"):
-                    exp = common.get_relevance(
-                        *cur.key,
-                        cls,
-                        cur.image_bytes,
-                        prompt=ranked.prompt(cls),
-                        label=known[cls],
-                        start_block=ss.relevance_from,
-                    )
+                exp = views.relevance(cur, explained)
             except VitvizError as exc:
                 st.error(str(exc))
             else:
-                common.chart(
-                    figures.map_figure(
-                        cap.image,
-                        exp.patch_map(),
-                        title=f"Relevance for '{plotly_plain(exp.label)}' (Chefer et al. 2021)",
-                        colorbar_title="relevance (raw)",
-                    ),
-                    key="relevance_map",
-                    config=photo.camera_config("relevance"),
-                )
+                views.draw_relevance(cur, explained, key="relevance", config=photo.camera_config("relevance"))
                 target = "the label's image-text score" if ranked.labels else "the class logit (before softmax)"
                 through = "all blocks (the default)" if exp.start_block == 0 else _through(exp.start_block, n_enc)
                 st.caption(
@@ -197,8 +159,8 @@ else:
                     prompt_words_ui(cur, known[cls], ranked.prompt(cls))
     photo.photo_panel(
         "rollout",
-        [roll_map],
-        [f"Rollout of {cap.token_label(q_end, cap.blocks[end].stage)}, blocks {start}-{end}"],
+        [roll.values],
+        [f"Rollout of {cap.token_label(rolled.query, cap.blocks[end].stage)}, blocks {start}-{end}"],
         index=0,
         colorbar_title=f"rollout (raw, {precision})",
         set_name="one map",
@@ -291,13 +253,16 @@ else:
         top = np.argsort(-final)[:5]
         probs = lens.probabilities()[:, top]
         names = [cur.model.id2label.get(int(c), f"class {c}") for c in top]
-        common.chart(figures.lens_figure(probs, names, lens.ranks(int(top[0])), target=names[0]), key="lens")
-        shown = [int(r) for r in np.flatnonzero(lens.defined)]
+        rows, ticks = lens_rows(cap)
+        fig = figures.lens_figure(
+            probs, names, lens.ranks(int(top[0])), target=names[0], row_labels=rows, tick_labels=ticks
+        )
+        common.chart(fig, key="lens")
+        shown = [rows[r] for r in np.flatnonzero(lens.defined)]
         where = (
             ""
             if len(shown) == len(lens.defined)
-            else f" Points drawn: after block{'s' if len(shown) > 1 else ''} {', '.join(map(str, shown))} "
-            f"of {len(lens.defined) - 1} (0 is the embeddings); the others are not defined here."
+            else f" Points drawn: {', '.join(shown)}; the other rows are not defined here."
         )
         st.caption(
             f"Each point: the residual stream after that block, through the model's final norm and head "
@@ -309,7 +274,7 @@ else:
             "logit_lens",
             "lens",
             csv={
-                "residual stream after block (0: embeddings)": np.arange(len(probs)),
+                "residual stream": np.asarray(rows),
                 **{f"probability of '{n}'": probs[:, k] for k, n in enumerate(names)},
                 f"rank of '{names[0]}' (1 = top)": lens.ranks(int(top[0])),
             },

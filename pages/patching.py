@@ -8,7 +8,7 @@ from vitviz import figures
 from vitviz.capture.patching import activation_patching, patch_lens
 from vitviz.data.images import read_image
 from vitviz.errors import VitvizError
-from vitviz.figures.animation import view_stack
+from vitviz.figures.animation import lens_rows, view_stack
 from vitviz.figures.patching import patching_grid_figure
 from vitviz.text import md_plain, plotly_plain
 
@@ -25,6 +25,9 @@ st.caption(
     "times the activation difference: instant, first order. The **exact** grid runs one patched forward per cell "
     "(batched; blocks before the patched one are reused)."
 )
+if cur.model.zero_shot:
+    with st.expander("Labels (zero-shot): edit them here or in the sidebar"):
+        common.labels_ui(cur.model, key="patching")
 ranked = common.classes(cur)
 if ranked is None:
     st.info("Patching measures a class score: it needs a classifier, or labels for a zero-shot model.")
@@ -54,6 +57,10 @@ if upload is not None:
     else:
         source_bytes, source_name = upload.getvalue(), upload.name
 source_digest = common.digest(source_bytes)
+# class and label indices mean other things once the model or its labels change
+common.forget_widgets_unless(
+    (cur.key[0], None if ranked.labels is None else ranked.labels.prompts), "patch_target_index", "patch_target_minus"
+)
 target = common.target_ui(ranked, key="patch_target")
 st.caption(f"Source: **{md_plain(source_name)}**; measured: **{md_plain(target.name(cur.model.id2label))}**.")
 
@@ -186,12 +193,19 @@ try:
 except (VitvizError, ValueError) as exc:
     st.info(str(exc))
 else:
-    layer = st.slider("Layer (0 = embeddings)", 0, lens.shape[0] - 1, lens.shape[0] - 1, key="patch_lens_layer")
+    rows = lens_rows(cap)[0]  # row 0 the embeddings, row l after block l - 1 (0-based, as the other pages)
+    layer = st.select_slider(
+        "Residual stream",
+        list(range(lens.shape[0])),
+        lens.shape[0] - 1,
+        format_func=rows.__getitem__,
+        key="patch_lens_layer",
+    )
     common.chart(
         figures.map_figure(
             cap.image,
             lens[layer],
-            title=f"Per-patch lens, layer {layer}: {plotly_plain(target.name(cur.model.id2label))}",
+            title=f"Per-patch lens, {rows[layer]}: {plotly_plain(target.name(cur.model.id2label))}",
             colorbar_title="score (raw)",
         ),
         key="patch_lens_map",
@@ -199,7 +213,7 @@ else:
     photo.photo_panel(
         "patch_lens",
         list(lens),
-        [f"Per-patch lens, layer {r}: {target.name(cur.model.id2label)}" for r in range(lens.shape[0])],
+        [f"Per-patch lens, {row}: {target.name(cur.model.id2label)}" for row in rows],
         index=layer,
         colorbar_title="score (raw)",
         set_name="every layer",

@@ -1,7 +1,8 @@
 """Side by side: one view of two models, two images or two labels; clicks, block and head kept in step.
 
 Pane A is the sidebar's model and image. One choice says what differs in pane B (the rest is
-shared). The rules that keep the panes in step are :mod:`vitviz.compare`'s.
+shared). The rules that keep the panes in step are :mod:`vitviz.compare`'s. Each pane is drawn by the
+view the Heads and Layers pages draw (:mod:`pages.views`), called once per pane with that pane's state.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import numpy as np
 import streamlit as st
 from PIL import Image, ImageOps
 
-from pages import common
+from pages import common, views
 from vitviz import figures
-from vitviz.compare import depth_match, difference, pane_map
+from vitviz.compare import depth_match, difference, token_of
 from vitviz.errors import VitvizError
 from vitviz.text import md_plain, plotly_plain
 
@@ -45,12 +46,12 @@ def _flipped(data: bytes) -> bytes:
 
 def _pane_b() -> tuple[common.Current, str] | None:
     """Pane B's model and capture, and what names it; None (with a message) when it cannot be shown."""
-    name, data, size, what = ss.model_name, ss.image_bytes, ss.input_size, ""
+    state, what = common.state_from_session(), ""
     if differs == "models":
         options = common.model_options()
         other = next((m for m in options if m != ss.model_name), ss.model_name)
-        name = st.selectbox("Model of pane B", options, index=options.index(other), key="sbs_model")
-        size, what = None, name  # each model at its own input size
+        what = st.selectbox("Model of pane B", options, index=options.index(other), key="sbs_model")
+        state = state.with_model(what)  # at its own input size, with its own labels
     elif differs == "images":
         source = st.radio("Image of pane B", ["flipped copy", "an example", "upload"], horizontal=True, key="sbs_src")
         if source == "flipped copy":
@@ -65,15 +66,9 @@ def _pane_b() -> tuple[common.Current, str] | None:
                 st.info("Upload an image for pane B.")
                 return None
             data, what = up.getvalue(), up.name
-    try:
-        model = common.get_model(name)
-        digest = common.digest(data)
-        with st.spinner("Running pane B's model…"):
-            cap = common.get_capture(name, digest, size, data)
-    except VitvizError as exc:
-        st.error(f"Pane B: {exc}")
-        return None
-    return common.Current(model, cap, (name, digest, size), data), what
+        state = state.with_image(data)
+    cur_b = common.current_of(state, name="Pane B")
+    return None if cur_b is None else (cur_b, what)
 
 
 pane = _pane_b()
@@ -117,17 +112,32 @@ def _target(cur_x: common.Current, label_key: str | None):
     return top.index, top.label, ranked.prompt(top.index)
 
 
-def _map(cur_x: common.Current, block: int, target) -> tuple[np.ndarray, str, tuple[int, int] | None]:
-    cap = cur_x.cap
+def _settings(cur_x: common.Current, block: int, target):
+    """What a pane's view shows: the same view, block by depth, head by index, query at the clicked point."""
+    cap, point = cur_x.cap, ss.get("sbs_point")
     if view == "relevance":
         if target is None:
             raise ValueError("relevance needs a classifier or zero-shot labels")
-        c, label, prompt = target
-        exp = common.get_relevance(*cur_x.key, c, cur_x.image_bytes, prompt=prompt, label=label)
-        return exp.patch_map(), f"{cap.model_name}: relevance for '{plotly_plain(label)}'", None
-    pm = pane_map(cap, view, block=block, head=int(head), point=ss.get("sbs_point"))
-    return pm.values, plotly_plain(pm.title), pm.marked
+        return views.RelevanceSettings(*target)
+    if view == "rollout":  # through every block, of the clicked token (else of what the model reads)
+        return views.RolloutSettings(query=None if point is None else token_of(cap, cap.blocks[-1].stage, point))
+    b = cap.blocks[block]
+    one = min(max(int(head), 0), b.num_heads - 1) if view == "head" else None
+    return views.HeadSettings(block, token_of(cap, b.stage, point), head=one)
 
+
+MAP_OF = {
+    "head": views.head_map,
+    "mean": views.head_map,
+    "rollout": views.rollout_map,
+    "relevance": views.relevance_map,
+}
+DRAW = {
+    "head": views.draw_head_map,
+    "mean": views.draw_head_map,
+    "rollout": views.draw_rollout,
+    "relevance": views.draw_relevance,
+}
 
 labels_differ = differs == "labels"
 target_a = _target(cur, "sbs_label_a" if labels_differ else None) if view == "relevance" or labels_differ else None
@@ -137,8 +147,8 @@ if labels_differ and view != "relevance":
 
 try:
     with st.spinner("Computing both panes…"):
-        map_a, title_a, mark_a = _map(cur, block_a, target_a)
-        map_b, title_b, mark_b = _map(cur_b, block_b, target_b)
+        shown = [_settings(cur, block_a, target_a), _settings(cur_b, block_b, target_b)]
+        map_a, map_b = (MAP_OF[view](c, s).values for c, s in zip((cur, cur_b), shown, strict=True))
 except (VitvizError, ValueError) as exc:
     st.error(str(exc))
     st.stop()
@@ -157,31 +167,21 @@ def _click(cap):
     return lambda data: ss.update(sbs_point=(float(data[4]) / w, float(data[5]) / h))
 
 
-common.take_click("sbs_map_a", _click(cap_a))
-common.take_click("sbs_map_b", _click(cap_b))
-left, right = st.columns(2)
-for col, cap, values, title, mark, (lo, hi), key, who in (
-    (left, cap_a, map_a, title_a, mark_a, limits[0], "sbs_map_a", "A"),
-    (right, cap_b, map_b, title_b, mark_b, limits[1], "sbs_map_b", "B"),
-):
-    with col:
-        common.chart(
-            figures.map_figure(
-                cap.image,
-                values,
-                title=f"{who}. {title}",
-                colorbar_title="attention (raw)" if view != "relevance" else "relevance (raw)",
-                zmin=lo,
-                zmax=hi,
-                opacity=1.0,
-                marked=mark,
-                height=420,
-            ),
-            key=key,
-            on_select="rerun",
-            selection_mode="points",
+common.take_click("sbs_a_map", _click(cap_a))
+common.take_click("sbs_b_map", _click(cap_b))
+for col, cur_x, settings, (lo, hi), who in zip(st.columns(2), (cur, cur_b), shown, limits, ("A", "B"), strict=True):
+    with col:  # the same view function, called once per pane with that pane's state
+        drawn = DRAW[view](
+            cur_x,
+            settings,
+            key=f"sbs_{who.lower()}",
+            title_prefix=f"{who}. {plotly_plain(cur_x.cap.model_name)}: ",
+            zmin=lo,
+            zmax=hi,
+            opacity=1.0,
+            height=420,
         )
-        st.caption(f"Range of this map: {np.nanmin(values):.4g} .. {np.nanmax(values):.4g}")
+        st.caption(f"Range of this map: {np.nanmin(drawn.values):.4g} .. {np.nanmax(drawn.values):.4g}")
 if differs == "models":
     st.caption(
         f"Pane B: {md_plain(what_b)}, {cap_b.block_label(block_b)} (the same relative depth as "

@@ -66,7 +66,8 @@ def test_heads_and_layers_csvs_have_headers_and_every_head(offered):
         "attention entropy (nats)",
         "entropy / log(keys allowed)",
     ]
-    assert csvs["logit_lens.csv"][0][0].startswith("residual stream after block")
+    assert csvs["logit_lens.csv"][0][0] == "residual stream"
+    assert [r[0] for r in csvs["logit_lens.csv"][1:3]] == ["embeddings", "after layer 0"]
     assert sum(c.startswith("probability of") for c in csvs["logit_lens.csv"][0]) == 5
 
 

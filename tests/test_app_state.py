@@ -122,4 +122,6 @@ def test_the_swin_logit_lens_says_which_points_it_draws():
         ys = np.frombuffer(base64.b64decode(ys["bdata"]), dtype=ys["dtype"])
     drawn = [int(x) for x, y in zip(range(len(ys)), np.asarray(ys, float), strict=True) if np.isfinite(y)]
     caption = next(c.value for c in at.caption if "Points drawn" in c.value)
-    assert f"after block{'s' if len(drawn) > 1 else ''} {', '.join(map(str, drawn))} of {len(ys) - 1}" in caption
+    names = [trace["customdata"][i] for i in drawn]  # each row's name, as the hover shows it
+    assert names and all(n.startswith("after stage ") for n in names), names
+    assert f"Points drawn: {', '.join(names)};" in caption

@@ -267,8 +267,11 @@ class LogitLens:
     def probabilities(self) -> np.ndarray:
         """``(L + 1, C)`` softmax of each row (NaN rows stay NaN)."""
         z = self.logits.astype(np.float64)
-        e = np.exp(z - np.nanmax(z, axis=1, keepdims=True))
-        return e / e.sum(axis=1, keepdims=True)
+        out = np.full_like(z, np.nan)
+        rows = ~np.isnan(z).any(axis=1)  # rows the lens could not read stay NaN (no all-NaN max)
+        e = np.exp(z[rows] - z[rows].max(axis=1, keepdims=True))
+        out[rows] = e / e.sum(axis=1, keepdims=True)
+        return out
 
     def ranks(self, class_index: int) -> np.ndarray:
         """``(L + 1,)`` rank of ``class_index`` in each row (1 = the top class; ties count against it); NaN where undefined."""

@@ -56,7 +56,7 @@ from PIL import Image
 from vitviz.analysis.patching import head_estimate, residual_estimate
 from vitviz.capture.causal import NotDefined, causal_notes
 from vitviz.capture.run import DEFAULT_BUDGET_BYTES, check_budget, input_size_for, token_layout
-from vitviz.capture.session import Run, get_run
+from vitviz.capture.session import Activations, Run, get_activations, get_run
 from vitviz.capture.targets import Target, TargetError, resolve_target
 from vitviz.errors import VitvizError
 from vitviz.models.load import LoadedModel
@@ -133,13 +133,15 @@ def _runs(
     budget_bytes: int,
     label_embeddings: np.ndarray | None,
     gradients: bool,
-) -> tuple[Run, Run]:
+) -> tuple[Run, Run | Activations]:
     hw = input_size_for(loaded, size, target_image.size)
     clean = get_run(
         loaded, target_image, size=hw, label_embeddings=label_embeddings, budget_bytes=budget_bytes, gradients=gradients
     )
-    source = get_run(
-        loaded, source_image, size=hw, label_embeddings=label_embeddings, budget_bytes=budget_bytes, gradients=False
+    # The source only lends values at the points patched (head outputs, block outputs): its cached Run if the
+    # page made one, else one inference-mode forward that keeps nothing else (no attention, no summaries).
+    source = get_activations(
+        loaded, source_image, size=hw, label_embeddings=label_embeddings, budget_bytes=budget_bytes
     )
     if source.input_size != clean.input_size:  # a family that follows each image's aspect ratio (SigLIP 2 NaFlex)
         raise NotDefined(
@@ -202,7 +204,7 @@ def _z_name(run: Run, layer: int) -> str | None:
     return name if run.has(name) else None
 
 
-def _head_tasks(clean: Run, source: Run) -> list[tuple[int, int]]:
+def _head_tasks(clean: Run, source: Run | Activations) -> list[tuple[int, int]]:
     tasks = []
     for layer in range(clean.num_blocks):
         name = _z_name(clean, layer)
@@ -218,7 +220,7 @@ def _head_tasks(clean: Run, source: Run) -> list[tuple[int, int]]:
     return tasks
 
 
-def _patched_heads(clean: Run, source: Run, layer: int, heads: list[int]) -> tuple[torch.Tensor, float]:
+def _patched_heads(clean: Run, source: Run | Activations, layer: int, heads: list[int]) -> tuple[torch.Tensor, float]:
     """Scores ``(k, C)`` of k copies of the target, copy i with head ``heads[i]`` of block ``layer`` patched."""
     name = _z_name(clean, layer)
     edits = [Edit(name, "patch", source, heads=(h,), rows=(i,)) for i, h in enumerate(heads)]
@@ -226,7 +228,7 @@ def _patched_heads(clean: Run, source: Run, layer: int, heads: list[int]) -> tup
     return got.scores, got.forward_equivalents
 
 
-def _patched_residual(clean: Run, source: Run, layer: int, tokens: range) -> tuple[torch.Tensor, float]:
+def _patched_residual(clean: Run, source: Run | Activations, layer: int, tokens: range) -> tuple[torch.Tensor, float]:
     """Scores ``(k, C)``: copy i has block ``layer``'s output at token ``tokens[i]`` replaced by the source's."""
     site = clean.sites[layer].index
     k = len(tokens)
@@ -262,7 +264,7 @@ def _residual_note(clean: Run) -> str:
 
 
 def _estimates(
-    clean: Run, source: Run, t: Target, residual: bool, heads: bool
+    clean: Run, source: Run | Activations, t: Target, residual: bool, heads: bool
 ) -> tuple[np.ndarray | None, np.ndarray | None, str]:
     """Attribution patching from one backward pass through the target run's graph; (.., .., why not)."""
     if not clean.has_graph:

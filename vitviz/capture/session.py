@@ -40,6 +40,7 @@ from PIL import Image
 
 from vitviz.capture.run import (
     DEFAULT_BUDGET_BYTES,
+    BlockRecorder,
     SummaryRecorder,
     captures_from,
     check_budget,
@@ -56,6 +57,8 @@ from vitviz.record import Capture, Geometry
 
 __all__ = [
     "Run",
+    "Activations",
+    "get_activations",
     "EditedScores",
     "Scorer",
     "NoScores",
@@ -392,6 +395,119 @@ def _make_run(
     )
 
 
+class _TokenRecorder(BlockRecorder):
+    """Each block's input and output tokens only: no summaries, no attention kept (a patch's source)."""
+
+    def __init__(self, loaded: LoadedModel, call: Call) -> None:
+        super().__init__(loaded, call)
+        self.blocks: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
+
+    def block(self, site: Site, g: Geometry, raw, module, args, kwargs, output) -> None:
+        tokens = self.loaded.family.tokens(self.call, site, module, args, kwargs, output)
+        self.blocks[site.index] = tokens if tokens is not None else (None, None)
+
+
+@dataclass(frozen=True, eq=False)
+class Activations:
+    """One image's values at some named points and its scores, from one forward in inference mode that keeps
+    nothing else (no attention, no summaries, no graph): what a patch reads from its source image. Reads like a
+    :class:`Run` (``activation``, ``has``, ``block_tokens``, ``scores``); build it with :func:`get_activations`."""
+
+    loaded: LoadedModel
+    input_size: tuple[int, int]
+    points: Points = field(repr=False)
+    sites: tuple[Site, ...] = field(repr=False)
+    scores: torch.Tensor = field(repr=False)  # (C,) float32: class logits or label scores (empty: none)
+    _values: Mapping[str, torch.Tensor] = field(repr=False)
+    _blocks: Mapping[int, tuple] = field(repr=False)  # site -> (input tokens, output tokens)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.sites)
+
+    def name(self, site: int, part: str) -> str:
+        return block_name(self.points, site, part)
+
+    def has(self, name: str) -> bool:
+        return name in self._values
+
+    def activation(self, name: str) -> torch.Tensor:
+        if name not in self._values:
+            raise CaptureError(f"the source forward of '{self.loaded.name}' did not keep the point {name}")
+        return self._values[name]
+
+    def block_tokens(self, site: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        return self._blocks.get(site, (None, None))
+
+
+SOURCE_PARTS = ("attn.z", "out")  # what a patch reads from its source: head outputs and block outputs
+
+
+def _make_activations(
+    loaded: LoadedModel,
+    image: Image.Image,
+    hw: tuple[int, int],
+    label_embeddings: np.ndarray | None,
+    budget_bytes: int,
+    parts: tuple[str, ...],
+) -> Activations:
+    scorer = scorer_for(loaded, label_embeddings)
+    points = install_points(loaded)
+    sites = tuple(installed_sites(loaded.model))
+    check_budget(loaded, hw, batch=1, gradients=False, budget=budget_bytes)
+    pixels, _ = preprocess(loaded, [image], hw)
+    rec = _TokenRecorder(loaded, Call(loaded.config, hw, 1))
+    record = [block_name(points, s.index, part) for s in sites for part in parts]
+    record = [n for n in record if n in points]
+    with torch.inference_mode(), active(loaded, record=record) as state:
+        out = run_forward(loaded, pixels, rec)
+        scores = scorer(out)
+    return Activations(
+        loaded=loaded,
+        input_size=hw,
+        points=points,
+        sites=sites,
+        scores=scores[0].float() if scores is not None else torch.zeros(0),
+        _values=dict(state.values),
+        _blocks=dict(rec.blocks),
+    )
+
+
+_SOURCES: OrderedDict[tuple, Activations] = OrderedDict()
+
+
+def get_activations(
+    loaded: LoadedModel,
+    image: Image.Image,
+    *,
+    size: int | tuple[int, int] | None = None,
+    label_embeddings: np.ndarray | None = None,
+    budget_bytes: int = DEFAULT_BUDGET_BYTES,
+    parts: tuple[str, ...] = SOURCE_PARTS,
+) -> Run | Activations:
+    """``image``'s values at each block's ``parts`` (head outputs ``attn.z``, block outputs ``out``), its block
+    tokens and scores: the cached :class:`Run` of the image if there is one (no forward), else one forward in
+    inference mode that records only those points (:class:`Activations`, cached like runs). The values are the
+    same as the Run's (the same forward; recording changes nothing)."""
+    hw = input_size_for(loaded, size, image.size)
+    key = _key(loaded, image, hw, label_embeddings, budget_bytes)
+    with _CACHE_LOCK:
+        run = _CACHE.get(key)
+        if run is not None:
+            _CACHE.move_to_end(key)
+            return run
+        light = _SOURCES.get((*key, parts))
+        if light is not None:
+            _SOURCES.move_to_end((*key, parts))
+            return light
+    light = _make_activations(loaded, image, hw, label_embeddings, budget_bytes, parts)
+    with _CACHE_LOCK:
+        _SOURCES[(*key, parts)] = light
+        while len(_SOURCES) > CACHE_SIZE:
+            _SOURCES.popitem(last=False)
+    return light
+
+
 def _digest(image: Image.Image) -> str:
     h = hashlib.sha1(f"{image.mode}{image.size}".encode())
     h.update(image.tobytes())
@@ -411,6 +527,8 @@ def clear_runs(model: torch.nn.Module | None = None) -> None:
         for key in [k for k, r in _CACHE.items() if model is None or r.loaded.model is model]:
             del _CACHE[key]
             _KEY_LOCKS.pop(key, None)
+        for key in [k for k, r in _SOURCES.items() if model is None or r.loaded.model is model]:
+            del _SOURCES[key]
 
 
 def _key(loaded: LoadedModel, image: Image.Image, hw, label_embeddings, budget_bytes: int) -> tuple:

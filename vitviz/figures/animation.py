@@ -33,7 +33,7 @@ from vitviz.analysis.rollout import capture_rollout
 from vitviz.figures.overlay import Scale, Upsampling, colour_limits, fit_photo, photo_overlay
 from vitviz.record import Capture
 
-__all__ = ["VIEWS", "View", "BAND", "view_stack", "gif_frames", "gif_bytes"]
+__all__ = ["VIEWS", "View", "BAND", "lens_rows", "view_stack", "gif_frames", "gif_bytes"]
 
 View = Literal["head", "mean", "rollout", "lens"]
 VIEWS: tuple[str, ...] = ("head", "mean", "rollout", "lens")
@@ -82,10 +82,30 @@ def view_stack(
         if lens is None:
             raise ValueError("the per-patch lens is not available for this model")
         maps = list(np.asarray(lens))
-        labels = ["lens: embeddings", *(f"lens: after block {b}" for b in range(len(maps) - 1))]
+        if len(maps) != cap.num_blocks + 1:
+            raise ValueError(f"the lens has {len(maps)} rows; this model has {cap.num_blocks} blocks (+1 embeddings)")
+        labels = [f"lens: {row}" for row in lens_rows(cap)[0]]
     else:
         raise ValueError(f"unknown view {view!r}; choose one of {', '.join(VIEWS)}")
     return maps, labels
+
+
+def lens_rows(cap: Capture) -> tuple[list[str], list[str]]:
+    """The logit lens's rows named as the rest of the app names blocks, and their short forms for an axis.
+
+    Row 0 is the embeddings, row l the residual stream after block l - 1 (blocks 0-based, as the Layer slider
+    and :meth:`Capture.block_label`: "after layer 3", "after stage 2, block 1"); short: "emb", "3", "s2.1".
+    """
+    rows, ticks = ["embeddings"], ["emb"]
+    for b, block in enumerate(cap.blocks):
+        rows.append(f"after {cap.block_label(b)}")
+        if block.kind == "pool":
+            ticks.append("pool")
+        elif len(cap.stages) == 1:
+            ticks.append(str(b))
+        else:
+            ticks.append(f"s{block.stage + 1}.{cap.stages[block.stage].blocks.index(b)}")
+    return rows, ticks
 
 
 def _label_band(width: int, text: str) -> np.ndarray:

@@ -666,22 +666,43 @@ def comparison_figure(before: Sequence[Prediction], after: Sequence[Prediction],
     return fig
 
 
-def lens_figure(probabilities: np.ndarray, labels: Sequence[str], ranks: np.ndarray, *, target: str) -> go.Figure:
+def lens_figure(
+    probabilities: np.ndarray,
+    labels: Sequence[str],
+    ranks: np.ndarray,
+    *,
+    target: str,
+    row_labels: Sequence[str] | None = None,
+    tick_labels: Sequence[str] | None = None,
+) -> go.Figure:
     """Logit lens: the probability of a few classes after each block (row 0: the embeddings) and the rank of
     the final top-1 class (1 = top), against depth. ``probabilities`` ``(L+1, K)``, ``ranks`` ``(L+1,)``;
-    ``nan`` where the lens is not defined."""
+    ``nan`` where the lens is not defined. ``row_labels`` ``(L+1,)``: what each row is, as the rest of the app
+    names blocks (default: "embeddings", then "after block 0" .. "after block L-1", 0-based like the Layer slider);
+    ``tick_labels`` ``(L+1,)``: their short forms on the x axis (default: "emb", then 0 .. L-1).
+    """
     from plotly.subplots import make_subplots
 
     depth = np.arange(probabilities.shape[0])
+    if row_labels is None:
+        row_labels = ["embeddings", *(f"after block {b}" for b in range(len(depth) - 1))]
+    if len(row_labels) != len(depth):
+        raise ValueError(f"{len(row_labels)} row labels for {len(depth)} rows")
+    rows = np.asarray(list(row_labels), dtype=object)
+    # ticks: "emb", then the block's 0-based index, the numbers the Layer slider shows
+    if tick_labels is None:
+        tick_labels = ["emb", *(str(b) for b in range(len(depth) - 1))]
+    ticks = dict(tickmode="array", tickvals=depth, ticktext=list(tick_labels))
     fig = make_subplots(rows=1, cols=2, subplot_titles=("probability of the top classes", f"rank of '{target}'"))
     for k, name in enumerate(labels):
         fig.add_trace(
             go.Scatter(
                 x=depth,
                 y=probabilities[:, k],
+                customdata=rows,
                 mode="lines+markers",
                 name=name,
-                hovertemplate=f"{name}<br>after block %{{x}}: %{{y:.2%}}<extra></extra>",
+                hovertemplate=f"{name}<br>%{{customdata}}: %{{y:.2%}}<extra></extra>",
             ),
             row=1,
             col=1,
@@ -690,16 +711,17 @@ def lens_figure(probabilities: np.ndarray, labels: Sequence[str], ranks: np.ndar
         go.Scatter(
             x=depth,
             y=ranks,
+            customdata=rows,
             mode="lines+markers",
             name=f"rank of {target}",
             showlegend=False,
-            hovertemplate="after block %{x}: rank %{y}<extra></extra>",
+            hovertemplate="%{customdata}: rank %{y}<extra></extra>",
             line=dict(color="#000000"),
         ),
         row=1,
         col=2,
     )
-    fig.update_xaxes(title_text="residual stream after block (0: embeddings)", dtick=1)
+    fig.update_xaxes(title_text="residual stream after block (emb: the embeddings)", **ticks)
     fig.update_yaxes(range=[0, 1], tickformat=".0%", row=1, col=1)
     fig.update_yaxes(autorange="reversed", title_text="rank (1 = top)", row=1, col=2)
     fig.update_layout(title="Logit lens: what the model would predict after each block", height=380, margin=_MARGIN)
