@@ -10,7 +10,8 @@ vs exact rank correlation on 50 demo images; ``benchmarks/causal.py``), ``patchi
 patching in forward-equivalents, estimate vs exact on 50 demo image pairs; ``benchmarks/patching.py``), ``faithfulness``
 (deletion + insertion of one ViT-B/16 image over one forward; ``benchmarks/faithfulness.py``),
 ``evaluate`` (``python -m vitviz evaluate`` throughput, local vs Ray; ``benchmarks/evaluate.py``),
-``headview`` (the instant head view in Chromium: input -> redraw, payload; ``benchmarks/headview.py``).
+``headview`` (the instant head view in Chromium: input -> redraw, payload; ``benchmarks/headview.py``),
+``compare_open`` (*Compare explanations*' first open on demo over one forward; ``benchmarks/compare_open.py``).
 With ``--sections``, the sections not run keep their figures from an existing ``--out`` file.
 
 Random weights throughout (speed does not depend on them). Every ratio compares
@@ -235,6 +236,7 @@ SECTIONS = (
     "headview",
     "imports",
     "attnlrp",
+    "compare_open",
 )
 
 
@@ -325,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
             from benchmarks import attnlrp
 
             results["attnlrp"] = attnlrp.attnlrp_cost(vit, runs=max(2, runs // 3))
+        if "compare_open" in sections:
+            from benchmarks import compare_open
+
+            results["compare_open"] = compare_open.compare_first_open(max(2, runs // 3))
     results["peak_rss_MiB"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     out.write_text(json.dumps(results, indent=2))
     print_table(results)
@@ -411,6 +417,10 @@ def print_table(r: dict) -> None:
                 else ""
             )
         )
+    if co := r.get("compare_open"):
+        from benchmarks.compare_open import print_row
+
+        print_row(co)
     if im := r.get("imports"):
         from benchmarks.imports import print_rows
 
