@@ -299,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
 
             results["patching"] = {
                 "cost": patching.patching_cost(vit, runs=max(1, runs // 3)),
+                "estimate": patching.estimate_cost(vit, runs=max(3, runs // 3)),
                 "estimate_vs_exact": patching.estimate_vs_exact(50),
             }
         if "faithfulness" in sections:

@@ -34,6 +34,12 @@ graph: one backward pass, no forward. ``progress(done, total)`` is called after 
 batch; ``cancel()`` before each: True raises :class:`PatchingCancelled` carrying the
 partial result (NaN where not computed).
 
+The source image only lends values: its head outputs and block outputs (and its scores),
+from one forward in inference mode that keeps nothing else (no attention, no summaries,
+no graph; :func:`~vitviz.capture.session.get_activations`, cached), or from its cached
+Run when a page made one. Given the target's clean Run (the page's), the estimate costs
+that one light forward and one backward; exact grids after it run no whole forward.
+
 Built on the :class:`~vitviz.capture.session.Run` (one clean forward per image, cached,
 with its autograd graph) and the named points of :mod:`vitviz.models.points`: a head
 patch is the edit ``Edit("blocks.{l}.attn.z", "patch", source_run, heads=(h,))``; a
