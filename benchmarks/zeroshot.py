@@ -132,13 +132,14 @@ def _text_tower_flops(text_config, prompts: int, tokens: int, last_token_only: b
     ``prompts`` prompts of ``tokens`` positions; with ``last_token_only`` the last block computes its keys and values
     for every position and the rest for the pooled one only (:func:`vitviz.models.zeroshot._last_token_features`)."""
     d, f, n = text_config.hidden_size, text_config.intermediate_size, text_config.num_hidden_layers
+    head = 2 * d * int(getattr(text_config, "projection_size", None) or d) * prompts  # the pooled token's head
     per_token = 2 * (4 * d * d + 2 * d * f)  # q, k, v, o projections and the two MLP layers
     attention = 2 * 2 * tokens * tokens * d  # q k^T and a v, all heads
     full = prompts * (tokens * per_token + attention)
     if not last_token_only:
-        return float(n * full)
+        return float(n * full + head)
     last = prompts * (tokens * 2 * 2 * d * d + per_token - 2 * 2 * d * d + 2 * 2 * tokens * d)
-    return float((n - 1) * full + last)
+    return float((n - 1) * full + last + head)
 
 
 def label_change_profile(folder: Path, runs: int) -> dict:
