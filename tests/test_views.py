@@ -214,3 +214,22 @@ def test_side_by_side_panes_are_each_models_own_head_map():
         title, got, _ = charts[key]
         assert title.startswith(f"{key[4].upper()}. {cap.model_name}: ") and "head 1" in title
         assert np.allclose(got, want, rtol=1e-3, atol=1e-6), key
+
+
+def test_a_click_on_a_side_by_side_pane_moves_both_queries_in_the_same_run():
+    """A click is read before the panes are computed: the run it starts draws both maps at the clicked point."""
+    from app_tools import APP
+
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.run()
+    at.switch_page("pages/side_by_side.py").run()
+    at.radio(key="sbs_differs").set_value("images").run()
+    no_trouble(at)
+    h, w = capture(load_model("demo", device="cpu"), Image.open(EXAMPLES / "demo-star.png")).input_size
+    # what Plotly sends for a click at 30 % of the width and 60 % of the height: [token, row, col, value, x, y]
+    at.session_state["sbs_a_map"] = {"selection": {"points": [{"customdata": [0, 0, 0, 0.0, 0.3 * w, 0.6 * h]}]}}
+    at.run()
+    no_trouble(at)
+    charts = _charts(at)
+    for key in ("sbs_a_map", "sbs_b_map"):
+        assert "where patch (7, 3) looks" in charts[key][0], charts[key][0]  # 12 x 12: row int(0.6 * 12), col 3
