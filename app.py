@@ -104,7 +104,7 @@ def labels_ui() -> None:
     if not model.zero_shot:
         return
     st.subheader("Labels (zero-shot)")
-    common.labels_ui(model, key=ss.model_name)  # the same session state as the pages' boxes
+    common.labels_ui(model, key=ss.model_name, sidebar=True)  # the same session state as the pages' boxes
     try:
         labels = parse_labels(*common.labels_text(model))
     except VitvizError as exc:

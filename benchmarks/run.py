@@ -10,7 +10,10 @@ vs exact rank correlation on 50 demo images; ``benchmarks/causal.py``), ``patchi
 patching in forward-equivalents, estimate vs exact on 50 demo image pairs; ``benchmarks/patching.py``), ``faithfulness``
 (deletion + insertion of one ViT-B/16 image over one forward; ``benchmarks/faithfulness.py``),
 ``evaluate`` (``python -m vitviz evaluate`` throughput, local vs Ray; ``benchmarks/evaluate.py``),
-``headview`` (the instant head view in Chromium: input -> redraw, payload; ``benchmarks/headview.py``).
+``headview`` (the instant head view in Chromium: input -> redraw, payload; ``benchmarks/headview.py``),
+``compare_open`` (*Compare explanations*' first open on demo over one forward; ``benchmarks/compare_open.py``),
+``side_by_side`` (the Side by side page with two models against the one-pane Heads page: reruns, a synced click,
+a new image; ``benchmarks/side_by_side.py``).
 With ``--sections``, the sections not run keep their figures from an existing ``--out`` file.
 
 Random weights throughout (speed does not depend on them). Every ratio compares
@@ -235,6 +238,8 @@ SECTIONS = (
     "headview",
     "imports",
     "attnlrp",
+    "compare_open",
+    "side_by_side",
 )
 
 
@@ -294,11 +299,16 @@ def main(argv: list[str] | None = None) -> int:
                 "one_run": causal.one_run_views(vit, runs=max(2, runs // 3)),
                 "fast_vs_exact": causal.fast_vs_exact_rank_correlation(50, mode="mean"),
             }
+        if "side_by_side" in sections:
+            from benchmarks.side_by_side import side_by_side
+
+            results["side_by_side"] = side_by_side(max(5, runs))
         if "patching" in sections:
             from benchmarks import patching
 
             results["patching"] = {
                 "cost": patching.patching_cost(vit, runs=max(1, runs // 3)),
+                "estimate": patching.estimate_cost(vit, runs=max(3, runs // 3)),
                 "estimate_vs_exact": patching.estimate_vs_exact(50),
             }
         if "faithfulness" in sections:
@@ -325,6 +335,10 @@ def main(argv: list[str] | None = None) -> int:
             from benchmarks import attnlrp
 
             results["attnlrp"] = attnlrp.attnlrp_cost(vit, runs=max(2, runs // 3))
+        if "compare_open" in sections:
+            from benchmarks import compare_open
+
+            results["compare_open"] = compare_open.compare_first_open(max(2, runs // 3))
     results["peak_rss_MiB"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     out.write_text(json.dumps(results, indent=2))
     print_table(results)
@@ -411,6 +425,10 @@ def print_table(r: dict) -> None:
                 else ""
             )
         )
+    if co := r.get("compare_open"):
+        from benchmarks.compare_open import print_row
+
+        print_row(co)
     if im := r.get("imports"):
         from benchmarks.imports import print_rows
 

@@ -568,6 +568,25 @@ def set_query(stage: int, token: int) -> None:
     st.session_state.update(query=int(token), query_stage=int(stage))
 
 
+def pick_query(stage: int, drawn_for: int, key: str) -> None:
+    """``on_change`` of a query box drawn for query ``drawn_for``: set the query it shows, unless the
+    session's query has moved on since it was drawn.
+
+    A click on a map during a rerun reaches the server with the browser's stale copy of the box drawn
+    before (its key names the old query); taken at face value, that box's "change" put the old query back
+    and the click was lost (issue 22.4).
+    """
+    ss = st.session_state
+    if ss.get("_query_drawn") == (stage, drawn_for):  # the box the page drew last
+        set_query(stage, ss[key])
+
+
+def query_box_key(stage: int, query: int) -> str:
+    """A query box's key: it names the query it was drawn for (so a new query draws a new box at its value)."""
+    st.session_state["_query_drawn"] = (stage, query)
+    return f"query_pick_{stage}_{query}"
+
+
 def click_query(cap: vcapture.Capture, stage: int, data: list) -> None:
     """A click on a map cell: customdata ``[token, row, col, value, x, y]``; the pixel picks the stage's token."""
     set_query(stage, cap.token_at(stage, float(data[4]), float(data[5])))
@@ -911,12 +930,13 @@ def _labels_edited(key: str) -> None:
     ss.labels_text, ss.template, ss.class_index = ss[f"labels_{key}"], ss[f"template_{key}"], None
 
 
-def labels_ui(model: LoadedModel, *, key: str) -> None:
+def labels_ui(model: LoadedModel, *, key: str, sidebar: bool = False) -> None:
     """An editable labels box and prompt template for a zero-shot model, drawn where it is called.
 
     Every box (the sidebar's, a page's) shows the session's ``labels_text`` / ``template`` and writes
-    them when edited, so all stay in step. Widget keys: ``labels_<key>``, ``template_<key>``. Nothing
-    is drawn for other models. Notes on what was typed are the sidebar's (drawn once).
+    them when edited, so all stay in step. Widget keys: ``labels_<key>``, ``template_<key>``; a page's box
+    is labelled apart from the sidebar's (``sidebar``). Nothing is drawn for other models. Notes on what
+    was typed are the sidebar's (drawn once).
     """
     from vitviz.models.zeroshot import MAX_LABELS_TEXT, MAX_TEMPLATE_CHARS
 
@@ -927,7 +947,7 @@ def labels_ui(model: LoadedModel, *, key: str) -> None:
     # the browser stops typing at the cap; the parser caps what arrives all the same
     ss[f"labels_{key}"], ss[f"template_{key}"] = text[:MAX_LABELS_TEXT], template[:MAX_TEMPLATE_CHARS]
     st.text_area(
-        "One per line, or separated by commas",
+        "One per line, or separated by commas" if sidebar else "Labels, one per line or separated by commas",
         key=f"labels_{key}",
         height=90,
         max_chars=MAX_LABELS_TEXT,
@@ -935,7 +955,7 @@ def labels_ui(model: LoadedModel, *, key: str) -> None:
         args=(key,),
     )
     st.text_input(
-        "Prompt template ({} is the label)",
+        "Prompt template ({} is the label)" if sidebar else "Labels' prompt template ({} is the label)",
         key=f"template_{key}",
         max_chars=MAX_TEMPLATE_CHARS,
         on_change=_labels_edited,

@@ -56,8 +56,9 @@ with c3:
         tokens,
         index=tokens.index(query),
         format_func=lambda t: cap.token_label(t, block.stage),
-        key=f"query_pick_{block.stage}_{query}",
-        on_change=lambda: common.set_query(block.stage, ss[f"query_pick_{block.stage}_{query}"]),
+        key=(pick := common.query_box_key(block.stage, query)),
+        on_change=common.pick_query,
+        args=(block.stage, query, pick),
     )
 
 shown = views.HeadSettings(

@@ -126,9 +126,16 @@ if ranked is not None:
     )
     name = target.name(cur.model.id2label)
     st.subheader(f"What the {'label' if ranked.labels else 'class'}'s score rests on: relevance")
+    ss.setdefault("overview_relevance", True)
+    shown = st.toggle(
+        "Draw the relevance map",
+        help="One backward pass through the image's run (about one forward's time on a ViT-B/16 on CPU); "
+        "off, this page runs no gradients.",
+        **common.keep("overview_relevance"),
+    )
     if cap.rollout_note:
         st.info(cap.rollout_note)
-    else:
+    elif shown:
         n_enc = sum(b.kind != "pool" for b in cap.blocks)
         n_text = common.text_blocks(cur.model) if ranked.labels else 0
         if not 0 <= ss.relevance_from < n_enc:

@@ -8,7 +8,7 @@ from vitviz import figures
 from vitviz.capture.patching import activation_patching, patch_lens
 from vitviz.data.images import read_image
 from vitviz.errors import VitvizError
-from vitviz.figures.animation import view_stack
+from vitviz.figures.animation import lens_rows, view_stack
 from vitviz.figures.patching import patching_grid_figure
 from vitviz.text import md_plain, plotly_plain
 
@@ -193,12 +193,19 @@ try:
 except (VitvizError, ValueError) as exc:
     st.info(str(exc))
 else:
-    layer = st.slider("Layer (0 = embeddings)", 0, lens.shape[0] - 1, lens.shape[0] - 1, key="patch_lens_layer")
+    rows = lens_rows(cap)[0]  # row 0 the embeddings, row l after block l - 1 (0-based, as the other pages)
+    layer = st.select_slider(
+        "Residual stream",
+        list(range(lens.shape[0])),
+        lens.shape[0] - 1,
+        format_func=rows.__getitem__,
+        key="patch_lens_layer",
+    )
     common.chart(
         figures.map_figure(
             cap.image,
             lens[layer],
-            title=f"Per-patch lens, layer {layer}: {plotly_plain(target.name(cur.model.id2label))}",
+            title=f"Per-patch lens, {rows[layer]}: {plotly_plain(target.name(cur.model.id2label))}",
             colorbar_title="score (raw)",
         ),
         key="patch_lens_map",
@@ -206,7 +213,7 @@ else:
     photo.photo_panel(
         "patch_lens",
         list(lens),
-        [f"Per-patch lens, layer {r}: {target.name(cur.model.id2label)}" for r in range(lens.shape[0])],
+        [f"Per-patch lens, {row}: {target.name(cur.model.id2label)}" for row in rows],
         index=layer,
         colorbar_title="score (raw)",
         set_name="every layer",

@@ -40,9 +40,9 @@ def test_patching_page_estimate_exact_and_lens():
     titles = list(_charts(at))
     assert any(t.startswith("Residual patching (estimate)") for t in titles), titles
     assert any(t.startswith("Head patching (estimate)") for t in titles)
-    assert any(t.startswith("Per-patch lens, layer 4") for t in titles)
-    at.slider(key="patch_lens_layer").set_value(0).run()
-    assert any(t.startswith("Per-patch lens, layer 0") for t in _charts(at))
+    assert any(t.startswith("Per-patch lens, after layer 3") for t in titles)  # the demo's last block is layer 3
+    at.select_slider(key="patch_lens_layer").set_value(0).run()
+    assert any(t.startswith("Per-patch lens, embeddings") for t in _charts(at))
     at.button[0].click().run()  # Compute exact patching
     no_trouble(at, "exact")
     charts = _charts(at)

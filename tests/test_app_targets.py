@@ -84,6 +84,9 @@ def test_overview_explains_a_class_minus_another(demo_model, star_pixels):
     np.testing.assert_allclose(
         got, relevance_by_hand(demo_model.model, star_pixels, a, b, (12, 12), start=3), rtol=1e-4, atol=1e-6
     )
+    at.toggle(key="_w_overview_relevance").set_value(False).run()  # off: no gradients on this page
+    no_trouble(at, "off")
+    assert not [t for t in _figures(at) if t.startswith("Relevance for")]
 
 
 def _tile(fig: dict, k: int, grid: tuple[int, int]) -> np.ndarray:
@@ -152,8 +155,11 @@ def test_prompt_words_have_their_own_start_block():
     from vitviz.models.zeroshot import Labels
 
     at = _app()
+    at.selectbox(key="overview_minus").set_value(1 if at.session_state.class_index != 1 else 2).run()
+    assert at.selectbox(key="overview_minus").value is not None
     at.selectbox(key="model_pick").set_value("demo-clip").run()
     no_trouble(at, "demo-clip")
+    assert at.selectbox(key="overview_minus").value is None  # a class of the previous model means nothing here
     box = at.selectbox(key="_w_text_relevance_from")
     assert box.value == 0 and "all text blocks" in box.format_func(0)
     top = at.session_state.class_index

@@ -153,6 +153,10 @@ def test_cli_end_to_end(demo_csv: Path, tmp_path: Path, capsys) -> None:
     assert main([*args, "--limit", "2"]) == 0
     cap = capsys.readouterr()
     assert "wrote 2 images x 2 methods" in cap.out and "attention" in cap.out and "random" in cap.out
+    (vs,) = read_results(out).versus()  # the paired comparison is printed as the file gives it
+    line = next(x for x in cap.out.splitlines() if x.startswith("attention") and "%" in x and "(" in x)
+    assert f"{vs.difference_mean:.4f} +- {vs.difference_se:.4f}" in line
+    assert line.endswith(f"{100 * vs.better_share:.0f} % ({100 * vs.tie_share:.0f})")
     assert "evaluate: 100%" in cap.err and "2/2" in cap.err and "Traceback" not in cap.err
     assert read_results(out).num_images == 2
 

@@ -225,3 +225,30 @@ def test_long_lists_and_too_many_rows_are_refused_from_the_footer(
         read_results(results_file, ResultsLimits(max_rows=5))
     with pytest.raises(ResultsError, match=r"has 27 columns; vitviz reads at most 20"):
         read_results(results_file, ResultsLimits(max_columns=20))
+
+
+def test_versus_random_pairs_images_by_hand(results_file: Path) -> None:
+    res = read_results(results_file)
+    # insertion: attention 0.8 on every image, random 0.5, 0.6, 0.7 -> differences 0.3, 0.2, 0.1
+    (ins,) = res.versus("random", "insertion")
+    assert (ins.method, ins.baseline, ins.area, ins.n) == ("attention", "random", "insertion", 3)
+    assert ins.difference_mean == pytest.approx(0.2)
+    assert ins.difference_se == pytest.approx(np.std([0.3, 0.2, 0.1], ddof=1) / np.sqrt(3))
+    assert ins.better_share == 1.0 and ins.tie_share == 0.0
+    # deletion: attention 0.2, 0.3, 0.4 against random 0.5: lower is better, on every image
+    (dele,) = res.versus("random", "deletion")
+    assert dele.difference_mean == pytest.approx(-0.2) and dele.better_share == 1.0
+    assert res.versus("gradcam") == []
+    with pytest.raises(ValueError, match="insertion"):
+        res.versus("random", "area")
+
+
+def test_versus_counts_ties_and_leaves_unpaired_images_out(tmp_path: Path) -> None:
+    rows = _rows("a.png", 0) + _rows("b.png", 3) + _rows("c.png", 5)
+    rows = [r for r in rows if not (r["image_id"] == "c.png" and r["method"] == "attention")]
+    # insertion: random 0.5 (a), 0.8 (b); attention 0.8 on both: one better, one tie; c has random only
+    meta = run_metadata(model="demo", methods=["attention", "random"], seed=7, images=3)
+    res = read_results(write_results(rows_to_table(rows), tmp_path / "t.parquet", meta))
+    (v,) = res.versus()
+    assert v.n == 2 and v.better_share == 0.5 and v.tie_share == 0.5
+    assert v.difference_mean == pytest.approx(0.15)

@@ -92,6 +92,7 @@ __all__ = [
     "ResultsError",
     "ResultsLimits",
     "MethodSummary",
+    "Versus",
     "Results",
     "image_seed",
     "make_rows",
@@ -374,6 +375,26 @@ class MethodSummary:
     n_boxes: int
 
 
+@dataclass(frozen=True)
+class Versus:
+    """One method against a baseline method, image by image (paired, on the images both were scored on).
+
+    ``difference_mean`` +- ``difference_se``: the mean over images of (method's area - baseline's
+    area) and its standard error (``sd / sqrt(n)``); ``better_share``: the share of images where the
+    method's area is strictly better (insertion: higher; deletion: lower); ``tie_share``: equal areas.
+    Two readings of "faster than random": the mean difference weighs how much, the share how often.
+    """
+
+    method: str
+    baseline: str
+    area: str  # "insertion" or "deletion"
+    n: int
+    difference_mean: float
+    difference_se: float
+    better_share: float
+    tie_share: float
+
+
 def _mean_se(values: np.ndarray) -> tuple[float, float]:
     v = np.asarray(values, dtype=np.float64)
     if v.size == 0:
@@ -424,6 +445,35 @@ class Results:
             peaks = [p for p in t.column("peak_in_box").to_pylist() if p is not None]
             rate = float(np.mean(peaks)) if peaks else None
             out.append(MethodSummary(m, t.num_rows, d_mean, d_se, i_mean, i_se, rate, len(peaks)))
+        return out
+
+    def versus(self, baseline: str = "random", area: str = "insertion") -> list[Versus]:
+        """Every other method against ``baseline`` on ``area`` ("insertion" or "deletion"), image by image.
+
+        Empty when ``baseline`` is not in the file. Images scored by only one of the two are left out.
+        """
+        if area not in ("insertion", "deletion"):
+            raise ValueError(f"area must be 'insertion' or 'deletion', got {area!r}")
+        if baseline not in self.methods:
+            return []
+
+        def by_image(method: str) -> dict[str, float]:
+            t = self.method_rows(method)
+            return dict(zip(t.column("image_id").to_pylist(), t.column(f"{area}_area").to_pylist(), strict=True))
+
+        base = by_image(baseline)
+        sign = 1.0 if area == "insertion" else -1.0
+        out = []
+        for m in self.methods:
+            if m == baseline:
+                continue
+            mine = by_image(m)
+            shared = [i for i in mine if i in base]
+            d = np.array([mine[i] - base[i] for i in shared], dtype=np.float64)
+            mean, se = _mean_se(d)
+            better = float(np.mean(sign * d > 0)) if d.size else math.nan
+            ties = float(np.mean(d == 0)) if d.size else math.nan
+            out.append(Versus(m, baseline, area, int(d.size), mean, se, better, ties))
         return out
 
     def mean_curves(self) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:

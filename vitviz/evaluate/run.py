@@ -490,7 +490,8 @@ def print_report(report: RunReport) -> None:
         f"{report.engine} engine, {report.seconds:.0f} s)"
     )
     if report.evaluated:
-        rows = read_results(report.out).summary()
+        res = read_results(report.out)
+        rows = res.summary()
         print(f"{'method':<22}{'deletion (lower better)':>26}{'insertion (higher better)':>28}{'peak in box':>14}")
         for r in rows:
             peak = "-" if r.peak_in_box_rate is None else f"{100 * r.peak_in_box_rate:.1f} %"
@@ -498,6 +499,17 @@ def print_report(report: RunReport) -> None:
                 f"{r.method:<22}{pm(r.deletion_mean, r.deletion_se):>26}{pm(r.insertion_mean, r.insertion_se):>28}"
                 f"{peak:>14}"
             )
+        ins, dele = res.versus("random", "insertion"), res.versus("random", "deletion")
+        if ins:  # both readings of "better than random": by how much (mean difference) and how often (share)
+            print("against random, image by image: mean area difference, share of images better than random (ties)")
+            print(f"{'method':<22}{'deletion - random':>26}{'lower':>14}{'insertion - random':>26}{'higher':>14}")
+            for i, d in zip(ins, dele, strict=True):
+                print(
+                    f"{i.method:<22}{pm(d.difference_mean, d.difference_se):>26}"
+                    f"{f'{100 * d.better_share:.0f} % ({100 * d.tie_share:.0f})':>14}"
+                    f"{pm(i.difference_mean, i.difference_se):>26}"
+                    f"{f'{100 * i.better_share:.0f} % ({100 * i.tie_share:.0f})':>14}"
+                )
     for note in report.notes:
         print(f"note: {note}", file=sys.stderr)
     if report.skipped:
