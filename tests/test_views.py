@@ -16,7 +16,7 @@ from vitviz.analysis.blocks import global_query, head_maps, row_map, select
 from vitviz.analysis.masks import mass_masks
 from vitviz.analysis.rollout import capture_rollout
 from vitviz.analysis.stats import summary_table
-from vitviz.capture.causal import logit_lens
+from vitviz.capture.causal import capture_knocked_out, logit_lens
 from vitviz.capture.gradients import explain_classes
 from vitviz.capture.run import capture
 from vitviz.compare import depth_match, token_of
@@ -85,6 +85,8 @@ def _twice_script(root: str, states: tuple, block: int, head: int, point: tuple[
         views.draw_summaries(cur, views.SummarySettings("entropy", marked=(block, head)), key=f"{who}_summaries")
         views.draw_head_map(cur, one, key=f"{who}_head", title_prefix=f"{who}. ")
         views.draw_head_side(cur, one, key=f"{who}_head")
+        knocked = views.KnockoutSettings(((1, 0), (1, 2)), "zero", after=one)
+        views.draw_knockout(cur, knocked, key=f"{who}_knockout")
         mean = views.HeadSettings(block, query, head=None)
         views.draw_head_map(cur, mean, key=f"{who}_mean", title_prefix=f"{who}. ")
         views.draw_rollout(cur, views.RolloutSettings(), key=f"{who}_rollout", title_prefix=f"{who}. ")
@@ -133,7 +135,7 @@ def test_one_view_drawn_twice_with_two_states_shows_each_states_own_numbers():
     at.run()
     no_trouble(at)
     charts = _charts(at)
-    assert len(charts) == 22  # 22 keys: no chart replaced another
+    assert len(charts) == 26  # 26 keys: no chart replaced another
 
     loaded = load_model("demo", device="cpu")
     refs = {}
@@ -181,6 +183,11 @@ def test_one_view_drawn_twice_with_two_states_shows_each_states_own_numbers():
         bars = _array(charts[f"{who}_head_prefix"][2][0]["y"])  # CLS, then all patches together
         assert np.allclose(bars, [row_q[0], row_q[1:].sum()], atol=1e-3) and bars.sum() == pytest.approx(1, abs=2e-3)
         refs[who]["prefix"] = ("", bars)
+        knocked_cap, _ = capture_knocked_out(loaded, image, [(1, 0), (1, 2)], mode="zero")
+        after = head_maps(knocked_cap.blocks[block], query).values
+        assert np.allclose(_tiles(charts[f"{who}_knockout_heads"][1], len(after), cap.grid), after, atol=1e-6)
+        assert not np.allclose(after, maps, atol=1e-3)  # the knock-out changed block 2's attention
+        refs[who]["knockout"] = ("", after)
         lens = logit_lens(loaded, image)
         top3 = np.argsort(-lens.logits[-1])[:3]
         drawn = np.stack([_array(t["y"]) for t in charts[f"{who}_lens_chart"][2][:3]], axis=1)
