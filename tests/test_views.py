@@ -67,7 +67,10 @@ def test_current_of_reads_no_session_state():
 
 
 def _twice_script(root: str, states: tuple, block: int, head: int, point: tuple[float, float]) -> None:
-    """One script draws every view of pages/views.py twice: once per pane state."""
+    """One script draws every view of pages/views.py twice: once per pane state.
+
+    Nothing is put in the session first, so a view that read the sidebar's state there would raise.
+    """
     import sys
 
     if root not in sys.path:
