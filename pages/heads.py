@@ -81,26 +81,28 @@ if g.kind == "separable":
 elif looking and ss.direction == common.DIRECTIONS[1]:
     st.caption("The pooled query is a mean of rows and has no column: the map shows where it looks.")
 
-maps = views.draw_head_grid(cur, shown, key="head")
-st.caption(
-    f"{cap.block_label(ss.layer)}: maps on the {maps.grid[0]} x {maps.grid[1]} "
-    f"{'key grid' if maps.grid != g.grid else 'token grid'}; all heads share one colour scale; click a head to show it large."
-)
-st.radio(
-    "Head shown large",
-    list(range(block.num_heads)),
-    **common.keep("head"),
-    horizontal=True,
-    format_func=lambda h: f"head {h}",
-)
-
-
+# The head shown large first, every head beside it: at 1366 x 768 the large map is in view without scrolling
 big, side = st.columns([3, 2])
 head = ss.head
+with side:
+    maps = views.draw_head_grid(cur, shown, key="head", cols=4, tile_px=110)
+    st.caption(
+        f"{cap.block_label(ss.layer)}: maps on the {maps.grid[0]} x {maps.grid[1]} "
+        f"{'key grid' if maps.grid != g.grid else 'token grid'}; all heads share one colour scale; click a head to "
+        "show it large."
+    )
+    st.radio(
+        "Head shown large",
+        list(range(block.num_heads)),
+        **common.keep("head"),
+        horizontal=True,
+        format_func=lambda h: f"head {h}",
+    )
+    views.draw_head_side(cur, shown, key="heads")
 with big:
     if g.kind == "window":
         st.checkbox("Show the windows (shifted blocks show shifted windows)", **common.keep("show_windows"))
-    views.draw_head_map(cur, shown, key="head", config=photo.camera_config("head_map"))
+    views.draw_head_map(cur, shown, key="head", config=photo.camera_config("head_map"), height=440)
     photo.photo_panel(
         "head",
         list(maps.values),
@@ -119,8 +121,6 @@ with big:
             f"Window {g.window} x {g.window}, shift {g.shift}, grid {g.grid[0]} x {g.grid[1]} padded to "
             f"{g.padded[0]} x {g.padded[1]}. Keys outside the query's window get no attention."
         )
-with side:
-    views.draw_head_side(cur, shown, key="heads")
 
 # Does this head matter? Knock heads out and see the prediction and the attention downstream
 st.subheader("Does this head matter? Knock it out")

@@ -227,9 +227,8 @@ def draw_head_grid(cur: common.Current, s: HeadSettings, *, key: str, **figure_k
         maps.values,
         [f"head {h}" for h in range(block.num_heads)],
         colorbar_title=f"attention (raw, {cap.attention_precision})",
-        cols=6,
         image=cap.image,
-        **figure_kw,
+        **{"cols": 6, **figure_kw},
     )
     common.chart(fig, key=f"{key}_grid", on_select="rerun", selection_mode="points")
     return maps
