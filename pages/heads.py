@@ -3,12 +3,8 @@
 import streamlit as st
 
 from pages import common, instant, photo, views
-from vitviz import figures
-from vitviz.analysis.blocks import head_maps
-from vitviz.errors import VitvizError
 from vitviz.figures.animation import view_stack
 from vitviz.record import POOLED
-from vitviz.text import md_plain
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
@@ -158,51 +154,5 @@ else:
         on_click=lambda: ss.update(knockout=sorted({*map(tuple, ss.knockout), (ss.layer, ss.head)})),
     )
     if ss.knockout:
-        chosen = tuple(sorted(map(tuple, ss.knockout)))
-        try:
-            with st.spinner("Running the model with those heads knocked out…"):
-                knocked_cap, ko = common.get_knockout(cur, chosen, ss.knockout_mode)
-        except (VitvizError, ValueError) as exc:
-            st.error(str(exc))
-        else:
-            cls = ss.class_index if ss.class_index in {p.index for p in ranked.ranked} else ranked.ranked[0].index
-            after = ranked.rerank(ko.logits, cur.model.id2label)
-            name = next(p.label for p in ranked.ranked if p.index == cls)
-            left, right = st.columns(2)
-            with left:
-                common.chart(
-                    figures.comparison_figure(
-                        ranked.ranked[:5], after, title=f"Top classes before and after ({ranked.legend})"
-                    ),
-                    key="knockout_predictions",
-                )
-                top_changed = after[0].index != ranked.ranked[0].index
-                st.caption(
-                    f"Logit of '{md_plain(name)}': {ko.clean_logits[cls]:.3f} -> {ko.logits[cls]:.3f} "
-                    f"(effect {ko.effect[cls]:+.3f}). "
-                    + (
-                        f"The top class changes to '{md_plain(after[0].label)}'."
-                        if top_changed
-                        else "The top class stays."
-                    )
-                )
-            with right:
-                first = min(b for b, _ in chosen)
-                if ss.layer > first:
-                    after_maps = head_maps(knocked_cap.blocks[ss.layer], query, direction="query" if looking else "key")
-                    common.chart(
-                        figures.small_multiples_figure(
-                            after_maps.values,
-                            [f"head {h}" for h in range(block.num_heads)],
-                            colorbar_title="attention (raw)",
-                            cols=6,
-                            image=cap.image,
-                        ),
-                        key="knockout_heads",
-                    )
-                    st.caption(f"{cap.block_label(ss.layer).capitalize()} after the knock-out: {what}.")
-                else:
-                    st.caption(
-                        f"Pick a block after {cap.block_label(first)} to see how the knock-out changes the attention "
-                        "downstream; blocks up to the first knocked-out one are unchanged."
-                    )
+        heads = tuple(sorted(map(tuple, ss.knockout)))
+        views.draw_knockout(cur, views.KnockoutSettings(heads, ss.knockout_mode, ss.class_index, shown), key="knockout")

@@ -77,6 +77,16 @@ if pane is None:
 cur_b, what_b = pane
 cap_a, cap_b = cur.cap, cur_b.cap
 
+
+def _click(cap):
+    h, w = cap.input_size
+    return lambda data: ss.update(sbs_point=(float(data[4]) / w, float(data[5]) / h))
+
+
+# a click is the point both panes use: read before they are computed, so the run it starts shows it
+common.take_click("sbs_a_map", _click(cap_a))
+common.take_click("sbs_b_map", _click(cap_b))
+
 c1, c2, c3 = st.columns([2, 2, 2])
 view = c1.radio("View", list(VIEWS), format_func=VIEWS.get, horizontal=True, key="sbs_view")
 block_a = c2.slider("Block (pane A)", 0, cap_a.num_blocks - 1, cap_a.num_blocks - 1, key="sbs_block")
@@ -161,14 +171,6 @@ elif scale.startswith("each map [0"):
 else:
     limits = [(float(np.nanmin(m)), float(np.nanmax(m))) for m in (map_a, map_b)]
 
-
-def _click(cap):
-    h, w = cap.input_size
-    return lambda data: ss.update(sbs_point=(float(data[4]) / w, float(data[5]) / h))
-
-
-common.take_click("sbs_a_map", _click(cap_a))
-common.take_click("sbs_b_map", _click(cap_b))
 for col, cur_x, settings, (lo, hi), who in zip(st.columns(2), (cur, cur_b), shown, limits, ("A", "B"), strict=True):
     with col:  # the same view function, called once per pane with that pane's state
         drawn = DRAW[view](

@@ -10,6 +10,8 @@ draw the same view twice with two states, as the Side by side page does:
   downloads ``f"{key}-npz"``, ``f"{key}-csv"``;
 * ``draw_head_grid`` (every head of a block for a query): chart ``f"{key}_grid"``;
 * ``draw_deformable`` (a DAT deformable block's sampled keys): chart ``f"{key}_map"``, checkbox ``f"{key}_arrows"``;
+* ``draw_knockout`` (the top classes before and after knocking heads out, and a block's heads after):
+  charts ``f"{key}_predictions"``, ``f"{key}_heads"``;
 * ``draw_blocks`` (every block of a stage, heads fused, for a query): chart ``f"{key}_{stage}"``;
 * ``draw_masks`` (DINO's masks of every head of a block): chart ``f"{key}_grid"``;
 * ``draw_summaries`` (a per-head summary of every block, and distance against depth): charts ``f"{key}_map"``,
@@ -39,11 +41,12 @@ from vitviz.errors import VitvizError
 from vitviz.figures.animation import lens_rows
 from vitviz.record import POOLED
 from vitviz.tables import long_table
-from vitviz.text import plotly_plain
+from vitviz.text import md_plain, plotly_plain
 
 __all__ = [
     "BlocksSettings",
     "HeadSettings",
+    "KnockoutSettings",
     "LensSettings",
     "MasksSettings",
     "RelevanceSettings",
@@ -55,6 +58,7 @@ __all__ = [
     "draw_head_grid",
     "draw_head_map",
     "draw_head_side",
+    "draw_knockout",
     "draw_lens",
     "draw_masks",
     "draw_relevance",
@@ -137,6 +141,16 @@ class SummarySettings:
 
     metric: str = "distance"
     marked: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class KnockoutSettings:
+    """Heads knocked out together, what replaces them, the class followed, and the maps shown after."""
+
+    heads: tuple[tuple[int, int], ...]  # (block, head) pairs
+    mode: str = "mean"  # "mean": the head's output averaged over the image's tokens; "zero"
+    class_index: int | None = None  # None: the image's top-1
+    after: HeadSettings | None = None  # the block and query whose heads are shown after the knock-out
 
 
 @dataclass(frozen=True)
@@ -290,6 +304,58 @@ def draw_deformable(cur: common.Current, s: HeadSettings, *, key: str) -> None:
         "what fell outside the image. Relevance gets nothing from deformable blocks (their spread map is not on "
         "the gradient path)."
     )
+
+
+def draw_knockout(cur: common.Current, s: KnockoutSettings, *, key: str):
+    """The top classes before and after knocking ``s.heads`` out (chart ``f"{key}_predictions"``) and the heads
+    of block ``s.after.block`` after it (chart ``f"{key}_heads"``); returns the ``Knockout`` or None (a message
+    says why). One forward with the heads replaced, cached (``common.get_knockout``)."""
+    cap, ranked = cur.cap, common.classes(cur)
+    if ranked is None or not s.heads:
+        return None
+    try:
+        with st.spinner("Running the model with those heads knocked out…"):
+            knocked, ko = common.get_knockout(cur, s.heads, s.mode)
+    except (VitvizError, ValueError) as exc:
+        st.error(str(exc))
+        return None
+    known = {p.index: p.label for p in ranked.ranked}
+    cls = s.class_index if s.class_index in known else ranked.ranked[0].index
+    after = ranked.rerank(ko.logits, cur.model.id2label)
+    left, right = st.columns(2)
+    with left:
+        title = f"Top classes before and after ({ranked.legend})"
+        common.chart(figures.comparison_figure(ranked.ranked[:5], after, title=title), key=f"{key}_predictions")
+        top = (
+            f"The top class changes to '{md_plain(after[0].label)}'."
+            if after[0].index != ranked.ranked[0].index
+            else "The top class stays."
+        )
+        st.caption(
+            f"Logit of '{md_plain(known[cls])}': {ko.clean_logits[cls]:.3f} -> {ko.logits[cls]:.3f} "
+            f"(effect {ko.effect[cls]:+.3f}). {top}"
+        )
+    with right:
+        first = min(b for b, _ in s.heads)
+        if s.after is not None and s.after.block > first:
+            b = s.after
+            direction = "query" if head_looks(cur, b) else "key"
+            values = head_maps(knocked.blocks[b.block], b.query, direction=direction).values
+            fig = figures.small_multiples_figure(
+                values,
+                [f"head {h}" for h in range(len(values))],
+                colorbar_title="attention (raw)",
+                cols=6,
+                image=cap.image,
+            )
+            common.chart(fig, key=f"{key}_heads")
+            st.caption(f"{_titled('', cap.block_label(b.block))} after the knock-out: {head_what(cur, b)}.")
+        else:
+            st.caption(
+                f"Pick a block after {cap.block_label(first)} to see how the knock-out changes the attention "
+                "downstream; blocks up to the first knocked-out one are unchanged."
+            )
+    return ko
 
 
 def draw_blocks(cur: common.Current, s: BlocksSettings, *, key: str) -> np.ndarray:

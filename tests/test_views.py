@@ -16,7 +16,7 @@ from vitviz.analysis.blocks import global_query, head_maps, row_map, select
 from vitviz.analysis.masks import mass_masks
 from vitviz.analysis.rollout import capture_rollout
 from vitviz.analysis.stats import summary_table
-from vitviz.capture.causal import logit_lens
+from vitviz.capture.causal import capture_knocked_out, logit_lens
 from vitviz.capture.gradients import explain_classes
 from vitviz.capture.run import capture
 from vitviz.compare import depth_match, token_of
@@ -67,7 +67,10 @@ def test_current_of_reads_no_session_state():
 
 
 def _twice_script(root: str, states: tuple, block: int, head: int, point: tuple[float, float]) -> None:
-    """One script draws every view of pages/views.py twice: once per pane state."""
+    """One script draws every view of pages/views.py twice: once per pane state.
+
+    Nothing is put in the session first, so a view that read the sidebar's state there would raise.
+    """
     import sys
 
     if root not in sys.path:
@@ -85,6 +88,8 @@ def _twice_script(root: str, states: tuple, block: int, head: int, point: tuple[
         views.draw_summaries(cur, views.SummarySettings("entropy", marked=(block, head)), key=f"{who}_summaries")
         views.draw_head_map(cur, one, key=f"{who}_head", title_prefix=f"{who}. ")
         views.draw_head_side(cur, one, key=f"{who}_head")
+        knocked = views.KnockoutSettings(((1, 0), (1, 2)), "zero", after=one)
+        views.draw_knockout(cur, knocked, key=f"{who}_knockout")
         mean = views.HeadSettings(block, query, head=None)
         views.draw_head_map(cur, mean, key=f"{who}_mean", title_prefix=f"{who}. ")
         views.draw_rollout(cur, views.RolloutSettings(), key=f"{who}_rollout", title_prefix=f"{who}. ")
@@ -133,7 +138,7 @@ def test_one_view_drawn_twice_with_two_states_shows_each_states_own_numbers():
     at.run()
     no_trouble(at)
     charts = _charts(at)
-    assert len(charts) == 22  # 22 keys: no chart replaced another
+    assert len(charts) == 26  # 26 keys: no chart replaced another
 
     loaded = load_model("demo", device="cpu")
     refs = {}
@@ -181,6 +186,11 @@ def test_one_view_drawn_twice_with_two_states_shows_each_states_own_numbers():
         bars = _array(charts[f"{who}_head_prefix"][2][0]["y"])  # CLS, then all patches together
         assert np.allclose(bars, [row_q[0], row_q[1:].sum()], atol=1e-3) and bars.sum() == pytest.approx(1, abs=2e-3)
         refs[who]["prefix"] = ("", bars)
+        knocked_cap, _ = capture_knocked_out(loaded, image, [(1, 0), (1, 2)], mode="zero")
+        after = head_maps(knocked_cap.blocks[block], query).values
+        assert np.allclose(_tiles(charts[f"{who}_knockout_heads"][1], len(after), cap.grid), after, atol=1e-6)
+        assert not np.allclose(after, maps, atol=1e-3)  # the knock-out changed block 2's attention
+        refs[who]["knockout"] = ("", after)
         lens = logit_lens(loaded, image)
         top3 = np.argsort(-lens.logits[-1])[:3]
         drawn = np.stack([_array(t["y"]) for t in charts[f"{who}_lens_chart"][2][:3]], axis=1)
@@ -214,3 +224,22 @@ def test_side_by_side_panes_are_each_models_own_head_map():
         title, got, _ = charts[key]
         assert title.startswith(f"{key[4].upper()}. {cap.model_name}: ") and "head 1" in title
         assert np.allclose(got, want, rtol=1e-3, atol=1e-6), key
+
+
+def test_a_click_on_a_side_by_side_pane_moves_both_queries_in_the_same_run():
+    """A click is read before the panes are computed: the run it starts draws both maps at the clicked point."""
+    from app_tools import APP
+
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.run()
+    at.switch_page("pages/side_by_side.py").run()
+    at.radio(key="sbs_differs").set_value("images").run()
+    no_trouble(at)
+    h, w = capture(load_model("demo", device="cpu"), Image.open(EXAMPLES / "demo-star.png")).input_size
+    # what Plotly sends for a click at 30 % of the width and 60 % of the height: [token, row, col, value, x, y]
+    at.session_state["sbs_a_map"] = {"selection": {"points": [{"customdata": [0, 0, 0, 0.0, 0.3 * w, 0.6 * h]}]}}
+    at.run()
+    no_trouble(at)
+    charts = _charts(at)
+    for key in ("sbs_a_map", "sbs_b_map"):
+        assert "where patch (7, 3) looks" in charts[key][0], charts[key][0]  # 12 x 12: row int(0.6 * 12), col 3
