@@ -40,7 +40,7 @@ from vitviz.capture.run import preprocess  # noqa: E402
 from vitviz.capture.session import clear_runs  # noqa: E402
 from vitviz.models.load import load_model  # noqa: E402
 
-__all__ = ["patching_cost", "estimate_vs_exact"]
+__all__ = ["patching_cost", "estimate_cost", "estimate_vs_exact"]
 
 
 def _seconds(fn: Callable[[], object]) -> float:
@@ -134,6 +134,76 @@ def patching_cost(folder: str | Path, *, runs: int = 3, residual_size: int = 96)
     }
 
 
+def estimate_cost(folder: str | Path, *, runs: int = 5) -> dict:
+    """Attribution patching (``exact=False``) in forward-equivalents, now and as before (the source image got a
+    full Run: attention, summaries, capture), in the same rounds: ``total`` with no Run cached (the target's
+    clean Run with its graph + the source + one backward), ``marginal`` given the page's clean Run of the target
+    (the source + one backward). Each timing is divided by the plain forward (inference mode) timed in the same
+    round; medians over ``runs`` rounds, by wall clock and by this process's CPU time (steadier on a shared
+    machine: other jobs' load does not count)."""
+    import vitviz.capture.patching as P
+    from vitviz.capture.session import get_activations, get_run
+
+    loaded = load_model(str(folder))
+    size = loaded.default_size
+    tgt, src = _image(1, size[0]), _image(2, size[0])
+    pixels, _ = preprocess(loaded, [tgt], size)
+    inputs = loaded.family.model_inputs(loaded, pixels, size)
+
+    def full_source(loaded, image, *, size, label_embeddings, budget_bytes):
+        return get_run(
+            loaded, image, size=size, label_embeddings=label_embeddings, budget_bytes=budget_bytes, gradients=False
+        )
+
+    def plain():
+        with torch.inference_mode():
+            loaded.family.forward(loaded.model, inputs)
+
+    def estimate(before: bool, marginal: bool):
+        def call():
+            P.get_activations = full_source if before else get_activations
+            try:
+                return activation_patching(loaded, tgt, src, exact=False)
+            finally:
+                P.get_activations = get_activations
+
+        def prepare():
+            clear_runs()
+            if marginal:
+                get_run(loaded, tgt)
+
+        return prepare, call
+
+    cases = {
+        f"{w}_{k}": estimate(w == "before", k == "marginal") for w in ("before", "now") for k in ("total", "marginal")
+    }
+    plain(), plain()  # warm-up
+    for prepare, call in cases.values():
+        prepare(), call()
+    wall: dict[str, list[float]] = {k: [] for k in cases}
+    cpu: dict[str, list[float]] = {k: [] for k in cases}
+
+    def timed(fn) -> tuple[float, float]:
+        w, c = time.perf_counter(), time.process_time()
+        fn()
+        return time.perf_counter() - w, time.process_time() - c
+
+    for _ in range(runs):
+        for name, (prepare, call) in cases.items():
+            p1 = timed(plain)
+            prepare()
+            w, c = timed(call)
+            p2 = timed(plain)
+            wall[name].append(w / ((p1[0] + p2[0]) / 2))
+            cpu[name].append(c / ((p1[1] + p2[1]) / 2))
+    clear_runs()
+    out: dict = {"threads": torch.get_num_threads(), "runs": runs}
+    for name in cases:
+        out[f"{name}_forward_equivalents"] = round(statistics.median(wall[name]), 2)
+        out[f"{name}_forward_equivalents_cpu"] = round(statistics.median(cpu[name]), 2)
+    return out
+
+
 def estimate_vs_exact(pairs: int = 50) -> dict:
     """Per pair of demo images: Spearman of the estimate against exact patching (residual and heads grids)."""
     from vitviz.data.shapes import make_sample
@@ -175,8 +245,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=50)
     parser.add_argument("--residual-size", type=int, default=96)
     parser.add_argument("--skip-cost", action="store_true")
+    parser.add_argument("--estimate-only", action="store_true", help="only the estimate's cost, before and now")
     args = parser.parse_args(argv)
     from benchmarks.common import make_model
+
+    if args.estimate_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            vit = make_model("vit-b16-224", Path(tmp) / "vit")
+            print(json.dumps({"estimate_cost": estimate_cost(vit, runs=args.runs)}, indent=2))
+        return 0
 
     results: dict = {"estimate_vs_exact": estimate_vs_exact(args.pairs)}
     print(json.dumps(results, indent=2), flush=True)
@@ -184,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             vit = make_model("vit-b16-224", Path(tmp) / "vit")
             results["patching_cost"] = patching_cost(vit, runs=args.runs, residual_size=args.residual_size)
+            results["estimate_cost"] = estimate_cost(vit, runs=args.runs)
     print(json.dumps(results, indent=2))
     return 0
 

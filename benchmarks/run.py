@@ -11,7 +11,9 @@ patching in forward-equivalents, estimate vs exact on 50 demo image pairs; ``ben
 (deletion + insertion of one ViT-B/16 image over one forward; ``benchmarks/faithfulness.py``),
 ``evaluate`` (``python -m vitviz evaluate`` throughput, local vs Ray; ``benchmarks/evaluate.py``),
 ``headview`` (the instant head view in Chromium: input -> redraw, payload; ``benchmarks/headview.py``),
-``compare_open`` (*Compare explanations*' first open on demo over one forward; ``benchmarks/compare_open.py``).
+``compare_open`` (*Compare explanations*' first open on demo over one forward; ``benchmarks/compare_open.py``),
+``side_by_side`` (the Side by side page with two models against the one-pane Heads page: reruns, a synced click,
+a new image; ``benchmarks/side_by_side.py``).
 With ``--sections``, the sections not run keep their figures from an existing ``--out`` file.
 
 Random weights throughout (speed does not depend on them). Every ratio compares
@@ -237,6 +239,7 @@ SECTIONS = (
     "imports",
     "attnlrp",
     "compare_open",
+    "side_by_side",
 )
 
 
@@ -296,11 +299,16 @@ def main(argv: list[str] | None = None) -> int:
                 "one_run": causal.one_run_views(vit, runs=max(2, runs // 3)),
                 "fast_vs_exact": causal.fast_vs_exact_rank_correlation(50, mode="mean"),
             }
+        if "side_by_side" in sections:
+            from benchmarks.side_by_side import side_by_side
+
+            results["side_by_side"] = side_by_side(max(5, runs))
         if "patching" in sections:
             from benchmarks import patching
 
             results["patching"] = {
                 "cost": patching.patching_cost(vit, runs=max(1, runs // 3)),
+                "estimate": patching.estimate_cost(vit, runs=max(3, runs // 3)),
                 "estimate_vs_exact": patching.estimate_vs_exact(50),
             }
         if "faithfulness" in sections:

@@ -32,7 +32,7 @@ from benchmarks.common import overhead as run_overhead  # noqa: E402
 from vitviz.models.load import load_model  # noqa: E402
 from vitviz.models.zeroshot import encode_labels, parse_labels  # noqa: E402
 
-__all__ = ["make_zero_shot", "overhead", "label_change", "last_token_gain", "LABELS"]
+__all__ = ["make_zero_shot", "overhead", "label_change", "last_token_gain", "label_change_profile", "LABELS"]
 
 LABELS = "cat, dog, car, bird, airplane, ship, truck, horse, frog, deer"  # 10 labels
 MODELS = {
@@ -127,11 +127,123 @@ def last_token_gain(folder: Path, runs: int) -> dict:
     }
 
 
+def _text_tower_flops(text_config, prompts: int, tokens: int, last_token_only: bool) -> float:
+    """Floating-point operations (multiply and add counted apart) of a pre-norm text tower's matrix products for
+    ``prompts`` prompts of ``tokens`` positions; with ``last_token_only`` the last block computes its keys and values
+    for every position and the rest for the pooled one only (:func:`vitviz.models.zeroshot._last_token_features`)."""
+    d, f, n = text_config.hidden_size, text_config.intermediate_size, text_config.num_hidden_layers
+    head = 2 * d * int(getattr(text_config, "projection_size", None) or d) * prompts  # the pooled token's head
+    per_token = 2 * (4 * d * d + 2 * d * f)  # q, k, v, o projections and the two MLP layers
+    attention = 2 * 2 * tokens * tokens * d  # q k^T and a v, all heads
+    full = prompts * (tokens * per_token + attention)
+    if not last_token_only:
+        return float(n * full + head)
+    last = prompts * (tokens * 2 * 2 * d * d + per_token - 2 * 2 * d * d + 2 * 2 * tokens * d)
+    return float((n - 1) * full + last + head)
+
+
+def label_change_profile(folder: Path, runs: int) -> dict:
+    """Where a change to 10 new labels goes (SigLIP-base): the tokenizer, the text tower (timed apart), the rest of
+    ``encode_labels``; the tower's matrix-product work counted, the share of the tower's time the profiler puts in
+    matrix products, and this machine's matrix-product rate for the tower's largest product (same threads, same
+    run): ``arithmetic_floor_ms`` is the counted work at that rate, the time no reordering of the same arithmetic
+    can beat. Wall clock and this process's CPU time; run with one thread (``OMP_NUM_THREADS=1``) on a shared
+    machine for the CPU-time split, and with all threads on an idle one for the wall-clock figure."""
+    import time
+
+    from torch.profiler import ProfilerActivity, profile
+
+    import vitviz.models.zeroshot as zs
+
+    loaded = load_model(str(folder))
+    tower, model = loaded.text, loaded.model
+    labels = parse_labels(LABELS, tower.template)
+    cfg = model.config.text_config
+
+    def tokenize():
+        return tower.tokenizer(
+            list(labels.prompts),
+            padding=tower.padding,
+            truncation=True,
+            max_length=tower.max_length,
+            return_tensors="pt",
+        )
+
+    ids = tokenize()["input_ids"]
+    last_only = zs._pools_last(model)
+
+    def tower_only():
+        with torch.inference_mode():
+            if last_only:
+                zs._last_token_features(model.text_model, ids)
+            else:
+                model.get_text_features(input_ids=ids)
+
+    x = torch.randn(ids.numel(), cfg.hidden_size)
+    w, b = torch.randn(cfg.intermediate_size, cfg.hidden_size), torch.randn(cfg.intermediate_size)
+
+    def gemm():
+        torch.addmm(b, x, w.t())
+
+    cases = {
+        "encode_labels": lambda: encode_labels(model, tower, labels),
+        "tokenizer": tokenize,
+        "tower": tower_only,
+        "gemm": gemm,
+    }
+    for fn in cases.values():
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    cpu: dict[str, list[float]] = {k: [] for k in cases}
+    for _ in range(runs):
+        for name, fn in cases.items():
+            t, c = time.perf_counter(), time.process_time()
+            fn()
+            times[name].append(time.perf_counter() - t)
+            cpu[name].append(time.process_time() - c)
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    med_cpu = {k: sorted(v)[len(v) // 2] for k, v in cpu.items()}
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        tower_only()
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    matmul = sum(e.self_cpu_time_total for e in events if e.key in ("aten::addmm", "aten::mm", "aten::bmm"))
+    flops = _text_tower_flops(cfg, len(labels.prompts), int(ids.shape[1]), last_only)
+    rate = 2 * x.shape[0] * x.shape[1] * w.shape[0] / med["gemm"]  # FLOP/s of the tower's largest product
+    return {
+        "labels": len(labels.prompts),
+        "positions": int(ids.shape[1]),
+        "torch_threads": torch.get_num_threads(),
+        "encode_labels_ms": round(1000 * med["encode_labels"], 1),
+        "tokenizer_ms": round(1000 * med["tokenizer"], 2),
+        "text_tower_ms": round(1000 * med["tower"], 1),
+        "rest_ms": round(1000 * (med["encode_labels"] - med["tokenizer"] - med["tower"]), 1),
+        "tower_matmul_share": round(matmul / total, 3),
+        "tower_GFLOP": round(flops / 1e9, 1),
+        "machine_matmul_GFLOP_per_s": round(rate / 1e9, 1),
+        "arithmetic_floor_ms": round(1000 * flops / rate, 1),
+        "tower_over_floor": round(med["tower"] / (flops / rate), 2),
+        # CPU time of this process (steadier where other jobs share the cores; with one thread, the work itself)
+        "cpu_encode_labels_ms": round(1000 * med_cpu["encode_labels"], 1),
+        "cpu_tokenizer_ms": round(1000 * med_cpu["tokenizer"], 2),
+        "cpu_text_tower_ms": round(1000 * med_cpu["tower"], 1),
+        "cpu_arithmetic_floor_ms": round(
+            1000 * flops / (2 * x.shape[0] * x.shape[1] * w.shape[0] / med_cpu["gemm"]), 1
+        ),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.zeroshot")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--siglip-gain", action="store_true", help="only SigLIP: last-block shortcut vs before")
+    parser.add_argument("--siglip-profile", action="store_true", help="only SigLIP: where a label change goes")
     args = parser.parse_args(argv)
+    if args.siglip_profile:
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = make_zero_shot("siglip-base-224", Path(tmp) / "siglip")
+            print(json.dumps(label_change_profile(folder, args.runs), indent=1))
+        return 0
     if args.siglip_gain:
         with tempfile.TemporaryDirectory() as tmp:
             folder = make_zero_shot("siglip-base-224", Path(tmp) / "siglip")

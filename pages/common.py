@@ -568,6 +568,25 @@ def set_query(stage: int, token: int) -> None:
     st.session_state.update(query=int(token), query_stage=int(stage))
 
 
+def pick_query(stage: int, drawn_for: int, key: str) -> None:
+    """``on_change`` of a query box drawn for query ``drawn_for``: set the query it shows, unless the
+    session's query has moved on since it was drawn.
+
+    A click on a map during a rerun reaches the server with the browser's stale copy of the box drawn
+    before (its key names the old query); taken at face value, that box's "change" put the old query back
+    and the click was lost (issue 22.4).
+    """
+    ss = st.session_state
+    if ss.get("_query_drawn") == (stage, drawn_for):  # the box the page drew last
+        set_query(stage, ss[key])
+
+
+def query_box_key(stage: int, query: int) -> str:
+    """A query box's key: it names the query it was drawn for (so a new query draws a new box at its value)."""
+    st.session_state["_query_drawn"] = (stage, query)
+    return f"query_pick_{stage}_{query}"
+
+
 def click_query(cap: vcapture.Capture, stage: int, data: list) -> None:
     """A click on a map cell: customdata ``[token, row, col, value, x, y]``; the pixel picks the stage's token."""
     set_query(stage, cap.token_at(stage, float(data[4]), float(data[5])))

@@ -1,15 +1,13 @@
 """Heads: every head of a block over the image; click a cell to make it the query (at any stage)."""
 
-import numpy as np
 import streamlit as st
 
 from pages import common, instant, photo, views
 from vitviz import figures
-from vitviz.analysis.blocks import head_maps, select
+from vitviz.analysis.blocks import head_maps
 from vitviz.errors import VitvizError
 from vitviz.figures.animation import view_stack
 from vitviz.record import POOLED
-from vitviz.tables import long_table
 from vitviz.text import md_plain
 
 cur = common.require_current()
@@ -58,8 +56,9 @@ with c3:
         tokens,
         index=tokens.index(query),
         format_func=lambda t: cap.token_label(t, block.stage),
-        key=f"query_pick_{block.stage}_{query}",
-        on_change=lambda: common.set_query(block.stage, ss[f"query_pick_{block.stage}_{query}"]),
+        key=(pick := common.query_box_key(block.stage, query)),
+        on_change=common.pick_query,
+        args=(block.stage, query, pick),
     )
 
 shown = views.HeadSettings(
@@ -70,7 +69,6 @@ shown = views.HeadSettings(
     windows=g.kind == "window" and ss.show_windows,
 )
 looking, what = views.head_looks(cur, shown), views.head_what(cur, shown)
-maps = head_maps(block, query, direction="query" if looking else "key")
 if (
     cur.model.family.name == "T2T-ViT"
     and getattr(cur.model.config, "tokens_type", "") == "performer"
@@ -87,57 +85,28 @@ if g.kind == "separable":
 elif looking and ss.direction == common.DIRECTIONS[1]:
     st.caption("The pooled query is a mean of rows and has no column: the map shows where it looks.")
 
-common.chart(
-    figures.small_multiples_figure(
-        maps.values,
-        [f"head {h}" for h in range(block.num_heads)],
-        colorbar_title=f"attention (raw, {cap.attention_precision})",
-        cols=6,
-        image=cap.image,
-    ),
-    key="head_grid",
-    on_select="rerun",
-    selection_mode="points",
-)
-st.caption(
-    f"{cap.block_label(ss.layer)}: maps on the {maps.grid[0]} x {maps.grid[1]} "
-    f"{'key grid' if maps.grid != g.grid else 'token grid'}; all heads share one colour scale; click a head to show it large."
-)
-st.radio(
-    "Head shown large",
-    list(range(block.num_heads)),
-    **common.keep("head"),
-    horizontal=True,
-    format_func=lambda h: f"head {h}",
-)
-
-
-def _deformable_view(head: int, query: int) -> None:
-    """A DAT deformable block in its native form: the query's attention over the points it sampled."""
-    from vitviz.capture.deformable import query_points
-    from vitviz.figures.deformable import deformable_figure
-
-    samples = common.get_deformable(cur).get(ss.layer)
-    if samples is None:
-        return
-    arrows = st.checkbox("Show the offsets (reference point -> sampled point)", key="deformable_arrows")
-    qp = query_points(samples, head, query)
-    title = f"{cap.block_label(ss.layer).capitalize()}, head {head}: {what}, over its {len(qp.weights)} sampled keys"
-    common.chart(deformable_figure(cap.image, qp, arrows=arrows, title=title), key="deformable")
-    st.caption(
-        "Deformable attention samples the block input at a reference grid moved by learned offsets; the map "
-        "above spreads each sampled key's weight onto the 4 cells around it (bilinear, as sampled), dropping "
-        "what fell outside the image. Relevance gets nothing from deformable blocks (their spread map is not on "
-        "the gradient path)."
-    )
-
-
+# The head shown large first, every head beside it: at 1366 x 768 the large map is in view without scrolling
 big, side = st.columns([3, 2])
 head = ss.head
+with side:
+    maps = views.draw_head_grid(cur, shown, key="head", cols=4, tile_px=110)
+    st.caption(
+        f"{cap.block_label(ss.layer)}: maps on the {maps.grid[0]} x {maps.grid[1]} "
+        f"{'key grid' if maps.grid != g.grid else 'token grid'}; all heads share one colour scale; click a head to "
+        "show it large."
+    )
+    st.radio(
+        "Head shown large",
+        list(range(block.num_heads)),
+        **common.keep("head"),
+        horizontal=True,
+        format_func=lambda h: f"head {h}",
+    )
+    views.draw_head_side(cur, shown, key="heads")
 with big:
     if g.kind == "window":
         st.checkbox("Show the windows (shifted blocks show shifted windows)", **common.keep("show_windows"))
-    views.draw_head_map(cur, shown, key="head", config=photo.camera_config("head_map"))
+    views.draw_head_map(cur, shown, key="head", config=photo.camera_config("head_map"), height=440)
     photo.photo_panel(
         "head",
         list(maps.values),
@@ -150,41 +119,12 @@ with big:
         gif_key=(head, query, block.stage),
     )
     if cur.model.family.name == "DAT" and looking:
-        _deformable_view(head, query)
+        views.draw_deformable(cur, shown, key="deformable")
     if g.kind == "window":
         st.caption(
             f"Window {g.window} x {g.window}, shift {g.shift}, grid {g.grid[0]} x {g.grid[1]} padded to "
             f"{g.padded[0]} x {g.padded[1]}. Keys outside the query's window get no attention."
         )
-with side:
-    if looking:
-        total = float(maps.values[head].sum(dtype=np.float64))
-        names = list(g.prefix_kinds)
-        values = maps.prefix[head]
-        if maps.padding[head] > 0:
-            names, values = [*names, "padding"], np.append(values, maps.padding[head])
-        common.chart(figures.prefix_attention_figure(values, names, patch_total=total), key="prefix")
-        st.caption(
-            "Raw attention weights of this query: its row sums to 1 over all its keys, "
-            "including tokens not on the image (prefix tokens, and padding in windowed blocks)."
-        )
-    else:
-        common.chart(
-            figures.prefix_attention_figure(
-                maps.prefix[head],
-                g.prefix_kinds,
-                title=f"Attention the prefix tokens pay to {cap.token_label(query, block.stage)} (raw)",
-            ),
-            key="prefix",
-        )
-    common.downloads(
-        f"block{ss.layer}_head{head}_token{query}",
-        "heads",
-        csv=long_table(maps.values, ("head", "row", "col"), f"attention weight (raw, {cap.attention_precision})"),
-        map=maps.values[head],
-        all_heads=maps.values,
-        attention=select(block, head=head),
-    )
 
 # Does this head matter? Knock heads out and see the prediction and the attention downstream
 st.subheader("Does this head matter? Knock it out")

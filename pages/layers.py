@@ -1,16 +1,14 @@
 """Layers & rollout: blocks side by side, rollout, class-specific relevance, DINO masks, per-head summaries."""
 
-import numpy as np
 import streamlit as st
 
 from pages import common, photo, views
 from vitviz import figures
 from vitviz.analysis import maps
-from vitviz.analysis.blocks import global_query, head_maps, row_map, select
-from vitviz.analysis.masks import mass_masks
-from vitviz.analysis.stats import SUMMARIES, summary_table
+from vitviz.analysis.blocks import global_query
+from vitviz.analysis.stats import SUMMARIES
 from vitviz.errors import VitvizError
-from vitviz.figures.animation import lens_rows, view_stack
+from vitviz.figures.animation import view_stack
 from vitviz.tables import long_table
 
 cur = common.require_current()
@@ -43,14 +41,13 @@ def open_head(data) -> None:
     ss.open_heads_page = True
 
 
-common.take_click("summary_map", open_head)
+common.take_click("summaries_map", open_head)
 common.take_click("rollout_map", lambda data: common.click_query(cap, ss.get("_rollout_stage", 0), data))
 if ss.pop("open_heads_page", False):
     st.switch_page("pages/heads.py")
 common.clamp_state(cap)
 if ss.metric not in SUMMARIES:
     ss.metric = "distance"
-stage_of_block = [b.stage for b in cap.blocks]
 
 st.header("Blocks, rollout and explanations" if cap.is_hierarchical else "Layers, rollout and explanations")
 c1, c2 = st.columns(2)
@@ -60,17 +57,8 @@ c2.caption(f"Query token: **{cap.token_label(ss.query, ss.query_stage)}** (pick 
 # Blocks side by side: one row of tiles per stage (each stage has its own grid)
 precision = "float32 mean" if ss.fusion == "mean" else cap.attention_precision
 for stage in cap.stages:
-    q = common.query_at(cap, stage.index)
-    tiles = np.stack(
-        [row_map(cap.blocks[b].geometry, select(cap.blocks[b], fusion=ss.fusion), q).values for b in stage.blocks]
-    )
-    where = f"stage {stage.index + 1} ({stage.grid[0]} x {stage.grid[1]}): " if len(cap.stages) > 1 else ""
-    st.subheader(f"{where}where {cap.token_label(q, stage.index)} looks, block by block ({ss.fusion} of heads)")
-    common.chart(
-        figures.small_multiples_figure(
-            tiles, [cap.block_label(b) for b in stage.blocks], colorbar_title=f"attention (raw, {precision})", cols=6
-        ),
-        key=f"layer_grid_{stage.index}",
+    views.draw_blocks(
+        cur, views.BlocksSettings(stage.index, common.query_at(cap, stage.index), ss.fusion), key="layer_grid"
     )
 
 # Rollout and relevance
@@ -173,110 +161,13 @@ last = cap.blocks[-1]
 gq = global_query(last)
 st.subheader(f"DINO attention masks (last block, {cap.token_label(gq, last.stage)})")
 st.slider("Kept attention mass (tau)", 0.1, 1.0, step=0.05, **common.keep("tau"))
-masks = mass_masks(head_maps(last, gq).values, tau=ss.tau).astype(np.float32)
-common.chart(
-    figures.small_multiples_figure(
-        masks,
-        [f"head {h}" for h in range(last.num_heads)],
-        colorbar_title="kept (1) / dropped (0)",
-        cols=6,
-        zmin=0,
-        zmax=1,
-    ),
-    key="masks",
-)
+views.draw_masks(cur, views.MasksSettings(ss.tau), key="masks")
 
 # Per-head summaries
 st.subheader("Per-head summaries")
 st.radio("Metric", list(SUMMARIES), format_func=SUMMARIES.get, **common.keep("metric"), horizontal=True)
-values = summary_table(cap.blocks, ss.metric)
-labels = [cap.block_label(b) for b in range(cap.num_blocks)]
-s1, s2 = st.columns(2)
-with s1:
-    common.chart(
-        figures.layer_head_figure(
-            values,
-            title=f"{SUMMARIES[ss.metric]}: click a cell to open that head",
-            colorbar_title=SUMMARIES[ss.metric],
-            marked=(ss.layer, ss.head),
-            row_labels=labels,
-            stage_of_block=stage_of_block if len(cap.stages) > 1 else None,
-        ),
-        key="summary_map",
-        on_select="rerun",
-        selection_mode="points",
-    )
-    st.caption("Computed from the float32 weights as each block ran; blank cells are heads a block does not have.")
-    common.downloads(
-        "summaries",
-        "summaries",
-        csv={
-            **long_table(summary_table(cap.blocks, "distance"), ("block", "head"), SUMMARIES["distance"]),
-            SUMMARIES["entropy"]: summary_table(cap.blocks, "entropy").reshape(-1),
-            SUMMARIES["entropy_norm"]: summary_table(cap.blocks, "entropy_norm").reshape(-1),
-        },
-        mean_attention_distance=summary_table(cap.blocks, "distance"),
-        attention_entropy=summary_table(cap.blocks, "entropy"),
-        attention_entropy_normalised=summary_table(cap.blocks, "entropy_norm"),
-    )
-with s2:
-    common.chart(
-        figures.distance_depth_figure(
-            summary_table(cap.blocks, "distance"),
-            image_px=max(cap.input_size),
-            stage_of_block=stage_of_block if len(cap.stages) > 1 else None,
-        ),
-        key="distance_depth",
-    )
+views.draw_summaries(cur, views.SummarySettings(ss.metric, marked=(ss.layer, ss.head)), key="summaries")
 
 # Logit lens
 st.subheader("Logit lens")
-ranked = common.classes(cur)
-notes = common.get_causal_notes(cap.model_name)
-partial_lens = (  # hierarchical with a readout head: the last stage's rows only
-    cur.model.family.hierarchical
-    and cur.model.has_classifier
-    and cur.model.family.readout_head(cur.model.model) is not None
-)
-if notes["lens"] and not partial_lens:
-    st.info(notes["lens"])
-elif ranked is None or ranked.labels is not None:
-    st.info("The logit lens reads class logits through the model's own head: it needs a classifier.")
-else:
-    try:
-        with st.spinner("Reading the residual stream through the model's head…"):
-            lens = common.get_lens(cur)
-    except VitvizError as exc:
-        st.error(str(exc))
-    else:
-        final = lens.logits[-1]
-        top = np.argsort(-final)[:5]
-        probs = lens.probabilities()[:, top]
-        names = [cur.model.id2label.get(int(c), f"class {c}") for c in top]
-        rows, ticks = lens_rows(cap)
-        fig = figures.lens_figure(
-            probs, names, lens.ranks(int(top[0])), target=names[0], row_labels=rows, tick_labels=ticks
-        )
-        common.chart(fig, key="lens")
-        shown = [rows[r] for r in np.flatnonzero(lens.defined)]
-        where = (
-            ""
-            if len(shown) == len(lens.defined)
-            else f" Points drawn: {', '.join(shown)}; the other rows are not defined here."
-        )
-        st.caption(
-            f"Each point: the residual stream after that block, through the model's final norm and head "
-            f"({lens.readout}); the last is the model's own prediction."
-            + where
-            + (f" {lens.note}" if lens.note else "")
-        )
-        common.downloads(
-            "logit_lens",
-            "lens",
-            csv={
-                "residual stream": np.asarray(rows),
-                **{f"probability of '{n}'": probs[:, k] for k, n in enumerate(names)},
-                f"rank of '{names[0]}' (1 = top)": lens.ranks(int(top[0])),
-            },
-            logit_lens=lens.logits,
-        )
+views.draw_lens(cur, views.LensSettings(), key="lens")

@@ -1,13 +1,25 @@
-"""Views as functions of their state: a pane (``common.Current``) and frozen settings in, a drawn map out.
+"""Views as functions of their state: a pane (``common.Current``) and frozen settings in, a drawn view out.
 
-Streamlit wiring only: the numbers come from :mod:`vitviz` (``head_maps``, ``capture_rollout`` through the
-cached ``common.get_rollout``, relevance through ``common.get_relevance``), the figures from
-:mod:`vitviz.figures`. No ``draw_*`` function reads session state; ``key`` prefixes every key it draws (its
-map is ``f"{key}_map"``), so one page can draw the same view twice with two states, as the Side by side page
-does. Each view also has its computing half (``head_map``, ``rollout_map``, ``relevance_map``), which a page
-calls when it needs the numbers before drawing (a colour scale shared by two panes).
+Streamlit wiring only: the numbers come from :mod:`vitviz` (``head_maps``, ``row_map``, ``capture_rollout``
+through the cached ``common.get_rollout``, relevance through ``common.get_relevance``), the figures from
+:mod:`vitviz.figures`. No view reads session state; ``key`` prefixes every key it draws, so one page can
+draw the same view twice with two states, as the Side by side page does:
 
-A title starts lower case and gets a capital when drawn without ``title_prefix`` ("A. demo: " in a pane).
+* ``draw_head_map`` (one head, or the mean of a block's heads, for a query): chart ``f"{key}_map"``;
+* ``draw_head_side`` (the query's attention to tokens off the image, and the files): chart ``f"{key}_prefix"``,
+  downloads ``f"{key}-npz"``, ``f"{key}-csv"``;
+* ``draw_head_grid`` (every head of a block for a query): chart ``f"{key}_grid"``;
+* ``draw_deformable`` (a DAT deformable block's sampled keys): chart ``f"{key}_map"``, checkbox ``f"{key}_arrows"``;
+* ``draw_blocks`` (every block of a stage, heads fused, for a query): chart ``f"{key}_{stage}"``;
+* ``draw_masks`` (DINO's masks of every head of a block): chart ``f"{key}_grid"``;
+* ``draw_summaries`` (a per-head summary of every block, and distance against depth): charts ``f"{key}_map"``,
+  ``f"{key}_depth"``, downloads ``f"{key}-npz"``, ``f"{key}-csv"``;
+* ``draw_rollout``, ``draw_relevance``: chart ``f"{key}_map"``;
+* ``draw_lens`` (the logit lens): chart ``f"{key}_chart"``, downloads ``f"{key}-npz"``, ``f"{key}-csv"``.
+
+The maps also have their computing half (``head_map``, ``rollout_map``, ``relevance_map``), which a page
+calls when it needs the numbers before drawing (a colour scale shared by two panes). A title starts lower
+case and gets a capital when drawn without ``title_prefix`` (a pane's is "A. demo: ").
 """
 
 from __future__ import annotations
@@ -20,19 +32,38 @@ import streamlit as st
 
 from pages import common
 from vitviz import figures
-from vitviz.analysis.blocks import head_maps, window_edges
+from vitviz.analysis.blocks import HeadMaps, global_query, head_maps, row_map, select, window_edges
+from vitviz.analysis.masks import mass_masks
+from vitviz.analysis.stats import SUMMARIES, summary_table
+from vitviz.errors import VitvizError
+from vitviz.figures.animation import lens_rows
 from vitviz.record import POOLED
+from vitviz.tables import long_table
 from vitviz.text import plotly_plain
 
 __all__ = [
+    "BlocksSettings",
     "HeadSettings",
+    "LensSettings",
+    "MasksSettings",
     "RelevanceSettings",
     "RolloutSettings",
+    "SummarySettings",
     "ViewMap",
+    "draw_blocks",
+    "draw_deformable",
+    "draw_head_grid",
     "draw_head_map",
+    "draw_head_side",
+    "draw_lens",
+    "draw_masks",
     "draw_relevance",
     "draw_rollout",
+    "draw_summaries",
+    "head_looks",
     "head_map",
+    "head_what",
+    "relevance",
     "relevance_map",
     "rollout_map",
     "rollout_row",
@@ -48,7 +79,7 @@ class ViewMap:
     colorbar_title: str
     stage: int
     marked: tuple[int, int] | None = None  # the query's cell
-    windows: tuple | None = None  # a windowed block's window edges (rows, cols), when asked for
+    windows: tuple | None = None  # a windowed block's window edges (``window_edges``), when asked for
 
 
 @dataclass(frozen=True)
@@ -83,6 +114,38 @@ class RelevanceSettings:
     start_block: int = 0  # relevance through blocks k..L-1
 
 
+@dataclass(frozen=True)
+class BlocksSettings:
+    """Where one query looks in every block of one stage, the heads of each block fused."""
+
+    stage: int
+    query: int  # a token of that stage, or POOLED
+    fusion: str = "mean"  # vitviz.analysis.maps.FUSIONS
+
+
+@dataclass(frozen=True)
+class MasksSettings:
+    """DINO's masks: per head, the smallest set of patches holding ``tau`` of the global query's attention."""
+
+    tau: float = 0.6
+    block: int = -1  # the last block by default
+
+
+@dataclass(frozen=True)
+class SummarySettings:
+    """One per-head summary of every block (``vitviz.analysis.stats.SUMMARIES``), a (block, head) cell marked."""
+
+    metric: str = "distance"
+    marked: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class LensSettings:
+    """The logit lens: the probability of the final top ``top`` classes after each block, and the top-1's rank."""
+
+    top: int = 5
+
+
 def _titled(prefix: str, title: str) -> str:
     return prefix + title if prefix else title[:1].upper() + title[1:]
 
@@ -99,8 +162,8 @@ def _draw(cur: common.Current, m: ViewMap, *, key: str, title_prefix: str, confi
         click_hint="click to make it the query" if clickable else "",
         **figure_kw,
     )
-    select = {"on_select": "rerun", "selection_mode": "points"} if clickable else {}
-    common.chart(fig, key=f"{key}_map", config=dict(config or {}), **select)
+    clicks = {"on_select": "rerun", "selection_mode": "points"} if clickable else {}
+    common.chart(fig, key=f"{key}_map", config=dict(config or {}), **clicks)
 
 
 def head_looks(cur: common.Current, s: HeadSettings) -> bool:
@@ -137,6 +200,57 @@ def head_map(cur: common.Current, s: HeadSettings) -> ViewMap:
     return ViewMap(values, title, colorbar, block.stage, marked, windows)
 
 
+def draw_head_grid(cur: common.Current, s: HeadSettings, *, key: str, **figure_kw) -> HeadMaps:
+    """Every head of block ``s.block`` for the query, one tile each on one colour scale (chart ``f"{key}_grid"``;
+    a click's customdata is ``[head]``). Returns the maps (``head_maps``); ``s.head`` does not apply.
+
+    ``figure_kw``: options of ``vitviz.figures.small_multiples_figure``.
+    """
+    cap = cur.cap
+    block = cap.blocks[s.block]
+    maps = head_maps(block, s.query, direction="query" if head_looks(cur, s) else "key")
+    fig = figures.small_multiples_figure(
+        maps.values,
+        [f"head {h}" for h in range(block.num_heads)],
+        colorbar_title=f"attention (raw, {cap.attention_precision})",
+        image=cap.image,
+        **{"cols": 6, **figure_kw},
+    )
+    common.chart(fig, key=f"{key}_grid", on_select="rerun", selection_mode="points")
+    return maps
+
+
+def draw_head_side(cur: common.Current, s: HeadSettings, *, key: str) -> None:
+    """Beside the head map: the attention between the query and the tokens off the image (chart ``f"{key}_prefix"``)
+    and the files of the head view (downloads ``f"{key}-npz"``, ``f"{key}-csv"``: every head's map)."""
+    cap = cur.cap
+    block = cap.blocks[s.block]
+    g, head = block.geometry, s.head or 0
+    maps = head_maps(block, s.query, direction="query" if head_looks(cur, s) else "key")
+    if head_looks(cur, s):
+        total = float(maps.values[head].sum(dtype=np.float64))
+        names, values = list(g.prefix_kinds), maps.prefix[head]
+        if maps.padding[head] > 0:
+            names, values = [*names, "padding"], np.append(values, maps.padding[head])
+        common.chart(figures.prefix_attention_figure(values, names, patch_total=total), key=f"{key}_prefix")
+        st.caption(
+            "Raw attention weights of this query: its row sums to 1 over all its keys, "
+            "including tokens not on the image (prefix tokens, and padding in windowed blocks)."
+        )
+    else:
+        title = f"Attention the prefix tokens pay to {cap.token_label(s.query, block.stage)} (raw)"
+        fig = figures.prefix_attention_figure(maps.prefix[head], g.prefix_kinds, title=title)
+        common.chart(fig, key=f"{key}_prefix")
+    common.downloads(
+        f"block{s.block}_head{head}_token{s.query}",
+        key,
+        csv=long_table(maps.values, ("head", "row", "col"), f"attention weight (raw, {cap.attention_precision})"),
+        map=maps.values[head],
+        all_heads=maps.values,
+        attention=select(block, head=head),
+    )
+
+
 def draw_head_map(
     cur: common.Current,
     s: HeadSettings,
@@ -155,6 +269,100 @@ def draw_head_map(
     return m
 
 
+def draw_deformable(cur: common.Current, s: HeadSettings, *, key: str) -> None:
+    """A DAT deformable block in its native form: head ``s.head``'s attention from the query over the points it
+    sampled (chart ``f"{key}_map"``, checkbox ``f"{key}_arrows"``); nothing for a block that is not deformable."""
+    from vitviz.capture.deformable import query_points
+    from vitviz.figures.deformable import deformable_figure
+
+    samples = common.get_deformable(cur).get(s.block)
+    if samples is None or s.head is None:
+        return
+    arrows = st.checkbox("Show the offsets (reference point -> sampled point)", key=f"{key}_arrows")
+    qp = query_points(samples, s.head, s.query)
+    title = (
+        f"{cur.cap.block_label(s.block)}, head {s.head}: {head_what(cur, s)}, over its {len(qp.weights)} sampled keys"
+    )
+    common.chart(deformable_figure(cur.cap.image, qp, arrows=arrows, title=_titled("", title)), key=f"{key}_map")
+    st.caption(
+        "Deformable attention samples the block input at a reference grid moved by learned offsets; the map "
+        "above spreads each sampled key's weight onto the 4 cells around it (bilinear, as sampled), dropping "
+        "what fell outside the image. Relevance gets nothing from deformable blocks (their spread map is not on "
+        "the gradient path)."
+    )
+
+
+def draw_blocks(cur: common.Current, s: BlocksSettings, *, key: str) -> np.ndarray:
+    """A heading and one tile per block of stage ``s.stage`` (chart ``f"{key}_{s.stage}"``); returns the tiles
+    ``(B, gh, gw)``: each block's fused attention (``select``) read at the query's row (``row_map``)."""
+    cap = cur.cap
+    stage = cap.stages[s.stage]
+    rows = [row_map(cap.blocks[b].geometry, select(cap.blocks[b], fusion=s.fusion), s.query) for b in stage.blocks]
+    tiles = np.stack([r.values for r in rows])
+    where = f"stage {stage.index + 1} ({stage.grid[0]} x {stage.grid[1]}): " if len(cap.stages) > 1 else ""
+    st.subheader(f"{where}where {cap.token_label(s.query, stage.index)} looks, block by block ({s.fusion} of heads)")
+    precision = "float32 mean" if s.fusion == "mean" else cap.attention_precision
+    fig = figures.small_multiples_figure(
+        tiles, [cap.block_label(b) for b in stage.blocks], colorbar_title=f"attention (raw, {precision})", cols=6
+    )
+    common.chart(fig, key=f"{key}_{s.stage}")
+    return tiles
+
+
+def draw_masks(cur: common.Current, s: MasksSettings, *, key: str) -> np.ndarray:
+    """One tile per head of block ``s.block`` (chart ``f"{key}_grid"``); returns the masks ``(H, gh, gw)`` of
+    ``mass_masks`` on the block's map for its global query (CLS, else pooled), 1 kept and 0 dropped."""
+    block = cur.cap.blocks[s.block]
+    masks = mass_masks(head_maps(block, global_query(block)).values, tau=s.tau).astype(np.float32)
+    fig = figures.small_multiples_figure(
+        masks,
+        [f"head {h}" for h in range(block.num_heads)],
+        colorbar_title="kept (1) / dropped (0)",
+        cols=6,
+        zmin=0,
+        zmax=1,
+    )
+    common.chart(fig, key=f"{key}_grid")
+    return masks
+
+
+def draw_summaries(cur: common.Current, s: SummarySettings, *, key: str) -> np.ndarray:
+    """Block x head table of the summary (chart ``f"{key}_map"``; a click's customdata is ``[block, head]``), its
+    files (download keys ``f"{key}-npz"``, ``f"{key}-csv"``: all three summaries) and the distance against depth
+    (chart ``f"{key}_depth"``). Returns the table ``(L, H_max)``, NaN where a block has fewer heads."""
+    cap = cur.cap
+    table = {metric: summary_table(cap.blocks, metric) for metric in SUMMARIES}
+    stages = [b.stage for b in cap.blocks] if len(cap.stages) > 1 else None
+    left, right = st.columns(2)
+    with left:
+        fig = figures.layer_head_figure(
+            table[s.metric],
+            title=f"{SUMMARIES[s.metric]}: click a cell to open that head",
+            colorbar_title=SUMMARIES[s.metric],
+            marked=s.marked,
+            row_labels=[cap.block_label(b) for b in range(cap.num_blocks)],
+            stage_of_block=stages,
+        )
+        common.chart(fig, key=f"{key}_map", on_select="rerun", selection_mode="points")
+        st.caption("Computed from the float32 weights as each block ran; blank cells are heads a block does not have.")
+        common.downloads(
+            "summaries",
+            key,
+            csv={
+                **long_table(table["distance"], ("block", "head"), SUMMARIES["distance"]),
+                SUMMARIES["entropy"]: table["entropy"].reshape(-1),
+                SUMMARIES["entropy_norm"]: table["entropy_norm"].reshape(-1),
+            },
+            mean_attention_distance=table["distance"],
+            attention_entropy=table["entropy"],
+            attention_entropy_normalised=table["entropy_norm"],
+        )
+    with right:
+        fig = figures.distance_depth_figure(table["distance"], image_px=max(cap.input_size), stage_of_block=stages)
+        common.chart(fig, key=f"{key}_depth")
+    return table[s.metric]
+
+
 def rollout_row(cur: common.Current, s: RolloutSettings) -> tuple[np.ndarray, int]:
     """The whole rollout row (prefix tokens first) and the stage it lies on (``capture_rollout``), cached."""
     end = cur.cap.num_blocks - 1 if s.end is None else s.end
@@ -166,7 +374,7 @@ def rollout_row(cur: common.Current, s: RolloutSettings) -> tuple[np.ndarray, in
 def rollout_map(cur: common.Current, s: RolloutSettings) -> ViewMap:
     """The rollout row of ``s.query`` through blocks ``s.start``..``s.end`` on block ``s.start``'s stage grid.
 
-    Raises ``ValueError`` (a model rollout is not defined for) or ``VitvizError``.
+    Raises ``ValueError`` where rollout is not defined for the model (``Capture.rollout_note``), or ``VitvizError``.
     """
     cap = cur.cap
     end = cap.num_blocks - 1 if s.end is None else s.end
@@ -227,3 +435,57 @@ def draw_relevance(
     m = relevance_map(cur, s)
     _draw(cur, m, key=key, title_prefix=title_prefix, config=config, clickable=False, **figure_kw)
     return m
+
+
+def draw_lens(cur: common.Current, s: LensSettings, *, key: str):
+    """The logit lens of a classifier (chart ``f"{key}_chart"``, downloads ``f"{key}-npz"``, ``f"{key}-csv"``),
+    or why there is none; returns the ``Lens`` (``vitviz.capture.causal.logit_lens``) or None."""
+    cap = cur.cap
+    ranked = common.classes(cur)
+    notes = common.get_causal_notes(cap.model_name)
+    partial = (  # hierarchical with a readout head: the last stage's rows only
+        cur.model.family.hierarchical
+        and cur.model.has_classifier
+        and cur.model.family.readout_head(cur.model.model) is not None
+    )
+    if notes["lens"] and not partial:
+        st.info(notes["lens"])
+        return None
+    if ranked is None or ranked.labels is not None:
+        st.info("The logit lens reads class logits through the model's own head: it needs a classifier.")
+        return None
+    try:
+        with st.spinner("Reading the residual stream through the model's head…"):
+            lens = common.get_lens(cur)
+    except VitvizError as exc:
+        st.error(str(exc))
+        return None
+    top = np.argsort(-lens.logits[-1])[: s.top]
+    probs = lens.probabilities()[:, top]
+    names = [cur.model.id2label.get(int(c), f"class {c}") for c in top]
+    rows, ticks = lens_rows(cap)
+    fig = figures.lens_figure(
+        probs, names, lens.ranks(int(top[0])), target=names[0], row_labels=rows, tick_labels=ticks
+    )
+    common.chart(fig, key=f"{key}_chart")
+    shown = [rows[r] for r in np.flatnonzero(lens.defined)]
+    where = (
+        ""
+        if len(shown) == len(lens.defined)
+        else f" Points drawn: {', '.join(shown)}; the other rows are not defined here."
+    )
+    st.caption(
+        f"Each point: the residual stream after that block, through the model's final norm and head "
+        f"({lens.readout}); the last is the model's own prediction." + where + (f" {lens.note}" if lens.note else "")
+    )
+    common.downloads(
+        "logit_lens",
+        key,
+        csv={
+            "residual stream": np.asarray(rows),
+            **{f"probability of '{n}'": probs[:, k] for k, n in enumerate(names)},
+            f"rank of '{names[0]}' (1 = top)": lens.ranks(int(top[0])),
+        },
+        logit_lens=lens.logits,
+    )
+    return lens

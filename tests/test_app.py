@@ -512,3 +512,34 @@ def test_compare_explanations_with_zero_shot_labels(modern_dirs):
     top = float(torch.softmax(own, 0).max())
     deletion = next(d for d in curves["data"] if "deletion" in str(d.get("name", "")).lower() or d.get("y"))
     assert _decode(deletion["y"])[0] == pytest.approx(top, abs=1e-4)
+
+
+def test_the_heads_query_box_sets_the_query_and_a_stale_box_does_not():
+    """The query box of the Heads page sets the query; a box drawn for an older query (the browser's stale copy
+    during a rerun, issue 22.4) changes nothing."""
+    from vitviz.record import POOLED
+
+    at = _app("pages/heads.py")
+    _no_trouble(at)
+    at.selectbox(key="query_pick_0_0").set_value(POOLED).run()  # demo: CLS is token 0
+    assert at.session_state["query"] == POOLED
+    assert "where pooled query looks" in _titled(at, "head 0:")["layout"]["title"]["text"]
+    assert at.selectbox(key=f"query_pick_0_{POOLED}").value == POOLED  # a new box at the new query
+    assert at.session_state["_query_drawn"] == (0, POOLED)
+    script = AppTest.from_function(_stale_callback, default_timeout=30)
+    script.run()
+    assert not script.exception, [e.value for e in script.exception]
+    assert script.session_state["log"] == [1, 5]
+
+
+def _stale_callback():
+    import streamlit as st
+
+    from pages.common import pick_query
+
+    ss = st.session_state
+    ss.update(query=1, query_stage=0, _query_drawn=(0, 1), query_pick_0_0=0, query_pick_0_1=5)
+    pick_query(0, 0, "query_pick_0_0")  # the box drawn for the old query: ignored
+    first = ss.query
+    pick_query(0, 1, "query_pick_0_1")  # the box the page drew last: taken
+    ss.log = [first, ss.query]

@@ -266,3 +266,25 @@ def test_heads_main_map_is_visible_without_scrolling_at_1366x768(server, browser
         page.screenshot(path=str(OUTPUT / "heads-instant-1366x768.png"))
     finally:
         page.close()
+
+
+def test_server_drawn_heads_map_is_visible_without_scrolling_at_1366x768(server, browser):
+    """Issue 22.16 for the server-drawn view (the instant view switched off; hierarchical models always have it):
+    the large map's plot area lies inside a 1366 x 768 window before any scrolling, the heads grid beside it."""
+    page = browser.new_page(viewport={"width": 1366, "height": 768})
+    try:
+        page.goto(f"{server}/heads")
+        server_heads(page)
+        wait_for_title(page, "head 0: where CLS looks", timeout=120)
+        settle(page)
+        page.evaluate("window.scrollTo(0, 0)")
+        main = page.locator(PLOTS).filter(has=page.locator("text=head 0: where")).first
+        box = main.bounding_box()
+        assert page.evaluate("window.scrollY") == 0
+        assert box["y"] >= 0 and box["y"] + box["height"] <= 768 and box["x"] + box["width"] <= 1366, box
+        grid = page.locator(PLOTS).filter(has=page.locator("text=head 1")).first.bounding_box()
+        assert grid["x"] > box["x"] + box["width"] - 1  # every head beside the large map, not above it
+        OUTPUT.mkdir(exist_ok=True)
+        page.screenshot(path=str(OUTPUT / "heads-server-1366x768.png"))
+    finally:
+        page.close()

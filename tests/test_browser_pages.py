@@ -14,6 +14,7 @@ from browser_tools import (
     FLAGS,
     PLOTS,
     ROOT,
+    plot_state,
     require_chromium,
     settle,
     streamlit_server,
@@ -142,5 +143,28 @@ def test_a_click_on_the_rollout_map_sets_the_query(server, browser):
         settle(page)
         _quick_clicks(page, "Rollout of CLS", [(7.5 / 12, 3.5 / 12)])  # cell (3, 7) of the demo's 12 x 12 grid
         wait_for_title(page, "Rollout of patch (3, 7)")
+    finally:
+        page.close()
+
+
+def test_quick_clicks_on_the_heads_map_never_bring_back_the_old_query(server, browser):
+    """22.4: a click during the previous click's rerun reached the server with the browser's stale query box
+    (drawn for the old query), whose "change" put the old query back: the map showed CLS again. Two clicks 120 ms
+    apart now end on one of the two patches clicked, never on the query from before them."""
+    page = browser.new_page(viewport={"width": 1500, "height": 1300})
+    try:
+        page.goto(f"{server}/heads")
+        server_heads(page)
+        wait_for_title(page, "head 0: where CLS looks", timeout=120)
+        settle(page)
+        pairs = [((2, 2), (8, 9)), ((5, 1), (10, 6)), ((1, 11), (7, 7))]
+        for first, second in pairs:
+            _quick_clicks(page, "head 0: where", [((c + 0.5) / 12, (r + 0.5) / 12) for r, c in (first, second)])
+            page.wait_for_timeout(500)
+            settle(page)
+            page.wait_for_timeout(800)
+            settle(page)
+            title = next(f["title"] for f in plot_state(page) if "head 0: where" in f["title"])
+            assert any(f"patch ({r}, {c})" in title for r, c in (first, second)), (first, second, title)
     finally:
         page.close()

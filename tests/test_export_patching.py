@@ -149,3 +149,41 @@ def test_a_zero_shot_label_minus_another_label(shapes, tmp_path, capsys):
         assert "patching_heads" in z.files and z["patching_residual"].shape[0] == z["patching_heads"].shape[0]
         last = z["patching_residual"][-1]  # the last block's output: only what the pooled read-out reads matters
         assert last[0] != pytest.approx(float(z["patching_clean_logit"]), abs=1e-4)
+
+
+class _Counter:
+    """Counts calls through the model's own top-level forward."""
+
+    def __init__(self, model):
+        self.n = 0
+        self.handle = model.register_forward_pre_hook(self)
+
+    def __call__(self, module, args):
+        self.n += 1
+
+
+@pytest.mark.parametrize("patch", [False, True])
+def test_causal_export_runs_one_clean_forward_per_image(patch, shapes, demo_model, tmp_path, capsys, monkeypatch):
+    """The attention arrays, the causal arrays, the per-patch lens and patching read one Run per image; the
+    source of a patch adds one light forward (shared by every target)."""
+    import vitviz.models.load as load
+    from vitviz.capture.run import capture
+    from vitviz.capture.session import clear_runs
+
+    target, source = shapes
+    clear_runs()
+    monkeypatch.setattr(load, "load_model", lambda *a, **k: demo_model)
+    count = _Counter(demo_model.model)
+    try:
+        args = ["export", "--model", "demo", "--out", str(tmp_path), "--causal", "--class", "2", str(target)]
+        rc = main(args + (["--patch-from", str(source)] if patch else []))
+    finally:
+        count.handle.remove()
+        clear_runs()
+    assert rc == 0, capsys.readouterr().err
+    assert count.n == (2 if patch else 1)
+    ref = capture(demo_model, load_image(target))  # the attention written equals a plain capture's
+    with np.load(tmp_path / f"{target.stem}.npz", allow_pickle=False) as z:
+        assert ("patching_heads" in z) == patch and "head_ablation" in z
+        np.testing.assert_allclose(z["logits"], ref.logits, rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(z["attentions"], ref.attention_stack.astype(np.float32))

@@ -12,11 +12,14 @@ from app_tools import no_trouble
 from PIL import Image
 from streamlit.testing.v1 import AppTest
 
-from vitviz.analysis.blocks import head_maps
+from vitviz.analysis.blocks import global_query, head_maps, row_map, select
+from vitviz.analysis.masks import mass_masks
 from vitviz.analysis.rollout import capture_rollout
+from vitviz.analysis.stats import summary_table
+from vitviz.capture.causal import logit_lens
 from vitviz.capture.gradients import explain_classes
 from vitviz.capture.run import capture
-from vitviz.compare import token_of
+from vitviz.compare import depth_match, token_of
 from vitviz.models.load import load_model
 
 ROOT = str(Path(__file__).resolve().parents[1])
@@ -64,7 +67,7 @@ def test_current_of_reads_no_session_state():
 
 
 def _twice_script(root: str, states: tuple, block: int, head: int, point: tuple[float, float]) -> None:
-    """One script draws the head map, the mean of heads, the rollout and relevance twice: once per pane state."""
+    """One script draws every view of pages/views.py twice: once per pane state."""
     import sys
 
     if root not in sys.path:
@@ -76,27 +79,45 @@ def _twice_script(root: str, states: tuple, block: int, head: int, point: tuple[
         cur = common.current_of(state)
         query = token_of(cur.cap, cur.cap.blocks[block].stage, point)
         one = views.HeadSettings(block, query, head=head)
+        views.draw_blocks(cur, views.BlocksSettings(0, query, "max"), key=f"{who}_blocks")
+        views.draw_head_grid(cur, one, key=f"{who}_head")
+        views.draw_masks(cur, views.MasksSettings(tau=0.5), key=f"{who}_masks")
+        views.draw_summaries(cur, views.SummarySettings("entropy", marked=(block, head)), key=f"{who}_summaries")
         views.draw_head_map(cur, one, key=f"{who}_head", title_prefix=f"{who}. ")
-        views.draw_head_map(
-            cur, views.HeadSettings(block, query, head=None), key=f"{who}_mean", title_prefix=f"{who}. "
-        )
+        views.draw_head_side(cur, one, key=f"{who}_head")
+        mean = views.HeadSettings(block, query, head=None)
+        views.draw_head_map(cur, mean, key=f"{who}_mean", title_prefix=f"{who}. ")
         views.draw_rollout(cur, views.RolloutSettings(), key=f"{who}_rollout", title_prefix=f"{who}. ")
+        views.draw_lens(cur, views.LensSettings(top=3), key=f"{who}_lens")
         top = common.classes(cur).ranked[0]
         explained = views.RelevanceSettings(top.index, top.label, start_block=1)
         views.draw_relevance(cur, explained, key=f"{who}_relevance", title_prefix=f"{who}. ")
 
 
-def _charts(at: AppTest) -> dict[str, np.ndarray]:
-    """Each chart's heatmap by its title."""
+def _array(z) -> np.ndarray:
+    """A plotly array from a figure's JSON (a list, or the typed form ``{"dtype", "bdata", "shape"}``)."""
+    if isinstance(z, dict):
+        arr = np.frombuffer(base64.b64decode(z["bdata"]), dtype=z["dtype"])
+        z = arr.reshape([int(n) for n in str(z.get("shape", arr.size)).split(",")])
+    return np.asarray(z, dtype=np.float64)
+
+
+def _charts(at: AppTest) -> dict[str, tuple[str, np.ndarray, list]]:
+    """Each chart's title, heatmap (empty for a chart of lines) and traces, by its key."""
     out = {}
     for el in at.get("plotly_chart"):
         spec = json.loads(el.proto.spec)
-        z = next(t["z"] for t in spec["data"] if t["type"] == "heatmap")
-        if isinstance(z, dict):  # plotly's typed array
-            arr = np.frombuffer(base64.b64decode(z["bdata"]), dtype=z["dtype"])
-            z = arr.reshape([int(n) for n in str(z.get("shape", arr.size)).split(",")])
-        out[spec["layout"]["title"]["text"]] = np.asarray(z, dtype=np.float64)
+        z = next((t["z"] for t in spec["data"] if t["type"] == "heatmap"), [])
+        title = spec["layout"].get("title", {}).get("text", "")
+        out[el.proto.id.split("-", 2)[2]] = (title, _array(z), spec["data"])
     return out
+
+
+def _tiles(z: np.ndarray, k: int, grid: tuple[int, int], cols: int = 6) -> np.ndarray:
+    """The k tiles of a small-multiples heatmap: one-cell gaps, ``min(cols, k)`` tiles a row."""
+    (gh, gw), cols = grid, min(cols, k)
+    places = [divmod(i, cols) for i in range(k)]
+    return np.stack([z[r * (gh + 1) : r * (gh + 1) + gh, c * (gw + 1) : c * (gw + 1) + gw] for r, c in places])
 
 
 def test_one_view_drawn_twice_with_two_states_shows_each_states_own_numbers():
@@ -112,7 +133,7 @@ def test_one_view_drawn_twice_with_two_states_shows_each_states_own_numbers():
     at.run()
     no_trouble(at)
     charts = _charts(at)
-    assert len(charts) == 8  # eight titles: no chart replaced another
+    assert len(charts) == 22  # 22 keys: no chart replaced another
 
     loaded = load_model("demo", device="cpu")
     refs = {}
@@ -124,18 +145,72 @@ def test_one_view_drawn_twice_with_two_states_shows_each_states_own_numbers():
         row, _ = capture_rollout(cap)
         top = int(np.argmax(cap.logits))
         exp = explain_classes(loaded, image, [top], start_block=1)[top]
+        where = f"where {cap.token_label(query)} looks"
         refs[who] = {
-            f"{who}. layer {block}, head {head}: where {cap.token_label(query)} looks": maps[head],
-            f"{who}. layer {block}, mean of {cap.blocks[block].num_heads} heads: where {cap.token_label(query)} looks": (
-                maps.astype(np.float64).mean(axis=0)
+            f"{who}_head_map": (f"{who}. layer {block}, head {head}: {where}", maps[head]),
+            f"{who}_mean_map": (
+                f"{who}. layer {block}, mean of {len(maps)} heads: {where}",
+                maps.astype(np.float64).mean(axis=0),
             ),
-            f"{who}. rollout of what the model reads, layers 0-{cap.num_blocks - 1}": (
-                row[cap.num_prefix_tokens :].reshape(cap.grid)
+            f"{who}_rollout_map": (
+                f"{who}. rollout of what the model reads, layers 0-{cap.num_blocks - 1}",
+                row[cap.num_prefix_tokens :].reshape(cap.grid),
             ),
-            f"{who}. relevance for '{loaded.id2label[top]}' (Chefer et al. 2021)": exp.patch_map(),
+            f"{who}_relevance_map": (
+                f"{who}. relevance for '{loaded.id2label[top]}' (Chefer et al. 2021)",
+                exp.patch_map(),
+            ),
         }
-        for title, ref in refs[who].items():
-            assert title in charts, (title, list(charts))
-            assert np.allclose(charts[title], ref, rtol=1e-3, atol=1e-6), title
-    for a, b in zip(refs["A"].values(), refs["B"].values(), strict=True):
+        for key, (title, ref) in refs[who].items():
+            assert charts[key][0] == title
+            assert np.allclose(charts[key][1], ref, rtol=1e-3, atol=1e-6), key
+        tiles = _tiles(charts[f"{who}_head_grid"][1], len(maps), cap.grid)
+        assert np.allclose(tiles, maps, rtol=1e-3, atol=1e-6)
+        refs[who]["grid"] = ("", maps)
+        fused = [row_map(b.geometry, select(b, fusion="max"), query).values for b in cap.blocks]
+        blocks = _tiles(charts[f"{who}_blocks_0"][1], cap.num_blocks, cap.grid)
+        assert np.allclose(blocks, np.stack(fused), rtol=1e-3, atol=1e-6)
+        refs[who]["blocks"] = ("", blocks)
+        last = cap.blocks[-1]
+        masks = mass_masks(head_maps(last, global_query(last)).values, tau=0.5)
+        assert np.array_equal(_tiles(charts[f"{who}_masks_grid"][1], last.num_heads, cap.grid), masks)
+        entropy = summary_table(cap.blocks, "entropy")
+        assert np.allclose(charts[f"{who}_summaries_map"][1], entropy, rtol=1e-5, equal_nan=True)
+        refs[who]["summaries"] = ("", entropy)
+        row_q = select(cap.blocks[block], head=head)[query].astype(np.float64)  # (T,) the query's whole row
+        bars = _array(charts[f"{who}_head_prefix"][2][0]["y"])  # CLS, then all patches together
+        assert np.allclose(bars, [row_q[0], row_q[1:].sum()], atol=1e-3) and bars.sum() == pytest.approx(1, abs=2e-3)
+        refs[who]["prefix"] = ("", bars)
+        lens = logit_lens(loaded, image)
+        top3 = np.argsort(-lens.logits[-1])[:3]
+        drawn = np.stack([_array(t["y"]) for t in charts[f"{who}_lens_chart"][2][:3]], axis=1)
+        assert np.allclose(drawn, lens.probabilities()[:, top3], rtol=1e-4, atol=1e-7)
+        refs[who]["lens"] = ("", drawn)
+    for (_, a), (_, b) in zip(refs["A"].values(), refs["B"].values(), strict=True):
         assert not np.allclose(a, b, rtol=1e-3, atol=1e-6)  # the two states' maps differ: neither reused the other
+
+
+def test_side_by_side_panes_are_each_models_own_head_map():
+    """The Side by side page calls the Heads page's view once per pane: each pane shows its model's own map."""
+    from app_tools import APP
+
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.run()
+    at.switch_page("pages/side_by_side.py").run()
+    at.selectbox(key="sbs_model").set_value("demo-swin").run()
+    at.number_input(key="sbs_head").set_value(1).run()
+    point = (0.3, 0.6)
+    at.session_state["sbs_point"] = point  # what a click on either map stores
+    at.run()
+    no_trouble(at)
+    charts = _charts(at)
+    image = Image.open(EXAMPLES / "demo-star.png").convert("RGB")  # the sidebar's image
+    caps = [capture(load_model(name, device="cpu"), image) for name in ("demo", "demo-swin")]
+    block_a = at.slider(key="sbs_block").value
+    blocks = (block_a, depth_match(block_a, caps[0].num_blocks, caps[1].num_blocks))
+    assert blocks[0] == caps[0].num_blocks - 1  # the default: the last block
+    for key, cap, block in zip(("sbs_a_map", "sbs_b_map"), caps, blocks, strict=True):
+        want = head_maps(cap.blocks[block], token_of(cap, cap.blocks[block].stage, point)).values[1]
+        title, got, _ = charts[key]
+        assert title.startswith(f"{key[4].upper()}. {cap.model_name}: ") and "head 1" in title
+        assert np.allclose(got, want, rtol=1e-3, atol=1e-6), key

@@ -237,11 +237,16 @@ def export_images(
                 chunk_stems.append(stems[start + i])
             except VitvizError as exc:
                 report.failed.append((str(p), str(exc)))
-        try:
-            caps = capture_batch(loaded, images, size=size)
-        except VitvizError as exc:  # e.g. over the memory budget: every image of this batch failed
-            report.failed.extend((str(p), str(exc)) for p in names)
-            names, chunk_stems, caps = [], [], []
+        if causal:  # each image's Run: the causal arrays read the same clean forward (one forward per image)
+            images, names, chunk_stems, caps = _run_captures(
+                loaded, images, names, chunk_stems, size, None if scorer is None else scorer.text, report
+            )
+        else:
+            try:
+                caps = capture_batch(loaded, images, size=size)
+            except VitvizError as exc:  # e.g. over the memory budget: every image of this batch failed
+                report.failed.extend((str(p), str(exc)) for p in names)
+                names, chunk_stems, caps = [], [], []
         for path, stem, cap in zip(names, chunk_stems, caps, strict=True):
             arrays = capture_arrays(cap, pos_similarity=sim, query_xy=query_xy, labels=scorer)
             if causal:
@@ -289,6 +294,26 @@ def export_images(
         if progress:
             progress(len(chunk))
     return report
+
+
+def _run_captures(loaded: LoadedModel, images, names, stems, size, label_embeddings, report: ExportReport):
+    """The capture of each image's :class:`~vitviz.capture.session.Run` (the one clean forward that the causal
+    arrays, the per-patch lens and patching read too); images whose run fails are reported and left out."""
+    from vitviz.capture.session import NoScores, get_run
+
+    kept: tuple[list, list, list, list] = ([], [], [], [])
+    for image, name, stem in zip(images, names, stems, strict=True):
+        try:
+            try:
+                cap = get_run(loaded, image, size=size, label_embeddings=label_embeddings).capture
+            except NoScores:  # no scores to explain: the causal arrays say why; the capture needs none
+                cap = get_run(loaded, image, size=size).capture
+        except VitvizError as exc:  # e.g. over the memory budget
+            report.failed.append((str(name), str(exc)))
+            continue
+        for got, value in zip(kept, (image, name, stem, cap), strict=True):
+            got.append(value)
+    return kept
 
 
 def _methods(loaded: LoadedModel, methods: Sequence[str] | None) -> list:

@@ -115,3 +115,27 @@ def test_the_light_source_refuses_a_point_it_did_not_keep(tiny_models):
     assert light.has("blocks.0.out") and not light.has("blocks.0.in")
     with pytest.raises(CaptureError, match=r"did not keep the point blocks\.0\.in"):
         light.activation("blocks.0.in")
+
+
+def test_another_source_for_the_same_target_needs_no_backward(tiny_models, monkeypatch):
+    """The target's gradients are kept per (run, target): a second source image costs its light forward only, and
+    gives the numbers a fresh backward gives; another target runs its own backward."""
+    loaded = tiny_models["deit"]
+    img_t = random_image(26, (32, 32))
+    sources = [random_image(27, (32, 32)), random_image(28, (32, 32))]
+    backward = []
+    real = S.Run.gradients
+    monkeypatch.setattr(S.Run, "gradients", lambda self, *a, **k: backward.append(1) or real(self, *a, **k))
+    first = P.activation_patching(loaded, img_t, sources[0], class_index=2, exact=False)
+    with Counter(loaded.model) as count:
+        second = P.activation_patching(loaded, img_t, sources[1], class_index=2, exact=False)
+    assert len(backward) == 1 and count.n == 1  # the second source's light forward, no backward
+    assert first.forward_equivalents == pytest.approx(3.0) and second.forward_equivalents == pytest.approx(2.0)
+    P.activation_patching(loaded, img_t, sources[1], class_index=0, exact=False)
+    assert len(backward) == 2  # another target: its own backward
+    S.clear_runs()
+    P._GRADS.clear()
+    fresh = P.activation_patching(loaded, img_t, sources[1], class_index=2, exact=False)
+    assert len(backward) == 3
+    np.testing.assert_array_equal(fresh.heads_estimate, second.heads_estimate)
+    np.testing.assert_array_equal(fresh.residual_estimate, second.residual_estimate)

@@ -34,6 +34,14 @@ graph: one backward pass, no forward. ``progress(done, total)`` is called after 
 batch; ``cancel()`` before each: True raises :class:`PatchingCancelled` carrying the
 partial result (NaN where not computed).
 
+The source image only lends values: its head outputs and block outputs (and its scores),
+from one forward in inference mode that keeps nothing else (no attention, no summaries,
+no graph; :func:`~vitviz.capture.session.get_activations`, cached), or from its cached
+Run when a page made one. Given the target's clean Run (the page's), the estimate costs
+that one light forward and one backward; exact grids after it run no whole forward. The
+gradients of a (run, target) are kept (the last few), so the estimate for another source
+image of the same target costs its light forward alone.
+
 Built on the :class:`~vitviz.capture.session.Run` (one clean forward per image, cached,
 with its autograd graph) and the named points of :mod:`vitviz.models.points`: a head
 patch is the edit ``Edit("blocks.{l}.attn.z", "patch", source_run, heads=(h,))``; a
@@ -46,6 +54,9 @@ shared model.
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -263,10 +274,38 @@ def _residual_note(clean: Run) -> str:
 # --- attribution patching ------------------------------------------------------------------------
 
 
+_GRADS: OrderedDict[tuple, tuple[weakref.ref, list]] = OrderedDict()
+_GRADS_LOCK = threading.Lock()
+GRADS_KEPT = 4  # (run, target) gradient sets kept: another source image for the same target needs no backward
+
+
+def _target_gradients(clean: Run, t: Target, names: list[str]) -> tuple[list[torch.Tensor | None], bool]:
+    """``d y / d x`` at each point of ``names`` in the target's clean run (one backward, kept for the next source
+    image of the same run and target); and whether the backward ran now."""
+    key = (id(clean), t, tuple(names))
+    with _GRADS_LOCK:
+        hit = _GRADS.get(key)
+        if hit is not None and hit[0]() is clean:
+            _GRADS.move_to_end(key)
+            return hit[1], False
+
+    def y(out) -> torch.Tensor:
+        return t.select(clean.score_of(out))[0]
+
+    grads = [None if g is None else g.detach() for g in clean.gradients(y, names)]
+    with _GRADS_LOCK:
+        _GRADS[key] = (weakref.ref(clean), grads)
+        _GRADS.move_to_end(key)
+        while len(_GRADS) > GRADS_KEPT:
+            _GRADS.popitem(last=False)
+    return grads, True
+
+
 def _estimates(
     clean: Run, source: Run | Activations, t: Target, residual: bool, heads: bool
-) -> tuple[np.ndarray | None, np.ndarray | None, str]:
-    """Attribution patching from one backward pass through the target run's graph; (.., .., why not)."""
+) -> tuple[np.ndarray | None, np.ndarray | None, str, bool]:
+    """Attribution patching from one backward pass through the target run's graph (none where the gradients of
+    this run and target are kept); (.., .., why not, whether a backward ran)."""
     if not clean.has_graph:
         return (
             None,
@@ -275,16 +314,14 @@ def _estimates(
                 "The estimate needs the target run's autograd graph, which was not kept (over the memory budget, "
                 f"or {clean.loaded.family.name} has no gradient path through its attention)."
             ),
+            False,
         )
     res_names = [clean.name(s.index, "out") for s in clean.sites] if residual else []
     z_names = []
     if heads:
         z_names = [n for n in (_z_name(clean, i) for i in range(clean.num_blocks)) if n is not None and source.has(n)]
 
-    def y(out) -> torch.Tensor:
-        return t.select(clean.score_of(out))[0]
-
-    grads = clean.gradients(y, [*res_names, *z_names])
+    grads, computed = _target_gradients(clean, t, [*res_names, *z_names])
     y0 = float(_y(t, clean.scores[None])[0])
     res_est = head_est = None
     if residual:
@@ -305,7 +342,7 @@ def _estimates(
             head_est[layer, :h] = y0 + head_estimate(
                 _np(g).reshape(-1, w), _np(z).reshape(-1, w), _np(source.activation(name)).reshape(-1, w), h
             )
-    return res_est, head_est, ""
+    return res_est, head_est, "", computed
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -389,10 +426,10 @@ def activation_patching(
 
     res_est = head_est = None
     if estimate:
-        res_est, head_est, why = _estimates(clean, source, t, do_res, do_heads)
+        res_est, head_est, why, backward = _estimates(clean, source, t, do_res, do_heads)
         if why:
             notes["estimate"] = why
-        else:
+        elif backward:
             work += 1.0  # one backward pass through the target run's graph (about one forward)
     if exact:
         size_k = _chunk_size(clean, chunk, budget_bytes)
