@@ -154,9 +154,10 @@ def test_cli_end_to_end(demo_csv: Path, tmp_path: Path, capsys) -> None:
     cap = capsys.readouterr()
     assert "wrote 2 images x 2 methods" in cap.out and "attention" in cap.out and "random" in cap.out
     (vs,) = read_results(out).versus()  # the paired comparison is printed as the file gives it
-    line = next(x for x in cap.out.splitlines() if x.startswith("attention") and "%" in x and "(" in x)
+    line = next(x for x in cap.out.splitlines() if x.startswith("attention") and x.count("%") == 2)
     assert f"{vs.difference_mean:.4f} +- {vs.difference_se:.4f}" in line
-    assert line.endswith(f"{100 * vs.better_share:.0f} % ({100 * vs.tie_share:.0f})")
+    shares = f"{100 * vs.better_share:.0f} / {100 * vs.tie_share:.0f} / {100 * vs.worse_share:.0f} %"
+    assert line.endswith(f"{shares}{vs.sign_p:>9.2g}")
     assert "evaluate: 100%" in cap.err and "2/2" in cap.err and "Traceback" not in cap.err
     assert read_results(out).num_images == 2
 

@@ -234,21 +234,45 @@ def test_versus_random_pairs_images_by_hand(results_file: Path) -> None:
     assert (ins.method, ins.baseline, ins.area, ins.n) == ("attention", "random", "insertion", 3)
     assert ins.difference_mean == pytest.approx(0.2)
     assert ins.difference_se == pytest.approx(np.std([0.3, 0.2, 0.1], ddof=1) / np.sqrt(3))
-    assert ins.better_share == 1.0 and ins.tie_share == 0.0
+    assert (ins.better_share, ins.tie_share, ins.worse_share) == (1.0, 0.0, 0.0)
+    assert ins.sign_p == pytest.approx(0.25)  # 3 better, 0 worse: 2 * 0.5 ** 3
     # deletion: attention 0.2, 0.3, 0.4 against random 0.5: lower is better, on every image
     (dele,) = res.versus("random", "deletion")
     assert dele.difference_mean == pytest.approx(-0.2) and dele.better_share == 1.0
+    # a tolerance of 0.15 makes the 0.1 difference a tie, 0.25 all three
+    (tol,) = res.versus("random", "insertion", tolerance=0.15)
+    assert (tol.better_share, tol.tie_share) == (pytest.approx(2 / 3), pytest.approx(1 / 3))
+    (tol,) = res.versus("random", "insertion", tolerance=0.35)
+    assert tol.tie_share == 1.0 and tol.sign_p == 1.0
     assert res.versus("gradcam") == []
     with pytest.raises(ValueError, match="insertion"):
         res.versus("random", "area")
+    with pytest.raises(ValueError, match="tolerance"):
+        res.versus("random", tolerance=-1)
 
 
 def test_versus_counts_ties_and_leaves_unpaired_images_out(tmp_path: Path) -> None:
-    rows = _rows("a.png", 0) + _rows("b.png", 3) + _rows("c.png", 5)
+    rows = _rows("a.png", 0) + _rows("b.png", 3) + _rows("c.png", 5) + _rows("d.png", 4)
     rows = [r for r in rows if not (r["image_id"] == "c.png" and r["method"] == "attention")]
-    # insertion: random 0.5 (a), 0.8 (b); attention 0.8 on both: one better, one tie; c has random only
-    meta = run_metadata(model="demo", methods=["attention", "random"], seed=7, images=3)
+    # insertion: random 0.5 (a), 0.8 (b), 0.9 (d); attention 0.8 on all: better, tie, worse; c has random only
+    meta = run_metadata(model="demo", methods=["attention", "random"], seed=7, images=4)
     res = read_results(write_results(rows_to_table(rows), tmp_path / "t.parquet", meta))
     (v,) = res.versus()
-    assert v.n == 2 and v.better_share == 0.5 and v.tie_share == 0.5
-    assert v.difference_mean == pytest.approx(0.15)
+    assert v.n == 3 and (v.better_share, v.tie_share, v.worse_share) == pytest.approx((1 / 3, 1 / 3, 1 / 3))
+    assert v.difference_mean == pytest.approx((0.3 + 0.0 - 0.1) / 3) and v.sign_p == 1.0
+
+
+@pytest.mark.parametrize(("better", "worse"), [(0, 0), (5, 0), (0, 5), (66, 31), (10, 10), (1, 9)])
+def test_sign_test_against_the_binomial_by_hand_and_scipy(better: int, worse: int) -> None:
+    from math import comb
+
+    from vitviz.evaluate.results import sign_test
+
+    n, k = better + worse, min(better, worse)
+    by_hand = 1.0 if n == 0 else min(1.0, 2 * sum(comb(n, i) for i in range(k + 1)) / 2**n)
+    assert sign_test(better, worse) == pytest.approx(by_hand)
+    if (better, worse) == (5, 0):
+        assert sign_test(5, 0) == pytest.approx(2 / 32)
+    stats = pytest.importorskip("scipy.stats")
+    if n:
+        assert sign_test(better, worse) == pytest.approx(stats.binomtest(better, n, 0.5).pvalue)

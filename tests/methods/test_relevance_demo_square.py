@@ -86,5 +86,5 @@ def test_relevance_misses_the_square_because_the_model_is_saturated(demo, hf_mod
         mean = arr.reshape(-1, 3).mean(0)
         low.append(_box_share(_reference_relevance(hf_model, _pixels(mean + 0.25 * (arr - mean)), SQUARE), s.box))
     assert np.mean(rel) < 0.2  # measured 0.07 over the 48 squares of seeds 0..299
-    assert np.mean(ig) > 0.8  # measured 0.91
+    assert np.mean(ig) > 0.8  # measured 0.905
     assert np.mean(low) > 0.5  # measured 0.77: at reduced contrast the same rule finds the square

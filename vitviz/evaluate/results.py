@@ -93,6 +93,7 @@ __all__ = [
     "ResultsLimits",
     "MethodSummary",
     "Versus",
+    "sign_test",
     "Results",
     "image_seed",
     "make_rows",
@@ -380,9 +381,13 @@ class Versus:
     """One method against a baseline method, image by image (paired, on the images both were scored on).
 
     ``difference_mean`` +- ``difference_se``: the mean over images of (method's area - baseline's
-    area) and its standard error (``sd / sqrt(n)``); ``better_share``: the share of images where the
-    method's area is strictly better (insertion: higher; deletion: lower); ``tie_share``: equal areas.
-    Two readings of "faster than random": the mean difference weighs how much, the share how often.
+    area) and its standard error (``sd / sqrt(n)``). ``better_share`` / ``tie_share`` /
+    ``worse_share``: the shares of images where the method's area is better (insertion: higher;
+    deletion: lower) by more than ``tolerance``, within ``tolerance`` of the baseline's, or worse by
+    more. ``sign_p``: the two-sided exact sign test of better against worse images (ties left
+    out; 1.0 when there are none): the chance of a split at least this uneven if better and worse
+    were equally likely. Two readings of "faster than random": the mean difference weighs by how
+    much, the shares and the sign test how often.
     """
 
     method: str
@@ -393,6 +398,18 @@ class Versus:
     difference_se: float
     better_share: float
     tie_share: float
+    worse_share: float
+    tolerance: float
+    sign_p: float
+
+
+def sign_test(better: int, worse: int) -> float:
+    """Two-sided exact sign test: ``P(min(B, W) <= min(better, worse)) * 2`` (capped at 1) for B ~ Bin(n, 1/2)."""
+    n, k = better + worse, min(better, worse)
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2.0**n
+    return min(1.0, 2.0 * tail)
 
 
 def _mean_se(values: np.ndarray) -> tuple[float, float]:
@@ -447,13 +464,17 @@ class Results:
             out.append(MethodSummary(m, t.num_rows, d_mean, d_se, i_mean, i_se, rate, len(peaks)))
         return out
 
-    def versus(self, baseline: str = "random", area: str = "insertion") -> list[Versus]:
+    def versus(self, baseline: str = "random", area: str = "insertion", tolerance: float = 0.001) -> list[Versus]:
         """Every other method against ``baseline`` on ``area`` ("insertion" or "deletion"), image by image.
 
-        Empty when ``baseline`` is not in the file. Images scored by only one of the two are left out.
+        ``tolerance``: area differences within it count as ties (areas are probabilities averaged
+        over the curve; 0.001 is a tenth of a percentage point). Empty when ``baseline`` is not in
+        the file. Images scored by only one of the two are left out.
         """
         if area not in ("insertion", "deletion"):
             raise ValueError(f"area must be 'insertion' or 'deletion', got {area!r}")
+        if not tolerance >= 0:
+            raise ValueError(f"tolerance must be >= 0, got {tolerance}")
         if baseline not in self.methods:
             return []
 
@@ -471,9 +492,10 @@ class Results:
             shared = [i for i in mine if i in base]
             d = np.array([mine[i] - base[i] for i in shared], dtype=np.float64)
             mean, se = _mean_se(d)
-            better = float(np.mean(sign * d > 0)) if d.size else math.nan
-            ties = float(np.mean(d == 0)) if d.size else math.nan
-            out.append(Versus(m, baseline, area, int(d.size), mean, se, better, ties))
+            better, worse = int(np.sum(sign * d > tolerance)), int(np.sum(sign * d < -tolerance))
+            n = int(d.size)
+            shares = (better / n, (n - better - worse) / n, worse / n) if n else (math.nan,) * 3
+            out.append(Versus(m, baseline, area, n, mean, se, *shares, float(tolerance), sign_test(better, worse)))
         return out
 
     def mean_curves(self) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:

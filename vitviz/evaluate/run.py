@@ -500,15 +500,22 @@ def print_report(report: RunReport) -> None:
                 f"{peak:>14}"
             )
         ins, dele = res.versus("random", "insertion"), res.versus("random", "deletion")
-        if ins:  # both readings of "better than random": by how much (mean difference) and how often (share)
-            print("against random, image by image: mean area difference, share of images better than random (ties)")
-            print(f"{'method':<22}{'deletion - random':>26}{'lower':>14}{'insertion - random':>26}{'higher':>14}")
+        if ins:  # both readings of "better than random": by how much (mean difference) and how often (shares)
+            tol = ins[0].tolerance
+            print(
+                f"against random, image by image: mean area difference; share of images better / within {tol:g} "
+                "/ worse than random; sign test p"
+            )
+            print(f"{'method':<22}{'deletion - random':>26}{'lower / tie / higher':>24}{'p':>9}", end="")
+            print(f"{'insertion - random':>26}{'higher / tie / lower':>24}{'p':>9}")
+
+            def shares(v) -> str:
+                return f"{100 * v.better_share:.0f} / {100 * v.tie_share:.0f} / {100 * v.worse_share:.0f} %"
+
             for i, d in zip(ins, dele, strict=True):
                 print(
-                    f"{i.method:<22}{pm(d.difference_mean, d.difference_se):>26}"
-                    f"{f'{100 * d.better_share:.0f} % ({100 * d.tie_share:.0f})':>14}"
-                    f"{pm(i.difference_mean, i.difference_se):>26}"
-                    f"{f'{100 * i.better_share:.0f} % ({100 * i.tie_share:.0f})':>14}"
+                    f"{i.method:<22}{pm(d.difference_mean, d.difference_se):>26}{shares(d):>24}{d.sign_p:>9.2g}"
+                    f"{pm(i.difference_mean, i.difference_se):>26}{shares(i):>24}{i.sign_p:>9.2g}"
                 )
     for note in report.notes:
         print(f"note: {note}", file=sys.stderr)
