@@ -140,7 +140,8 @@ def estimate_cost(folder: str | Path, *, runs: int = 5) -> dict:
     clean Run with its graph + the source + one backward), ``marginal`` given the page's clean Run of the target
     (the source + one backward). Each timing is divided by the plain forward (inference mode) timed in the same
     round; medians over ``runs`` rounds, by wall clock and by this process's CPU time (steadier on a shared
-    machine: other jobs' load does not count)."""
+    machine: other jobs' load does not count). ``now_another_source``: given the clean Run and an estimate made,
+    the estimate for another source image of the same target (the gradients are kept: no backward)."""
     import vitviz.capture.patching as P
     from vitviz.capture.session import get_activations, get_run
 
@@ -177,6 +178,15 @@ def estimate_cost(folder: str | Path, *, runs: int = 5) -> dict:
     cases = {
         f"{w}_{k}": estimate(w == "before", k == "marginal") for w in ("before", "now") for k in ("total", "marginal")
     }
+    src2 = _image(5, size[0])
+
+    def prepare_second():  # the page's clean Run and one estimate made: the user picks another source image
+        clear_runs()
+        P._GRADS.clear()
+        get_run(loaded, tgt)
+        activation_patching(loaded, tgt, src, exact=False)
+
+    cases["now_another_source"] = (prepare_second, lambda: activation_patching(loaded, tgt, src2, exact=False))
     plain(), plain()  # warm-up
     for prepare, call in cases.values():
         prepare(), call()
