@@ -134,18 +134,20 @@ def patching_cost(folder: str | Path, *, runs: int = 3, residual_size: int = 96)
     }
 
 
-def estimate_cost(folder: str | Path, *, runs: int = 5) -> dict:
+def estimate_cost(folder: str | Path, *, runs: int = 5, side: int | None = None) -> dict:
     """Attribution patching (``exact=False``) in forward-equivalents, now and as before (the source image got a
     full Run: attention, summaries, capture), in the same rounds: ``total`` with no Run cached (the target's
     clean Run with its graph + the source + one backward), ``marginal`` given the page's clean Run of the target
     (the source + one backward). Each timing is divided by the plain forward (inference mode) timed in the same
     round; medians over ``runs`` rounds, by wall clock and by this process's CPU time (steadier on a shared
-    machine: other jobs' load does not count)."""
+    machine: other jobs' load does not count). ``now_another_source``: given the clean Run and an estimate made,
+    the estimate for another source image of the same target (the gradients are kept: no backward). ``side``: the
+    input size in px (default: the model's; larger inputs make the full Run's attention summaries weigh more)."""
     import vitviz.capture.patching as P
     from vitviz.capture.session import get_activations, get_run
 
     loaded = load_model(str(folder))
-    size = loaded.default_size
+    size = loaded.default_size if side is None else (side, side)
     tgt, src = _image(1, size[0]), _image(2, size[0])
     pixels, _ = preprocess(loaded, [tgt], size)
     inputs = loaded.family.model_inputs(loaded, pixels, size)
@@ -163,20 +165,32 @@ def estimate_cost(folder: str | Path, *, runs: int = 5) -> dict:
         def call():
             P.get_activations = full_source if before else get_activations
             try:
-                return activation_patching(loaded, tgt, src, exact=False)
+                return activation_patching(loaded, tgt, src, size=size, exact=False)
             finally:
                 P.get_activations = get_activations
 
         def prepare():
             clear_runs()
             if marginal:
-                get_run(loaded, tgt)
+                get_run(loaded, tgt, size=size)
 
         return prepare, call
 
     cases = {
         f"{w}_{k}": estimate(w == "before", k == "marginal") for w in ("before", "now") for k in ("total", "marginal")
     }
+    src2 = _image(5, size[0])
+
+    def prepare_second():  # the page's clean Run and one estimate made: the user picks another source image
+        clear_runs()
+        P._GRADS.clear()
+        get_run(loaded, tgt, size=size)
+        activation_patching(loaded, tgt, src, size=size, exact=False)
+
+    cases["now_another_source"] = (
+        prepare_second,
+        lambda: activation_patching(loaded, tgt, src2, size=size, exact=False),
+    )
     plain(), plain()  # warm-up
     for prepare, call in cases.values():
         prepare(), call()
@@ -197,7 +211,7 @@ def estimate_cost(folder: str | Path, *, runs: int = 5) -> dict:
             wall[name].append(w / ((p1[0] + p2[0]) / 2))
             cpu[name].append(c / ((p1[1] + p2[1]) / 2))
     clear_runs()
-    out: dict = {"threads": torch.get_num_threads(), "runs": runs}
+    out: dict = {"threads": torch.get_num_threads(), "runs": runs, "input_px": size[0]}
     for name in cases:
         out[f"{name}_forward_equivalents"] = round(statistics.median(wall[name]), 2)
         out[f"{name}_forward_equivalents_cpu"] = round(statistics.median(cpu[name]), 2)
@@ -246,13 +260,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--residual-size", type=int, default=96)
     parser.add_argument("--skip-cost", action="store_true")
     parser.add_argument("--estimate-only", action="store_true", help="only the estimate's cost, before and now")
+    parser.add_argument("--estimate-side", type=int, default=None, help="input px for --estimate-only")
     args = parser.parse_args(argv)
     from benchmarks.common import make_model
 
     if args.estimate_only:
         with tempfile.TemporaryDirectory() as tmp:
             vit = make_model("vit-b16-224", Path(tmp) / "vit")
-            print(json.dumps({"estimate_cost": estimate_cost(vit, runs=args.runs)}, indent=2))
+            got = estimate_cost(vit, runs=args.runs, side=args.estimate_side)
+            print(json.dumps({"estimate_cost": got}, indent=2))
         return 0
 
     results: dict = {"estimate_vs_exact": estimate_vs_exact(args.pairs)}

@@ -130,6 +130,8 @@ def side_by_side(runs: int = 7, model_a: str = "demo", model_b: str = "demo-swin
         for m, at in heads.items():
             add(f"heads_{m}_first_ms", _ms(lambda at=at, i=i: new_image(at, 1000 + i)))
         add("sbs_first_ms", _ms(lambda i=i: new_image(sbs, 2000 + i)))
+    click_sbs(runs)  # the last state drawn: a click's query in both panes (what the test reads)
+    last_titles = [json.loads(el.proto.spec)["layout"]["title"]["text"] for el in sbs.get("plotly_chart")]
     med = {k: round(statistics.median(v), 1) for k, v in t.items()}
     a, b = (f"heads_{m}" for m in (model_a, model_b))
     out: dict = {"models": [model_a, model_b], "runs": runs, **med}
@@ -140,6 +142,7 @@ def side_by_side(runs: int = 7, model_a: str = "demo", model_b: str = "demo-swin
     out["sbs_click_over_one_pane_rerun"] = round(
         med["sbs_click_ms"] / ((med[f"{a}_rerun_ms"] + med[f"{b}_rerun_ms"]) / 2), 2
     )
+    out["last_titles"] = last_titles[:2]
     return out
 
 

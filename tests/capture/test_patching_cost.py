@@ -111,8 +111,14 @@ def test_the_estimate_costs_one_forward_given_the_clean_run(tiny_models):
 def test_the_light_source_refuses_a_point_it_did_not_keep(tiny_models):
     from vitviz.errors import CaptureError
 
-    light = S.get_activations(tiny_models["vit"], random_image(25, (32, 32)))
+    loaded, img = tiny_models["vit"], random_image(25, (32, 32))
+    light = S.get_activations(loaded, img)
     assert light.has("blocks.0.out") and not light.has("blocks.0.in")
+    assert S.get_activations(loaded, img.copy()) is light  # cached by the pixels
+    S.clear_runs(tiny_models["deit"].model)
+    assert S.get_activations(loaded, img) is light  # another model's runs dropped only
+    S.clear_runs(loaded.model)
+    assert S.get_activations(loaded, img) is not light  # a server dropping the model drops its sources too
     with pytest.raises(CaptureError, match=r"did not keep the point blocks\.0\.in"):
         light.activation("blocks.0.in")
 
