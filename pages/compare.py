@@ -141,11 +141,21 @@ else:
     stop = st.empty()  # the Stop button lives while the curves are computed, and goes with them
     stop.button("Stop", on_click=lambda: ss.update(curves_wanted=None))
     bar = st.progress(0.0, text="Forwarding the perturbed images…")
+
+    def _curves_progress(done: int, total: int) -> None:
+        # After a model switch (or Stop) a new run has begun while this one finishes its batch: its bar must
+        # not come back on the new model's page, so it goes, and this run stops here.
+        if ss.get("curves_wanted") != key:
+            bar.empty()
+            stop.empty()
+            st.stop()
+        bar.progress(done / max(total, 1), text=f"{done} of {total} images")
+
     try:
         results = common.get_target_curves(
             cur,
             target,
-            progress=lambda done, total: bar.progress(done / max(total, 1), text=f"{done} of {total} images"),
+            progress=_curves_progress,
             labels=labels,
             insertion_start=start,
         )

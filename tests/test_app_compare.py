@@ -92,3 +92,32 @@ def test_compare_first_open_leaves_no_progress_bar():
     no_trouble(at)
     assert not at.get("progress")
     assert any("Colour scale" in r.label for r in at.radio)
+
+
+def test_curves_withdrawn_mid_computation_leave_no_bar(monkeypatch):
+    """22.15: a model switch (or Stop) while the curves are forwarded starts a new run; the old run, at its next
+    batch, removes its bar and stops instead of drawing "20 of 238 images" on the new model's page."""
+    import streamlit as st
+
+    from pages import common
+
+    calls = []
+
+    def withdrawn_mid_way(cur, target, progress=None, **kw):
+        st.session_state.pop("curves_wanted", None)  # what set_model does in the new run
+        try:
+            progress(20, 238)
+        except BaseException as exc:
+            calls.append(type(exc).__name__)
+            raise
+        calls.append("went on")
+        raise AssertionError("the withdrawn run went on")
+
+    monkeypatch.setattr(common, "get_target_curves", withdrawn_mid_way)
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.run()
+    at.switch_page("pages/compare.py").run()
+    next(b for b in at.button if b.label == "Compute the curves").click().run()
+    assert calls == ["StopException"]
+    assert not at.get("progress")
+    assert not [b for b in at.button if b.label == "Stop"]
