@@ -2,12 +2,9 @@
 
 import streamlit as st
 
-from pages import common
+from pages import common, views_model
 from vitviz import figures
 from vitviz.capture.targets import Target
-from vitviz.errors import VitvizError
-from vitviz.tables import long_table
-from vitviz.text import md_plain, plotly_plain
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
@@ -38,9 +35,8 @@ with right:
     if cur.model.zero_shot:
         with st.expander("Labels (zero-shot): edit them here or in the sidebar"):
             common.labels_ui(cur.model, key="overview")
-    ranked = common.classes(cur)
+    ranked = views_model.draw_predictions(cur, key="predictions")
     if ranked is not None:
-        common.chart(figures.predictions_figure(ranked.ranked[:5], how=ranked.legend), key="predictions")
         names = {p.index: f"{p.label} ({p.probability:.1%})" for p in ranked.ranked}
         if ss.class_index not in names:
             ss.class_index = ranked.ranked[0].index
@@ -90,33 +86,7 @@ st.caption(
 )
 
 
-def _through(k: int, n: int, what: str = "blocks") -> str:
-    """Which blocks relevance runs through when it starts at block ``k`` of ``n``."""
-    if k == 0:
-        return f"all {what} (default)"
-    return f"the last block ({k}) only" if k == n - 1 else f"{what} {k}-{n - 1}"
-
-
-def prompt_words(target: Target, start_block: int) -> None:
-    """Each explained label's prompt, its tokens coloured by their relevance for that label's score."""
-    for i in (target.index, target.minus):
-        if i is None:
-            continue
-        label, prompt = target.labels[i], target.prompts[i]
-        try:
-            words = common.get_prompt_relevance(*cur.key, cap.image_embedding, label, prompt, start_block=start_block)
-        except VitvizError as exc:
-            st.error(str(exc))
-            return
-        st.markdown(figures.token_relevance_html(words.tokens, words.relevance), unsafe_allow_html=True)
-        pooled = "its end-of-text token" if words.pooled is not None else "its last position (SigLIP pools padding)"
-        st.caption(
-            f"Prompt words for '{md_plain(label)}': relevance of each token (as the tokenizer cut it) for the score "
-            f"of label '{md_plain(label)}', Chefer et al.'s rule on the text tower's attention from {pooled}, "
-            f"through {_through(words.start_block, n_text, 'text blocks')}; darker = more relevant "
-            "(hover for the raw value)."
-        )
-
+_through = views_model.through
 
 if ranked is not None:
     target = (
@@ -124,7 +94,6 @@ if ranked is not None:
         if ranked.labels
         else Target.of_class(ss.class_index, minus)
     )
-    name = target.name(cur.model.id2label)
     st.subheader(f"What the {'label' if ranked.labels else 'class'}'s score rests on: relevance")
     ss.setdefault("overview_relevance", True)
     shown = st.toggle(
@@ -161,37 +130,8 @@ if ranked is not None:
                 "start_layer=0); its CLIP notebook's default is the last block only (start_layer_text=-1).",
                 **common.keep("text_relevance_from"),
             )
-        try:
-            with st.spinner("Computing gradients for the relevance map…"):
-                exp = common.get_target_relevance(cur, target, ss.relevance_from)
-        except VitvizError as exc:
-            st.error(str(exc))
-        else:
-            rel = exp.patch_map()
-            common.chart(
-                figures.map_figure(
-                    cap.image,
-                    rel,
-                    title=f"Relevance for {plotly_plain(name)} (Chefer et al. 2021)",
-                    colorbar_title="relevance (raw)",
-                ),
-                key="overview_relevance",
-            )
-            score = "image-text score" if ranked.labels else "logit (before softmax)"
-            what = (
-                f"the {score} of **{md_plain(name)}**"
-                if target.minus is None
-                else f"**{md_plain(name)}**, the difference of the two {score}s"
-            )
-            st.caption(
-                f"Explained: {what}. Chefer et al.'s rule, the {exp.readout} row of R, through "
-                f"{_through(exp.start_block, n_enc)}."
-            )
-            common.downloads(
-                "relevance_target",
-                "overview_relevance",
-                csv=long_table(rel, ("row", "col"), f"relevance for {name} (raw)"),
-                relevance=rel,
-            )
-            if ranked.labels:
-                prompt_words(target, ss.text_relevance_from)
+        views_model.draw_target_relevance(
+            cur,
+            views_model.TargetRelevanceSettings(target, ss.relevance_from, ss.text_relevance_from),
+            key="overview_relevance",
+        )

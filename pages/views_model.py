@@ -1,0 +1,289 @@
+"""Views of the model itself and of what it predicts, as functions of their state (as :mod:`pages.views`).
+
+A pane (``common.Current``) and frozen settings in, a drawn view out; no view reads session state, and ``key``
+names what it draws (the pages pass their old keys, so widget keys and files stay as they were):
+
+* ``draw_position_grid`` (cosine similarity of every learned position embedding to every other, the ViT
+  paper's Figure 7): chart ``f"{key}_grid"`` (a click's customdata is ``[row, col]``);
+* ``draw_position_tile`` (one position's similarity to all others, large): chart ``f"{key}_tile"``, downloads
+  ``f"{files}-npz"``, ``f"{files}-csv"`` (``files`` defaults to ``key``);
+* ``draw_bias`` (one block's relative position bias, every head): chart ``f"{key}_grid"``, downloads
+  ``f"{key}-npz"``, ``f"{key}-csv"``;
+* ``draw_components`` (principal components of the patch-embedding filters): chart ``key``, downloads
+  ``f"{key}-npz"``, ``f"{key}-csv"``;
+* ``draw_token_norms`` (every token's norm after every block of a stage, outliers named): chart ``key``,
+  downloads ``f"{key}-npz"``, ``f"{key}-csv"``;
+* ``draw_predictions`` (the top 5 classes or labels): chart ``key``;
+* ``draw_target_relevance`` (Chefer et al.'s relevance for a class or label, or the difference of two, and
+  for a zero-shot model its prompt words): chart ``key``, downloads ``f"{key}-npz"``, ``f"{key}-csv"``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import streamlit as st
+
+from pages import common
+from vitviz import figures
+from vitviz.analysis.embeddings import token_norm_outliers
+from vitviz.capture.targets import Target
+from vitviz.errors import VitvizError
+from vitviz.tables import long_table
+from vitviz.text import md_plain, plotly_plain
+
+__all__ = [
+    "BiasSettings",
+    "NormsSettings",
+    "PositionSettings",
+    "TargetRelevanceSettings",
+    "draw_bias",
+    "draw_components",
+    "draw_position_grid",
+    "draw_position_tile",
+    "draw_predictions",
+    "draw_target_relevance",
+    "draw_token_norms",
+    "through",
+]
+
+
+@dataclass(frozen=True)
+class PositionSettings:
+    """A learned absolute position-embedding table of the model, and one of its positions (row-major)."""
+
+    table: int = 0
+    position: int = 0
+
+
+@dataclass(frozen=True)
+class BiasSettings:
+    """One block's relative position bias (an index into ``model.position.biases``)."""
+
+    block: int = 0
+
+
+@dataclass(frozen=True)
+class NormsSettings:
+    """The stage whose token norms are shown."""
+
+    stage: int = 0
+
+
+@dataclass(frozen=True)
+class TargetRelevanceSettings:
+    """What relevance explains (a class or label, or the difference of two) and the blocks it runs through."""
+
+    target: Target
+    start_block: int = 0  # image relevance through blocks k..L-1
+    text_start_block: int = 0  # zero-shot models: prompt-word relevance through text blocks k..
+
+
+def position_similarity(cur: common.Current, s: PositionSettings) -> np.ndarray:
+    """The (N, N) cosine similarities of table ``s.table``'s N position embeddings (cached per model)."""
+    return common.get_position_similarity(cur.cap.model_name, s.table)
+
+
+def draw_position_grid(cur: common.Current, s: PositionSettings, *, key: str) -> np.ndarray:
+    """Every position's similarity tile on the native grid (chart ``f"{key}_grid"``); returns the (N, N) table."""
+    sim = position_similarity(cur, s)
+    fig = figures.position_similarity_figure(sim, cur.model.position.tables[s.table].grid)
+    common.chart(fig, key=f"{key}_grid", on_select="rerun", selection_mode="points")
+    return sim
+
+
+def draw_position_tile(cur: common.Current, s: PositionSettings, *, key: str, files: str | None = None) -> np.ndarray:
+    """Position ``s.position``'s similarity to every position, large (chart ``f"{key}_tile"``), and the whole
+    table's files (downloads ``f"{files}-npz"``, ``f"{files}-csv"``). Returns the tile ``(gh, gw)``."""
+    sim = position_similarity(cur, s)
+    g = cur.model.position.tables[s.table].grid
+    r, c = divmod(s.position, g[1])
+    tile = sim[s.position].reshape(g)
+    common.chart(
+        figures.map_figure(
+            None,
+            tile,
+            patch_size=1,
+            title=f"Similarity to position ({r}, {c})",
+            colorbar_title="cosine similarity (raw)",
+            zmin=-1,
+            zmax=1,
+            colorscale=figures.rgb_scale(figures.SIMILARITY_SCALE),
+            marked=(r, c),
+            height=420,
+        ),
+        key=f"{key}_tile",
+    )
+    common.downloads(
+        "position_similarity",
+        key if files is None else files,
+        csv=long_table(sim, ("position (row-major)", "other position (row-major)"), "cosine similarity"),
+        similarity=sim,
+    )
+    return tile
+
+
+def draw_bias(cur: common.Current, s: BiasSettings, *, key: str) -> np.ndarray:
+    """Every head's relative position bias of one block (chart ``f"{key}_grid"``, downloads ``f"{key}-npz"``,
+    ``f"{key}-csv"``); returns the bias ``(H, 2w - 1, 2w - 1)``, the centre being the query itself."""
+    bias = cur.model.position.biases[s.block].bias
+    w = (bias.shape[-1] + 1) // 2
+    lim = float(np.abs(bias).max()) or 1.0
+    common.chart(
+        figures.small_multiples_figure(
+            bias,
+            [f"head {h}" for h in range(bias.shape[0])],
+            colorbar_title="bias added to the logit (raw)",
+            cols=6,
+            zmin=-lim,
+            zmax=lim,
+            colorscale=figures.rgb_scale(figures.SIMILARITY_SCALE),
+        ),
+        key=f"{key}_grid",
+    )
+    st.caption(
+        f"Each tile is {2 * w - 1} x {2 * w - 1}: the centre is the query itself, and the cell (dy, dx) from the "
+        f"centre is what the head adds to the attention logit of a key dy rows below and dx columns right of the "
+        f"query, inside a {w} x {w} window."
+    )
+    offsets = long_table(bias, ("head", "dy", "dx"), "bias added to the attention logit (raw)")
+    offsets["dy"], offsets["dx"] = offsets["dy"] - (w - 1), offsets["dx"] - (w - 1)
+    common.downloads(f"relative_bias_{s.block}", key, csv=offsets, bias=bias)
+    return bias
+
+
+def draw_components(cur: common.Current, *, key: str):
+    """The patch-embedding filters' principal components (chart ``key``, downloads ``f"{key}-npz"``,
+    ``f"{key}-csv"``), or why there are none; returns ``vitviz.analysis.embeddings.patch_components``'s
+    result or None."""
+    pcs = common.get_patch_components(cur.cap.model_name)
+    if pcs is None:
+        st.info(f"{cur.cap.family} has no patch-embedding filters vitviz can show.")
+        return None
+    common.chart(figures.patch_components_figure(pcs.components, pcs.explained_variance_ratio), key=key)
+    common.downloads(
+        "patch_components",
+        key,
+        csv={
+            **long_table(pcs.components, ("component", "row", "col", "channel"), "filter weight (unit-norm component)"),
+            "explained variance of the component (fraction)": np.repeat(
+                pcs.explained_variance_ratio, pcs.components[0].size
+            ),
+        },
+        explained_variance_ratio=pcs.explained_variance_ratio,
+        components=pcs.components,
+    )
+    return pcs
+
+
+def draw_token_norms(cur: common.Current, s: NormsSettings, *, key: str) -> np.ndarray | None:
+    """Stage ``s.stage``'s token norms after every block (chart ``key``), its high-norm tokens, and the files
+    (downloads ``f"{key}-npz"``, ``f"{key}-csv"``); returns the norms ``(L + 1, T)`` or None (a message says why)."""
+    cap = cur.cap
+    stage = cap.stages[s.stage]
+    if stage.token_norms is None:
+        st.info(f"{cap.family} gives no token states vitviz can measure at this stage.")
+        return None
+    kinds = stage.prefix_kinds + ("patch",) * (stage.grid[0] * stage.grid[1])
+    common.chart(figures.token_norms_figure(stage.token_norms, kinds), key=key)
+    _, tokens = np.nonzero(token_norm_outliers(stage.token_norms))
+    if len(tokens):
+        listed = sorted({cap.token_label(int(t), s.stage) for t in tokens})
+        st.warning(
+            f"High-norm tokens (over 3x the block's median): {', '.join(listed[:12])}{' …' if len(listed) > 12 else ''}."
+        )
+    else:
+        st.caption("No token's norm exceeds 3x its block's median.")
+    norms = long_table(stage.token_norms, ("after layer (0: embeddings)", "token"), "token norm (L2)")
+    common.downloads(
+        "token_norms",
+        key,
+        csv={**norms, "token kind": np.asarray(kinds)[norms["token"]]},
+        token_norms=stage.token_norms,
+    )
+    return stage.token_norms
+
+
+def draw_predictions(cur: common.Current, *, key: str) -> common.Classes | None:
+    """The top 5 classes (or zero-shot labels) of the pane's image (chart ``key``); returns ``common.classes``'s
+    ranking, or None (nothing drawn) for a model with nothing to rank."""
+    ranked = common.classes(cur)
+    if ranked is not None:
+        common.chart(figures.predictions_figure(ranked.ranked[:5], how=ranked.legend), key=key)
+    return ranked
+
+
+def through(k: int, n: int, what: str = "blocks") -> str:
+    """Which blocks relevance runs through when it starts at block ``k`` of ``n``."""
+    if k == 0:
+        return f"all {what} (default)"
+    return f"the last block ({k}) only" if k == n - 1 else f"{what} {k}-{n - 1}"
+
+
+def _prompt_words(cur: common.Current, target: Target, start_block: int) -> None:
+    """Each explained label's prompt, its tokens coloured by their relevance for that label's score."""
+    n_text = common.text_blocks(cur.model)
+    for i in (target.index, target.minus):
+        if i is None:
+            continue
+        label, prompt = target.labels[i], target.prompts[i]
+        try:
+            words = common.get_prompt_relevance(
+                *cur.key, cur.cap.image_embedding, label, prompt, start_block=start_block
+            )
+        except VitvizError as exc:
+            st.error(str(exc))
+            return
+        st.markdown(figures.token_relevance_html(words.tokens, words.relevance), unsafe_allow_html=True)
+        pooled = "its end-of-text token" if words.pooled is not None else "its last position (SigLIP pools padding)"
+        st.caption(
+            f"Prompt words for '{md_plain(label)}': relevance of each token (as the tokenizer cut it) for the score "
+            f"of label '{md_plain(label)}', Chefer et al.'s rule on the text tower's attention from {pooled}, "
+            f"through {through(words.start_block, n_text, 'text blocks')}; darker = more relevant "
+            "(hover for the raw value)."
+        )
+
+
+def draw_target_relevance(cur: common.Current, s: TargetRelevanceSettings, *, key: str) -> np.ndarray | None:
+    """Chefer et al.'s relevance of the pane's image for ``s.target`` through blocks ``s.start_block``.. (chart
+    ``key``, downloads ``f"{key}-npz"``, ``f"{key}-csv"``) and, for a label, its prompt words through text blocks
+    ``s.text_start_block``..; returns the map ``(gh, gw)`` or None (a message says why)."""
+    cap, target = cur.cap, s.target
+    name = target.name(cur.model.id2label)
+    n_enc = sum(b.kind != "pool" for b in cap.blocks)
+    try:
+        with st.spinner("Computing gradients for the relevance map…"):
+            exp = common.get_target_relevance(cur, target, s.start_block)
+    except VitvizError as exc:
+        st.error(str(exc))
+        return None
+    rel = exp.patch_map()
+    common.chart(
+        figures.map_figure(
+            cap.image,
+            rel,
+            title=f"Relevance for {plotly_plain(name)} (Chefer et al. 2021)",
+            colorbar_title="relevance (raw)",
+        ),
+        key=key,
+    )
+    score = "image-text score" if target.is_label else "logit (before softmax)"
+    what = (
+        f"the {score} of **{md_plain(name)}**"
+        if target.minus is None
+        else f"**{md_plain(name)}**, the difference of the two {score}s"
+    )
+    st.caption(
+        f"Explained: {what}. Chefer et al.'s rule, the {exp.readout} row of R, through "
+        f"{through(exp.start_block, n_enc)}."
+    )
+    common.downloads(
+        "relevance_target",
+        key,
+        csv=long_table(rel, ("row", "col"), f"relevance for {name} (raw)"),
+        relevance=rel,
+    )
+    if target.is_label:
+        _prompt_words(cur, target, s.text_start_block)
+    return rel
