@@ -3,34 +3,16 @@
 import streamlit as st
 
 from pages import common, views_model
-from vitviz import figures
 from vitviz.capture.targets import Target
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
 
 st.header("How the ViT reads the image")
-if cap.is_hierarchical:
-    grids = "; ".join(
-        f"stage {s.index + 1}: {s.grid[0]} x {s.grid[1]} tokens{' + CLS' if s.num_prefix else ''}, "
-        f"{len(s.blocks)} blocks of {cap.blocks[s.blocks[0]].num_heads} heads ({cap.blocks[s.blocks[0]].kind} attention)"
-        for s in cap.stages
-    )
-    st.caption(
-        f"**{cap.model_name}** ({cap.family}), input {cap.input_size[1]} x {cap.input_size[0]} px, "
-        f"attention stored as {cap.attention_precision}. {grids}."
-    )
-else:
-    st.caption(
-        f"**{cap.model_name}** ({cap.family}): {cap.num_layers} layers x {cap.num_heads} heads, "
-        f"input {cap.input_size[1]} x {cap.input_size[0]} px, {cap.num_tokens} tokens, attention stored as {cap.attention_precision}."
-    )
-if cur.model.family.fixed_size(cur.model.config) is not None:
-    st.caption(f"{cap.family} runs only at its configured input size, so every image is resized to it.")
+views_model.draw_model_summary(cur)
 left, right = st.columns([3, 2])
 with left:
-    fig = figures.image_figure(cap.image, patch_size=cap.patch_size, num_prefix_tokens=cap.num_prefix_tokens)
-    common.chart(fig, key="patch_grid")
+    views_model.draw_patch_grid(cur, key="patch_grid")
 with right:
     if cur.model.zero_shot:
         with st.expander("Labels (zero-shot): edit them here or in the sidebar"):
@@ -74,19 +56,7 @@ with right:
         st.info(
             f"{cap.model_name} is a backbone without a classifier: no predictions, and no class-specific relevance."
         )
-common.chart(figures.token_sequence_figure(cap.token_kinds, cap.grid), key="sequence")
-st.caption(
-    "As in the ViT paper, the image is cut into patches, each flattened and linearly projected, "
-    "and the sequence starts with the prefix tokens (CLS, and DeiT's DIST or DINOv2's registers)."
-    + (
-        " Hierarchical models start from this first-stage grid and merge tokens between stages."
-        if cap.is_hierarchical
-        else ""
-    )
-)
-
-
-_through = views_model.through
+views_model.draw_token_sequence(cur, key="sequence")
 
 if ranked is not None:
     target = (
@@ -116,7 +86,7 @@ if ranked is not None:
         b1.selectbox(
             "Image relevance runs through",
             list(range(n_enc)),
-            format_func=lambda k: _through(k, n_enc),
+            format_func=lambda k: views_model.through(k, n_enc),
             help="Default: all blocks, as MM-Explainability's start_layer=0. Its CLIP notebook uses the last "
             "block only; earlier blocks then count as identities.",
             **common.keep("relevance_from"),
@@ -125,7 +95,7 @@ if ranked is not None:
             b2.selectbox(
                 "Prompt-word relevance runs through",
                 list(range(n_text)),
-                format_func=lambda k: _through(k, n_text, "text blocks"),
+                format_func=lambda k: views_model.through(k, n_text, "text blocks"),
                 help="The text tower's blocks, on their own: default all of them (MM-Explainability's "
                 "start_layer=0); its CLIP notebook's default is the last block only (start_layer_text=-1).",
                 **common.keep("text_relevance_from"),

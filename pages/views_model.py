@@ -13,6 +13,9 @@ names what it draws (the pages pass their old keys, so widget keys and files sta
   ``f"{key}-npz"``, ``f"{key}-csv"``;
 * ``draw_token_norms`` (every token's norm after every block of a stage, outliers named): chart ``key``,
   downloads ``f"{key}-npz"``, ``f"{key}-csv"``;
+* ``draw_model_summary`` (what the model is and how it reads the image, in words): captions only;
+* ``draw_patch_grid`` (the image the model saw, cut into its patches): chart ``key``;
+* ``draw_token_sequence`` (the flattened input sequence, prefix tokens first): chart ``key``;
 * ``draw_predictions`` (the top 5 classes or labels): chart ``key``;
 * ``draw_target_relevance`` (Chefer et al.'s relevance for a class or label, or the difference of two, and
   for a zero-shot model its prompt words): chart ``key``, downloads ``f"{key}-npz"``, ``f"{key}-csv"``.
@@ -42,9 +45,12 @@ __all__ = [
     "draw_components",
     "draw_position_grid",
     "draw_position_tile",
+    "draw_model_summary",
+    "draw_patch_grid",
     "draw_predictions",
     "draw_target_relevance",
     "draw_token_norms",
+    "draw_token_sequence",
     "through",
 ]
 
@@ -203,6 +209,54 @@ def draw_token_norms(cur: common.Current, s: NormsSettings, *, key: str) -> np.n
         token_norms=stage.token_norms,
     )
     return stage.token_norms
+
+
+def draw_model_summary(cur: common.Current) -> None:
+    """The model's name, family, blocks and heads (each stage's, for a hierarchical model), input size and the
+    precision attention is stored in; a sentence when the model runs only at its configured size."""
+    cap = cur.cap
+    if cap.is_hierarchical:
+        grids = "; ".join(
+            f"stage {s.index + 1}: {s.grid[0]} x {s.grid[1]} tokens{' + CLS' if s.num_prefix else ''}, "
+            f"{len(s.blocks)} blocks of {cap.blocks[s.blocks[0]].num_heads} heads "
+            f"({cap.blocks[s.blocks[0]].kind} attention)"
+            for s in cap.stages
+        )
+        st.caption(
+            f"**{cap.model_name}** ({cap.family}), input {cap.input_size[1]} x {cap.input_size[0]} px, "
+            f"attention stored as {cap.attention_precision}. {grids}."
+        )
+    else:
+        st.caption(
+            f"**{cap.model_name}** ({cap.family}): {cap.num_layers} layers x {cap.num_heads} heads, "
+            f"input {cap.input_size[1]} x {cap.input_size[0]} px, {cap.num_tokens} tokens, "
+            f"attention stored as {cap.attention_precision}."
+        )
+    if cur.model.family.fixed_size(cur.model.config) is not None:
+        st.caption(f"{cap.family} runs only at its configured input size, so every image is resized to it.")
+
+
+def draw_patch_grid(cur: common.Current, *, key: str) -> None:
+    """The image as the model saw it (resized), its patch grid drawn over it (chart ``key``; hover names each
+    patch's place in the sequence)."""
+    cap = cur.cap
+    fig = figures.image_figure(cap.image, patch_size=cap.patch_size, num_prefix_tokens=cap.num_prefix_tokens)
+    common.chart(fig, key=key)
+
+
+def draw_token_sequence(cur: common.Current, *, key: str) -> None:
+    """The flattened input sequence of the first stage, prefix tokens first (chart ``key``), and how it is made."""
+    cap = cur.cap
+    common.chart(figures.token_sequence_figure(cap.token_kinds, cap.grid), key=key)
+    st.caption(
+        "As in the ViT paper, the image is cut into patches, each flattened and linearly projected, "
+        "and the sequence starts with the prefix tokens (CLS, and DeiT's DIST or DINOv2's registers)."
+        + (
+            " Hierarchical models start from this first-stage grid and merge tokens between stages."
+            if cap.is_hierarchical
+            else ""
+        )
+    )
 
 
 def draw_predictions(cur: common.Current, *, key: str) -> common.Classes | None:

@@ -182,3 +182,68 @@ def test_bias_view_drawn_twice_shows_each_models_own_table(hier_dirs):
         assert np.allclose(got, want, rtol=1e-6, atol=1e-7)
         tables.append(want)
     assert tables[0].shape != tables[1].shape or not np.allclose(*tables, atol=1e-6)
+
+
+def _reads_script(root: str, states: tuple) -> None:
+    import sys
+
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from pages import common, views_model
+
+    for who, state in zip("AB", states, strict=True):
+        cur = common.current_of(state)
+        views_model.draw_model_summary(cur)
+        views_model.draw_patch_grid(cur, key=f"{who}_patch_grid")
+        views_model.draw_token_sequence(cur, key=f"{who}_sequence")
+
+
+def _picture(source: str) -> np.ndarray:
+    """The pixels of a figure's ``go.Image`` data URI."""
+    import base64
+    import io
+
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(source.split(",", 1)[1]))).convert("RGB"), np.float64)
+
+
+def test_how_the_model_reads_the_image_drawn_twice_shows_each_models_own_grid():
+    from pages.common import PaneState, digest
+
+    star, circle = ((EXAMPLES / n).read_bytes() for n in ("demo-star.png", "demo-circle.png"))
+    states = (PaneState("demo", star, digest(star)), PaneState("demo-swin", circle, digest(circle)))
+    at = AppTest.from_function(_reads_script, args=(ROOT, states), default_timeout=180)
+    at.run()
+    no_trouble(at)
+    charts = _charts(at)
+    captions = [c.value for c in at.caption]
+    pictures = []
+    for who, name, image_name in zip("AB", ("demo", "demo-swin"), ("demo-star.png", "demo-circle.png"), strict=True):
+        loaded = load_model(name, device="cpu")
+        cfg = loaded.model.config
+        patch = cfg.patch_size
+        side = cfg.image_size // patch  # 96 px: 12 x 12 patches of 8 px (ViT), 24 x 24 of 4 px (Swin)
+        prefix = 0 if loaded.family.hierarchical else 1  # Swin has no CLS token
+        _, resized = preprocess(loaded, [Image.open(EXAMPLES / image_name).convert("RGB")], (96, 96))
+        title, _, traces = charts[f"{who}_patch_grid"]
+        assert title == f"{side} x {side} patches of {patch} px"
+        shown = _picture(next(t for t in traces if t["type"] == "image")["source"])
+        pictures.append((shown, resized[0].astype(np.float64)))
+        title, _, _ = charts[f"{who}_sequence"]
+        assert (
+            title == f"Input sequence: {prefix} prefix token(s) + {side * side} patches = {prefix + side * side} tokens"
+        )
+        if loaded.family.hierarchical:
+            summary = next(c for c in captions if c.startswith(f"**{name}**"))
+            stages = [
+                f"stage {i + 1}: {side >> i} x {side >> i} tokens, {d} blocks of {h} heads"
+                for i, (d, h) in enumerate(zip(cfg.depths, cfg.num_heads, strict=True))
+            ]
+            assert all(s in summary for s in stages), summary
+        else:
+            want = (
+                f"**{name}** (ViT): {cfg.num_hidden_layers} layers x {cfg.num_attention_heads} heads, input 96 x 96 px"
+            )
+            assert any(c.startswith(want) for c in captions), captions
+    for (shown, own), (_, other) in zip(pictures, pictures[::-1], strict=True):
+        # each pane's own resized image (JPEG-compressed on the way), not the other pane's
+        assert np.abs(shown - own).mean() < 10 < np.abs(shown - other).mean()
