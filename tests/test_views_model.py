@@ -13,7 +13,7 @@ from app_tools import no_trouble
 from PIL import Image
 from streamlit.testing.v1 import AppTest
 from target_reference import relevance_by_hand
-from test_views import _array, _charts, _tiles
+from test_page_views import _array, _charts, _tiles
 
 from vitviz.capture.run import preprocess
 from vitviz.models.load import load_model
