@@ -43,10 +43,15 @@ def _twice_script(root: str, states: tuple, sources: tuple) -> None:
     for who, state, source in zip("AB", states, sources, strict=True):
         cur = common.current_of(state)
         top = common.classes(cur).ranked[0].index
-        tops.append(top)
+        tops.append((top, common.classes(cur).ranked[1].index))
         target = Target.of_class(top)
-        vc.draw_method_maps(cur, vc.MethodMapsSettings(target), key=f"{who}_method")
-        vc.draw_curves(cur, vc.CurvesSettings(target, "grey"), key=f"{who}_curves")
+        # pane A: the top class, its maps over their maxima, insertion from grey; pane B: its top class minus its
+        # second, the raw maps on one scale, insertion from the mean colour
+        second = common.classes(cur).ranked[1].index
+        explained = target if who == "A" else Target.of_class(top, second)
+        scale, start = ("fixed [0, max]", "grey") if who == "A" else ("shared", "mean")
+        vc.draw_method_maps(cur, vc.MethodMapsSettings(explained, scale), key=f"{who}_method")
+        vc.draw_curves(cur, vc.CurvesSettings(explained, start), key=f"{who}_curves")
         vc.draw_importance(cur, vc.ImportanceSettings(top, "zero", marked=(1, 0)), key=f"{who}_imp")
         vc.draw_importance(cur, vc.ImportanceSettings(top, "mean", fast=True), key=f"{who}_est")
         vc.draw_attribution(cur, vc.AttributionSettings(top), key=f"{who}_attr")
@@ -79,27 +84,40 @@ def test_causal_views_drawn_twice_with_two_states_show_each_states_own_numbers()
     loaded = load_model("demo", device="cpu")
     images = [Image.open(EXAMPLES / name).convert("RGB") for name in NAMES]
     drawn = {}
-    for i, (who, top) in enumerate(zip("AB", at.session_state.tops, strict=True)):
+    for i, (who, (top, second)) in enumerate(zip("AB", at.session_state.tops, strict=True)):
         image, source = images[i], images[1 - i]
         target = Target.of_class(top)
         seen = drawn[who] = {}
 
-        maps = explain_many(loaded, image, class_index=top)  # each method's map, outside the app
+        explained = target if who == "A" else Target.of_class(top, second)
+        maps = explain_many(loaded, image, target=explained)  # each method's map, outside the app
         title, z, _ = charts[f"{who}_method_maps"]
-        assert title == f"Every method's map for {target.name(loaded.id2label)}"
+        assert title == f"Every method's map for {explained.name(loaded.id2label)}"
         values = [np.asarray(m.values, np.float64) for m in maps.values()]
         tiles = _tiles(z, len(values), values[0].shape)
         for name, tile, ref in zip(maps, tiles, values, strict=True):
-            if ref.max() > 0:  # the default scale: each map over its own maximum
+            if who == "B":  # the shared scale: the raw values
+                np.testing.assert_allclose(tile, ref, rtol=1e-4, atol=1e-6, err_msg=name)
+            elif ref.max() > 0:  # the default scale: each map over its own maximum
                 np.testing.assert_allclose(tile, ref / ref.max(), rtol=1e-4, atol=1e-6, err_msg=name)
         seen["maps"] = tiles
 
-        results = Perturbations(loaded, image, insertion_start="grey").curves_many(list(maps.values()))
-        traces = charts[f"{who}_curves"][2]
-        assert [t["name"] for t in traces] == [r.method for r in results for _ in range(2)]
-        for k, r in enumerate(results):
-            np.testing.assert_allclose(_array(traces[2 * k]["y"]), r.deletion, rtol=1e-5, atol=1e-6)
-            np.testing.assert_allclose(_array(traces[2 * k + 1]["y"]), r.insertion, rtol=1e-5, atol=1e-6)
+        title, _, traces = charts[f"{who}_curves"]
+        what = f"probability of '{loaded.id2label[top]}'"
+        pert = Perturbations(loaded, image, insertion_start="grey" if who == "A" else "mean")
+        results = pert.curves_many(list(maps.values()), class_index=top)
+        if who == "B":  # each curve: the top class's probability minus the second's, on the same perturbed images
+            what += f" minus that of '{loaded.id2label[second]}'"
+            minus = pert.curves_many(list(maps.values()), class_index=second)
+            pairs = zip(results, minus, strict=True)
+            results = [(r.method, r.deletion - m.deletion, r.insertion - m.insertion) for r, m in pairs]
+        else:
+            results = [(r.method, r.deletion, r.insertion) for r in results]
+        assert title == f"Deletion and insertion curves: {what} (Petsiuk et al. 2018)"
+        assert [t["name"] for t in traces] == [r[0] for r in results for _ in range(2)]
+        for k, (_, deletion, insertion) in enumerate(results):
+            np.testing.assert_allclose(_array(traces[2 * k]["y"]), deletion, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(_array(traces[2 * k + 1]["y"]), insertion, rtol=1e-5, atol=1e-6)
         seen["curves"] = np.concatenate([_array(t["y"]) for t in traces])
 
         exact = head_importance(loaded, image, class_index=top, mode="zero").effects
