@@ -10,7 +10,7 @@ import pytest
 from app_tools import no_trouble
 from PIL import Image
 from streamlit.testing.v1 import AppTest
-from test_views import _array, _charts, _tiles
+from test_page_views import _array, _charts, _tiles
 
 from vitviz.capture.causal import direct_logit_attribution, fast_estimate, head_importance
 from vitviz.capture.patching import activation_patching, patch_lens
