@@ -3,12 +3,11 @@
 import numpy as np
 import streamlit as st
 
-from pages import common, photo
-from vitviz import figures
-from vitviz.analysis.scales import SCALES, scale_maps
+from pages import common, photo, views_causal
+from vitviz.analysis.scales import SCALES
 from vitviz.errors import VitvizError
 from vitviz.methods import METHODS, why_unavailable
-from vitviz.text import md_plain, plotly_plain
+from vitviz.text import md_plain
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
@@ -67,13 +66,12 @@ def _method_progress(done: int, total: int, name: str) -> None:
 
 
 try:
-    maps = common.get_target_maps(cur, target, labels, progress=_method_progress)
+    views_causal.target_maps(cur, target, progress=_method_progress)
 except (VitvizError, ValueError) as exc:
     maps_bar.empty()
     st.error(str(exc))
     st.stop()
 maps_bar.empty()
-names = list(maps)
 how = st.radio(
     "Colour scale",
     SCALES,
@@ -83,19 +81,8 @@ how = st.radio(
     "contrast); per map: each map stretched from its min to its max (small differences look large); shared: "
     "one raw range for the whole panel.",
 )
-scaled = scale_maps(np.stack([np.asarray(maps[m].values, np.float64) for m in names]), how)
-maps_fig = figures.small_multiples_figure(
-    scaled.values,
-    [f"{m} [{lo:.3g}, {hi:.3g}]" for m, (lo, hi) in zip(names, scaled.ranges, strict=True)],
-    colorbar_title=scaled.colorbar_title,
-    cols=6,
-    image=cap.image,
-    zmin=scaled.zmin,
-    zmax=scaled.zmax,
-)
-maps_fig.update_layout(title=f"Every method's map for {plotly_plain(name)}")
-common.chart(maps_fig, key="method_maps")
-st.caption("Each tile's title gives the map's own range [min, max] before scaling.")
+maps = views_causal.draw_method_maps(cur, views_causal.MethodMapsSettings(target, how), key="method")
+names = list(maps)
 photo.photo_panel(
     "method",
     [np.asarray(maps[m].values, np.float64) for m in names],
@@ -110,12 +97,7 @@ with st.expander("How each map is defined"):
         st.markdown(f"**{m}**: {maps[m].definition}")
 
 st.subheader("Deletion and insertion")
-STARTS = {
-    "mean": "the image's mean colour",
-    "blur": "the image blurred",
-    "grey": "a fixed grey",
-    "noise": "seeded noise",
-}
+STARTS = views_causal.STARTS
 start = st.radio(
     "Insertion starts from",
     list(STARTS),
@@ -151,14 +133,9 @@ else:
             st.stop()
         bar.progress(done / max(total, 1), text=f"{done} of {total} images")
 
+    settings = views_causal.CurvesSettings(target, start)
     try:
-        results = common.get_target_curves(
-            cur,
-            target,
-            progress=_curves_progress,
-            labels=labels,
-            insertion_start=start,
-        )
+        views_causal.curves(cur, settings, progress=_curves_progress)
     except (VitvizError, ValueError) as exc:
         bar.empty()
         stop.empty()
@@ -166,41 +143,4 @@ else:
     else:
         bar.empty()
         stop.empty()
-        curves = {r.method: (r.deletion, r.insertion) for r in results}
-        fig = figures.curves_figure(results[0].fractions, curves, target=plotly_plain(plain[target.index]))
-        fig.update_layout(title=f"Deletion and insertion curves: {plotly_plain(measured)} (Petsiuk et al. 2018)")
-        if target.minus is not None:  # a difference of two probabilities lies in [-1, 1]
-            fig.update_yaxes(title_text=plotly_plain(measured), range=[-1, 1], row=1, col=1)
-            fig.update_yaxes(range=[-1, 1], row=1, col=2)
-        common.chart(fig, key="curves")
-        rows = [
-            {
-                "method": r.method,
-                "deletion area (lower is better)": round(r.deletion_area, 4),
-                "insertion area (higher is better)": round(r.insertion_area, 4),
-            }
-            for r in sorted(results, key=lambda r: r.deletion_area)
-        ]
-        st.dataframe(rows, hide_index=True)
-        floor = next((r for r in results if r.method == "random"), None)
-        if floor is not None:
-            beat = [r.method for r in results if r.method != "random" and r.deletion_area < floor.deletion_area]
-            st.caption(f"Below the random floor on deletion ({floor.deletion_area:.3f}): {', '.join(beat) or 'none'}.")
-        flat = np.ptp([r.insertion_area for r in results]) < 1e-3
-        if flat:
-            st.caption(
-                f"Every insertion area is the same here: {STARTS[start]} alone already gives the class "
-                "its full probability, so insertion tells the methods apart on this image no better than chance."
-            )
-        common.downloads(
-            "faithfulness",
-            "curves",
-            csv={
-                "fraction of patches": results[0].fractions,
-                **{f"{r.method} deletion ({measured})": r.deletion for r in results},
-                **{f"{r.method} insertion ({measured})": r.insertion for r in results},
-            },
-            fractions=results[0].fractions,
-            **{f"{r.method}_deletion": r.deletion for r in results},
-            **{f"{r.method}_insertion": r.insertion for r in results},
-        )
+        views_causal.draw_curves(cur, settings, key="curves")

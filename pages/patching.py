@@ -1,16 +1,12 @@
 """Activation patching: put a second image's activations into this image's run, one point at a time; the per-patch lens."""
 
-import numpy as np
 import streamlit as st
 
-from pages import common, photo
-from vitviz import figures
-from vitviz.capture.patching import activation_patching, patch_lens
+from pages import common, photo, views_causal
 from vitviz.data.images import read_image
 from vitviz.errors import VitvizError
-from vitviz.figures.animation import lens_rows, view_stack
-from vitviz.figures.patching import patching_grid_figure
-from vitviz.text import md_plain, plotly_plain
+from vitviz.figures.animation import view_stack
+from vitviz.text import md_plain
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
@@ -65,122 +61,33 @@ target = common.target_ui(ranked, key="patch_target")
 st.caption(f"Source: **{md_plain(source_name)}**; measured: **{md_plain(target.name(cur.model.id2label))}**.")
 
 
-def get_patching(exact: bool, progress=None):
-    """The estimate (instant) or the exact grids for the session's image, the source and the target; cached."""
-    labels = common.label_embeddings(cur)
-
-    def compute():
-        image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
-        source = read_image(source_bytes, max_bytes=common.upload_limit()).image
-        return common.in_queue(
-            lambda: activation_patching(
-                cur.model,
-                image,
-                source,
-                target=target,
-                size=cur.key[2],
-                exact=exact,
-                estimate=not exact,
-                progress=progress,
-                label_embeddings=labels,
-            )
-        )
-
-    key = ("patching", *cur.key, source_digest, target, exact, None if labels is None else labels.tobytes())
-    return common.results_cache().get_or_compute(key, compute)
-
-
-def get_patch_lens():
-    def compute():
-        image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
-        return common.in_queue(lambda: patch_lens(cur.model, image, target=target, size=cur.key[2]))
-
-    return common.results_cache().get_or_compute(("patch_lens", *cur.key, target), compute)
-
-
+settings = views_causal.PatchingSettings(target, source_bytes)
 try:
-    estimate = get_patching(False)
+    views_causal.patching(cur, settings, False)
 except (VitvizError, ValueError) as exc:
     st.error(str(exc))
     st.stop()
 
 # --- exact on request ----------------------------------------------------------------------------------
 want = ("patching_exact", *cur.key, source_digest, target)
-exact = None
+exact = False
 if ss.get("patching_wanted") != want:
     st.button("Compute exact patching", type="primary", on_click=lambda: ss.update(patching_wanted=want))
 else:
     st.button("Stop", on_click=lambda: ss.update(patching_wanted=None), help="Stops it; nothing partial is kept.")
     bar = st.progress(0.0, text="Patching…")
     try:
-        exact = get_patching(
-            True, progress=lambda d, t: bar.progress(d / max(t, 1), text=f"{d} of {t} patched positions")
+        views_causal.patching(
+            cur,
+            settings,
+            True,
+            progress=lambda d, t: bar.progress(d / max(t, 1), text=f"{d} of {t} patched positions"),
         )
+        exact = True
     except (VitvizError, ValueError) as exc:
         st.error(str(exc))
     bar.empty()
-shown = exact if exact is not None else estimate
-kind = "exact" if exact is not None else "estimate"
-m1, m2, m3 = st.columns(3)
-m1.metric("Clean score (target)", f"{shown.clean:.4g}")
-m2.metric("Source score", f"{shown.source:.4g}")
-m3.metric("Work", f"{shown.forward_equivalents:.0f} forward-equivalents")
-for why in shown.notes.values():
-    st.info(why)
-
-res = shown.residual if exact is not None else shown.residual_estimate
-heads = shown.heads if exact is not None else shown.heads_estimate
-blocks = [f"block {i}" for i in range(cap.num_blocks)]
-left, right = st.columns(2)
-if res is not None:
-    block = st.slider("Block drawn on the image", 0, res.shape[0] - 1, res.shape[0] - 1, key="patch_block")
-    with left:
-        cols = [f"{k} {t}" for t, k in enumerate(shown.token_kinds)]
-        common.chart(
-            patching_grid_figure(
-                res,
-                clean=shown.clean,
-                source=shown.source,
-                title=f"Residual patching ({kind}): block x token",
-                x_title="token (prefix first)",
-                x_labels=cols,
-                row_labels=blocks,
-                marked_row=block,
-            ),
-            key="patch_residual_grid",
-        )
-    with right:
-        row = res[block, shown.num_prefix :].reshape(shown.grid) - shown.clean
-        span = float(np.nanmax(np.abs(row))) or 1.0
-        common.chart(
-            figures.map_figure(
-                cap.image,
-                row,
-                title=f"Block {block}: change from patching each patch token ({kind})",
-                colorbar_title="patched - clean",
-                colorscale=figures.SIMILARITY_SCALE,
-                zmin=-span,
-                zmax=span,
-            ),
-            key="patch_row_map",
-        )
-if heads is not None:
-    common.chart(
-        patching_grid_figure(
-            heads,
-            clean=shown.clean,
-            source=shown.source,
-            title=f"Head patching ({kind}): block x head",
-            x_title="head",
-            row_labels=blocks,
-        ),
-        key="patch_heads_grid",
-    )
-common.downloads(
-    f"patching_{kind}",
-    "patching",
-    **{k: v for k, v in (("residual", res), ("heads", heads)) if v is not None},
-)
+views_causal.draw_patching(cur, settings, key="patch", exact=exact, files_key="patching")
 
 # --- the per-patch logit lens --------------------------------------------------------------------------
 st.subheader("Logit lens per patch")
@@ -188,28 +95,9 @@ st.caption(
     "Each patch token's residual (row 0: the embeddings; row l: block l's output) through the model's own final "
     "norm and head, as if the head read that token: the measured score, per patch."
 )
-try:
-    lens = get_patch_lens()
-except (VitvizError, ValueError) as exc:
-    st.info(str(exc))
-else:
-    rows = lens_rows(cap)[0]  # row 0 the embeddings, row l after block l - 1 (0-based, as the other pages)
-    layer = st.select_slider(
-        "Residual stream",
-        list(range(lens.shape[0])),
-        lens.shape[0] - 1,
-        format_func=rows.__getitem__,
-        key="patch_lens_layer",
-    )
-    common.chart(
-        figures.map_figure(
-            cap.image,
-            lens[layer],
-            title=f"Per-patch lens, {rows[layer]}: {plotly_plain(target.name(cur.model.id2label))}",
-            colorbar_title="score (raw)",
-        ),
-        key="patch_lens_map",
-    )
+drawn = views_causal.draw_patch_lens(cur, target, key="patch")
+if drawn is not None:
+    lens, layer, rows = drawn
     photo.photo_panel(
         "patch_lens",
         list(lens),
