@@ -144,6 +144,7 @@ from vitviz.models.families.base import ReadoutHead
 from vitviz.models.hooks import Site, installed_sites
 from vitviz.models.load import LoadedModel
 from vitviz.models.points import _ACTIVE, Edit, active, block_name, install_points
+from vitviz.record import frozen
 
 __all__ = [
     "KnockoutMode",
@@ -186,11 +187,6 @@ class Cancelled(VitvizError):
 
 
 # --- results -------------------------------------------------------------------------------------
-
-
-def _frozen(a: np.ndarray) -> np.ndarray:
-    a.setflags(write=False)
-    return a
 
 
 @dataclass(frozen=True)
@@ -572,7 +568,7 @@ def knock_out(
     clean = _clean_run(loaded, image, size, budget_bytes, label_embeddings)
     chosen = _check_heads(clean, heads)
     logits, _ = _knocked_logits(clean, [chosen], mode, from_cache)
-    return Knockout(chosen, mode, _frozen(logits[0].cpu().numpy()), _frozen(clean.logits.cpu().numpy()))
+    return Knockout(chosen, mode, frozen(logits[0].cpu().numpy()), frozen(clean.logits.cpu().numpy()))
 
 
 def _chunk_size(clean: _Clean, budget_bytes: int) -> int:
@@ -617,9 +613,9 @@ def _importance(
         eff = np.where(done_mask, logits[..., c] - clean_np[c], np.nan).astype(np.float32)
         lg = np.where(done_mask[..., None], logits, np.nan).astype(np.float32)
         return HeadImportance(
-            _frozen(eff),
-            _frozen(lg),
-            _frozen(clean_np.copy()),
+            frozen(eff),
+            frozen(lg),
+            frozen(clean_np.copy()),
             c,
             mode,
             clean.num_heads,
@@ -713,7 +709,7 @@ def fast_estimate(
         g = torch.zeros_like(flat) if g is None else g.reshape(-1, z.shape[-1])
         per_col = (g * (target - flat)).sum(dim=0)  # (H * d,)
         table[i, : heads[i]] = per_col.reshape(heads[i], -1).sum(dim=1).float().cpu().numpy()
-    return HeadEstimate(_frozen(table), _frozen(clean.logits.cpu().numpy()), c, mode, heads)
+    return HeadEstimate(frozen(table), frozen(clean.logits.cpu().numpy()), c, mode, heads)
 
 
 # --- the logit lens ------------------------------------------------------------------------------
@@ -744,7 +740,7 @@ def _lens(clean: _Clean) -> LogitLens:
         table[r] = row  # row L: the readout of the last residual, checked equal to the logits in _checked_readout
     defined = np.zeros(n + 1, bool)
     defined[[r for r, _ in rows]] = True
-    return LogitLens(_frozen(table), _frozen(defined), clean.readout.description, causal_notes(loaded)["lens"])
+    return LogitLens(frozen(table), frozen(defined), clean.readout.description, causal_notes(loaded)["lens"])
 
 
 def logit_lens(
@@ -838,7 +834,7 @@ def _attribution(clean: _Clean, c: int) -> Attribution:
             "its blocks as they run (a layer scale, norm or residual branch it does not know)."
         )
     return Attribution(
-        c, logit, _frozen(heads), _frozen(mlps), rest, _frozen(sigma.reshape(-1).numpy()), readout.description
+        c, logit, frozen(heads), frozen(mlps), rest, frozen(sigma.reshape(-1).numpy()), readout.description
     )
 
 
@@ -953,4 +949,4 @@ def capture_knocked_out(
         from vitviz.models.zeroshot import score
 
         logits = score(loaded.model, loaded.text, cap.image_embedding, label_embeddings).logits
-    return cap, Knockout(chosen, mode, _frozen(np.array(logits)), _frozen(clean.logits.cpu().numpy()))
+    return cap, Knockout(chosen, mode, frozen(np.array(logits)), frozen(clean.logits.cpu().numpy()))

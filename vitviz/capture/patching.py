@@ -72,6 +72,7 @@ from vitviz.capture.targets import Target, TargetError, resolve_target
 from vitviz.errors import VitvizError
 from vitviz.models.load import LoadedModel
 from vitviz.models.points import Edit
+from vitviz.record import frozen
 
 __all__ = [
     "Patching",
@@ -93,11 +94,6 @@ class PatchingCancelled(VitvizError):
     def __init__(self, message: str, partial: Patching) -> None:
         super().__init__(message)
         self.partial = partial
-
-
-def _frozen(a: np.ndarray) -> np.ndarray:
-    a.setflags(write=False)
-    return a
 
 
 @dataclass(frozen=True)
@@ -411,10 +407,10 @@ def activation_patching(
             target_name=t.name(names),
             clean=clean_y,
             source=source_y,
-            residual=None if res is None else _frozen(res.copy()),
-            heads=None if hd is None else _frozen(hd.copy()),
-            residual_estimate=None if res_est is None else _frozen(res_est),
-            heads_estimate=None if head_est is None else _frozen(head_est),
+            residual=None if res is None else frozen(res.copy()),
+            heads=None if hd is None else frozen(hd.copy()),
+            residual_estimate=None if res_est is None else frozen(res_est),
+            heads_estimate=None if head_est is None else frozen(head_est),
             token_kinds=token_kinds,
             grid=tuple(int(g) for g in grid),
             num_prefix=num_prefix,
@@ -487,7 +483,7 @@ def patch_lens_of_run(run: Run, t: Target, *, chunk: int = 64) -> np.ndarray:
                 v = patches[c : c + chunk]  # (k, D): every token of copy i is patch c + i
                 scores = run.readout(v[:, None, :].expand(v.shape[0], t_count, v.shape[1]))
                 out[r, c : c + v.shape[0]] = _y(t, scores)
-    return _frozen(out.reshape(len(rows), *grid))
+    return frozen(out.reshape(len(rows), *grid))
 
 
 def patch_lens(
