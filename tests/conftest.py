@@ -257,3 +257,20 @@ def one_thread():
         yield
     finally:
         torch.set_num_threads(before)
+
+
+class Counter:
+    """Counts calls through the model's own top-level forward."""
+
+    def __init__(self, model):
+        self.n = 0
+        self.handle = model.register_forward_pre_hook(self)
+
+    def __call__(self, module, args):
+        self.n += 1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()

@@ -6,29 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import random_image
+from conftest import Counter, random_image
 
 from vitviz.capture import patching as P
 from vitviz.capture import session as S
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-class Counter:
-    """Counts calls through the model's own top-level forward."""
-
-    def __init__(self, model):
-        self.n = 0
-        self.handle = model.register_forward_pre_hook(self)
-
-    def __call__(self, module, args):
-        self.n += 1
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.handle.remove()
 
 
 @pytest.fixture(autouse=True)
