@@ -417,16 +417,18 @@ def labels_of(model: LoadedModel, text: str | None, template: str | None) -> Lab
     """
     if not model.zero_shot:
         return None
-    text = text if text is not None else model.text.labels or SUGGESTED_LABELS
     try:
-        return parse_labels(text, template if template is not None else model.text.template)
+        return parse_labels(*label_defaults(model, text, template))
     except ZeroShotError:
         return None
 
 
-def current_labels(model: LoadedModel) -> Labels | None:
-    """The session's labels for a zero-shot model (None when what was typed does not parse)."""
-    return labels_of(model, st.session_state.labels_text, st.session_state.template)
+def label_defaults(model: LoadedModel, text: str | None, template: str | None) -> tuple[str, str]:
+    """(labels text, prompt template) of a zero-shot model: what was typed, else the model's suggestions."""
+    return (
+        text if text is not None else model.text.labels or SUGGESTED_LABELS,
+        template if template is not None else model.text.template,
+    )
 
 
 @dataclass(frozen=True)
@@ -919,9 +921,7 @@ def target_ui(ranked: Classes, *, key: str, default: int | None = None):
 
 def labels_text(model: LoadedModel) -> tuple[str, str]:
     """The session's labels text and prompt template for a zero-shot model (the model's suggestions by default)."""
-    ss = st.session_state
-    text = ss.labels_text if ss.labels_text is not None else model.text.labels or SUGGESTED_LABELS
-    return text, ss.template if ss.template is not None else model.text.template
+    return label_defaults(model, st.session_state.labels_text, st.session_state.template)
 
 
 def _labels_edited(key: str) -> None:
