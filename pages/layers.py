@@ -2,38 +2,17 @@
 
 import streamlit as st
 
-from pages import common, photo, views
-from vitviz import figures
+from pages import common, photo, views, views_model
 from vitviz.analysis import maps
 from vitviz.analysis.blocks import global_query
 from vitviz.analysis.stats import SUMMARIES
+from vitviz.capture.targets import Target
 from vitviz.errors import VitvizError
 from vitviz.figures.animation import view_stack
 from vitviz.tables import long_table
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
-
-
-def _through(k: int, n: int) -> str:
-    """Which blocks relevance runs through when it starts at block ``k`` of ``n``."""
-    return f"the last block ({k}) only" if k == n - 1 else f"blocks {k}-{n - 1}"
-
-
-def prompt_words_ui(cur, label: str, prompt: str) -> None:
-    """The label's prompt, each token coloured by its relevance for the label's score (text tower, Chefer et al.)."""
-    try:
-        words = common.get_prompt_relevance(*cur.key, cur.cap.image_embedding, label, prompt)
-    except VitvizError as exc:
-        st.error(str(exc))
-        return
-    st.markdown(figures.token_relevance_html(words.tokens, words.relevance), unsafe_allow_html=True)
-    pooled = "its end-of-text token" if words.pooled is not None else "its last position (SigLIP pools padding)"
-    st.caption(
-        f"Prompt words for '{label}': relevance of each token (as the tokenizer cut it) for the label's score, "
-        f"Chefer et al.'s rule on the text tower's attention from {pooled}, through all text blocks; "
-        "darker = more relevant (hover for the raw value)."
-    )
 
 
 def open_head(data) -> None:
@@ -111,7 +90,7 @@ else:
             st.selectbox(
                 "Relevance runs through",
                 list(range(n_enc)),
-                format_func=lambda k: "all blocks (default)" if k == 0 else _through(k, n_enc),
+                format_func=lambda k: views_model.through(k, n_enc),
                 help="Default: all blocks, as MM-Explainability's start_layer=0. Its CLIP notebook uses the last "
                 "block only; earlier blocks then count as identities.",
                 **common.keep("relevance_from"),
@@ -124,7 +103,7 @@ else:
             else:
                 views.draw_relevance(cur, explained, key="relevance", config=photo.camera_config("relevance"))
                 target = "the label's image-text score" if ranked.labels else "the class logit (before softmax)"
-                through = "all blocks (the default)" if exp.start_block == 0 else _through(exp.start_block, n_enc)
+                through = views_model.through(exp.start_block, n_enc)
                 st.caption(
                     f"Row of the {exp.readout}, for {target}, through {through}. "
                     "Choose it on the *Image & predictions* page."
@@ -144,7 +123,7 @@ else:
                     set_name="one map",
                 )
                 if ranked.labels:
-                    prompt_words_ui(cur, known[cls], ranked.prompt(cls))
+                    views_model.draw_prompt_words(cur, Target.of_label(ranked.labels, cls))
     photo.photo_panel(
         "rollout",
         [roll.values],

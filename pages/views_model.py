@@ -37,6 +37,7 @@ from vitviz.tables import long_table
 from vitviz.text import md_plain, plotly_plain
 
 __all__ = [
+    "draw_prompt_words",
     "BiasSettings",
     "NormsSettings",
     "PositionSettings",
@@ -271,11 +272,11 @@ def draw_predictions(cur: common.Current, *, key: str) -> common.Classes | None:
 def through(k: int, n: int, what: str = "blocks") -> str:
     """Which blocks relevance runs through when it starts at block ``k`` of ``n``."""
     if k == 0:
-        return f"all {what} (default)"
+        return f"all {what} (the default)"
     return f"the last block ({k}) only" if k == n - 1 else f"{what} {k}-{n - 1}"
 
 
-def _prompt_words(cur: common.Current, target: Target, start_block: int) -> None:
+def draw_prompt_words(cur: common.Current, target: Target, start_block: int = 0) -> None:
     """Each explained label's prompt, its tokens coloured by their relevance for that label's score."""
     n_text = common.text_blocks(cur.model)
     for i in (target.index, target.minus):
@@ -339,5 +340,5 @@ def draw_target_relevance(cur: common.Current, s: TargetRelevanceSettings, *, ke
         relevance=rel,
     )
     if target.is_label:
-        _prompt_words(cur, target, s.text_start_block)
+        draw_prompt_words(cur, target, s.text_start_block)
     return rel
