@@ -16,6 +16,7 @@ from browser_tools import (
     ROOT,
     plot_state,
     require_chromium,
+    server_heads,
     settle,
     streamlit_server,
     wait_for_title,
@@ -59,14 +60,6 @@ def browser():
         b = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         yield b
         b.close()
-
-
-def server_heads(page) -> None:
-    """The Heads page's server-drawn view (the instant in-browser view is on by default for plain ViTs)."""
-    toggle = page.get_by_test_id("stCheckbox").filter(has_text="Instant view")
-    toggle.wait_for(timeout=60_000)
-    if toggle.locator("input").is_checked():
-        toggle.locator("label").click()
 
 
 def _pixel(page, x: float, y: float) -> tuple[int, int, int]:
