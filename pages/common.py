@@ -25,6 +25,7 @@ from typing import TypeVar
 import numpy as np
 import streamlit as st
 
+from pages import click_chart
 from vitviz.analysis.embeddings import patch_components, position_similarity
 from vitviz.analysis.rollout import capture_rollout
 from vitviz.cache import BoundedCache
@@ -678,14 +679,17 @@ def chart(fig, *, key: str, **kwargs):
     """``st.plotly_chart`` without Streamlit's Plotly theme, each quick click its own selection.
 
     The theme replaces a figure's own colour scale (Inferno's near-black bottom rendered pink), so
-    every figure is drawn with the scale it names.
+    every figure is drawn with the scale it names. A clickable chart (``on_select="rerun"``) is
+    ``click_chart.clickable_chart``: its element outlives the figure, so the last of quick clicks wins.
     """
     config = {"doubleClickDelay": DOUBLE_CLICK_MS, **kwargs.pop("config", {})}
+    if kwargs.get("on_select") == "rerun":  # a clickable map: one element for the page's life, the last click wins
+        return click_chart.clickable_chart(fig, key=key, config=config)
     return st.plotly_chart(fig, key=key, theme=None, config=config, **kwargs)
 
 
 def clicked_point(event) -> list | None:
-    """The ``customdata`` of the point a user clicked in a ``st.plotly_chart(on_select="rerun")`` figure."""
+    """The ``customdata`` of the point a user clicked in a clickable chart (``chart(..., on_select="rerun")``)."""
     try:
         points = event["selection"]["points"]
     except (KeyError, TypeError):
@@ -700,13 +704,20 @@ def clicked_point(event) -> list | None:
 
 
 def take_click(chart_key: str, apply) -> None:
-    """Apply a new click on chart ``chart_key`` (read before the widgets it drives are drawn)."""
+    """Apply a new click on chart ``chart_key`` (read before the widgets it drives are drawn).
+
+    A click is new when its point, or its click id (``click_chart``: one per click), differs from the
+    last one applied: a second click on the same cell counts too (say after the query box moved on).
+    """
     seen = f"_seen_{chart_key}"
-    data = clicked_point(st.session_state.get(chart_key))
+    event = st.session_state.get(chart_key)
+    data = clicked_point(event)
     if data is None:
         st.session_state.pop(seen, None)
-    elif st.session_state.get(seen) != repr(data):
-        st.session_state[seen] = repr(data)
+        return
+    mark = repr((data, [p.get("click") for p in event["selection"]["points"] if isinstance(p, dict)]))
+    if st.session_state.get(seen) != mark:
+        st.session_state[seen] = mark
         apply(data)
 
 

@@ -32,3 +32,31 @@ def open_folder(folder: str | Path, timeout: float = 180) -> AppTest:
     at.selectbox(key="model_pick").set_value("other (hub id or local folder)…").run()
     at.text_input(key="model_text").input(str(folder)).run()
     return at
+
+
+class ClickChart:
+    """A clickable map (``pages/click_chart.py``, a custom component) read like ``st.plotly_chart``'s element:
+    ``.proto.spec`` (the figure's JSON), ``.proto.id``, ``.proto.selection_mode`` and ``.proto.config``."""
+
+    def __init__(self, element) -> None:
+        import json
+
+        data = json.loads(element.proto.json)
+        self.element, self.key, self.type = element, element.key, "click_chart"
+        self.spec, self.id, self.config = data["spec"], element.proto.id, json.dumps(data["config"])
+        self.selection_mode = ["points"]  # a click sets the state to the clicked point
+
+    @property
+    def proto(self) -> ClickChart:
+        return self
+
+
+def charts(at: AppTest) -> list:
+    """Every Plotly figure on the page in page order: ``st.plotly_chart``'s elements and the clickable maps
+    (``ClickChart``); each has ``.proto.spec``, the figure's JSON."""
+    return [
+        ClickChart(el) if el.type == "bidi_component" else el
+        for el in at._tree
+        if el.type == "plotly_chart"
+        or (el.type == "bidi_component" and el.proto.component_name == "vitviz_click_chart")
+    ]

@@ -32,7 +32,8 @@ FLAGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-PLOTS = "[data-testid='stPlotlyChart'] .js-plotly-plot"
+# st.plotly_chart's figures and the clickable maps (pages/click_chart.py: a custom component in the page's DOM)
+PLOTS = "[data-testid='stPlotlyChart'] .js-plotly-plot, .stBidiComponent .js-plotly-plot"
 
 # Title and heatmap data of every Plotly figure on the page, read from the DOM.
 PLOT_STATE_JS = f"""() => Array.from(document.querySelectorAll("{PLOTS}")).map(el => ({{

@@ -36,7 +36,7 @@ def _choose_model(at: AppTest, text: str) -> None:
 
 
 def _figures(at: AppTest) -> list[dict]:
-    return [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
+    return [json.loads(el.proto.spec) for el in app_tools.charts(at)]
 
 
 def _decode(z) -> np.ndarray:
@@ -58,7 +58,7 @@ def _no_trouble(at: AppTest) -> None:
 def test_every_page_renders_with_the_demo_model(page):
     at = _app(page)
     _no_trouble(at)
-    assert len(at.get("plotly_chart")) >= 1
+    assert len(app_tools.charts(at)) >= 1
 
 
 def test_overview_shows_patches_sequence_and_predictions():

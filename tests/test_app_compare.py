@@ -7,12 +7,12 @@ import json
 import re
 
 import numpy as np
-from app_tools import APP, no_trouble
+from app_tools import APP, charts, no_trouble
 from streamlit.testing.v1 import AppTest
 
 
 def _maps_figure(at: AppTest) -> dict:
-    figs = [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
+    figs = [json.loads(el.proto.spec) for el in charts(at)]
     return next(f for f in figs if "attention" in [a["text"].split(" [")[0] for a in f["layout"]["annotations"]])
 
 
@@ -69,9 +69,9 @@ def test_only_maps_whose_click_sets_the_query_promise_it():
     at.run()
     at.switch_page("pages/layers.py").run()
     no_trouble(at)
-    charts = {el.proto.id: el for el in at.get("plotly_chart")}
+    by_id = {el.proto.id: el for el in charts(at)}
     by_title = {}
-    for el in charts.values():
+    for el in by_id.values():
         spec = json.loads(el.proto.spec)
         by_title[str(spec["layout"].get("title", {}).get("text", ""))] = (spec, el.proto)
     rollout = next(v for t, v in by_title.items() if t.startswith("Rollout of"))

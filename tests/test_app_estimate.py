@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 
-from app_tools import APP, no_trouble
+from app_tools import APP, charts, no_trouble
 from streamlit.testing.v1 import AppTest
 
 from vitviz.evaluate.head_estimate import MEASURED
 
 
 def _figures(at: AppTest) -> list[dict]:
-    return [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
+    return [json.loads(el.proto.spec) for el in charts(at)]
 
 
 def _importance(at: AppTest) -> dict | None:

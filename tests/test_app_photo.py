@@ -7,7 +7,7 @@ import io
 import json
 
 import numpy as np
-from app_tools import APP, no_trouble
+from app_tools import APP, charts, no_trouble
 from PIL import Image
 from streamlit.testing.v1 import AppTest
 
@@ -25,7 +25,7 @@ def _page(page: str) -> AppTest:
 
 
 def _photo_figure(at: AppTest) -> dict:
-    figs = [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
+    figs = [json.loads(el.proto.spec) for el in charts(at)]
     return next(f for f in figs if "over the photo" in str(f["layout"].get("title", {}).get("text", "")))
 
 
@@ -36,7 +36,7 @@ def _sent_image(fig: dict) -> np.ndarray:
 def test_heads_photo_panel_draws_at_the_photos_size_with_its_controls():
     at = _page("pages/heads.py")
     no_trouble(at)
-    assert not any("over the photo" in el.proto.spec for el in at.get("plotly_chart"))  # off until asked
+    assert not any("over the photo" in el.proto.spec for el in charts(at))  # off until asked
     at.toggle(key="head_photo_on").set_value(True).run()
     no_trouble(at)
     w, h = Image.open(io.BytesIO(at.session_state.image_bytes)).size
@@ -48,7 +48,7 @@ def test_heads_photo_panel_draws_at_the_photos_size_with_its_controls():
     bar = fig["data"][1]["marker"]
     assert bar["colorscale"][0][1] == COLORSCALE[0]
     shared = (bar["cmin"], bar["cmax"])
-    figs = [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
+    figs = [json.loads(el.proto.spec) for el in charts(at)]
     grid = next(f for f in figs if f["layout"].get("annotations", [{}])[0].get("text") == "head 0")
     assert shared == (grid["data"][0]["zmin"], grid["data"][0]["zmax"])
     at.radio(key="head_photo_scale").set_value("per_map").run()
@@ -101,7 +101,7 @@ def test_compare_any_method_over_the_photo_and_relevance_on_layers():
     assert any(
         json.loads(el.proto.spec)["layout"].get("title", {}).get("text", "").startswith("Relevance for")
         and "over the photo" in el.proto.spec
-        for el in at.get("plotly_chart")
+        for el in charts(at)
     )
 
 
@@ -122,9 +122,7 @@ def test_camera_button_of_the_main_maps_saves_at_the_photos_size():
         at = _page(page)
         w, h = Image.open(io.BytesIO(at.session_state.image_bytes)).size
         chart = next(
-            el
-            for el in at.get("plotly_chart")
-            if words in json.loads(el.proto.spec)["layout"].get("title", {}).get("text", "")
+            el for el in charts(at) if words in json.loads(el.proto.spec)["layout"].get("title", {}).get("text", "")
         )
         opts = json.loads(chart.proto.config)["toImageButtonOptions"]
         assert (opts["width"], opts["height"]) == (w, h)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from app_tools import no_trouble
+from app_tools import charts, no_trouble
 from PIL import Image
 from streamlit.testing.v1 import AppTest
 
@@ -110,7 +110,7 @@ def _array(z) -> np.ndarray:
 def _charts(at: AppTest) -> dict[str, tuple[str, np.ndarray, list]]:
     """Each chart's title, heatmap (empty for a chart of lines) and traces, by its key."""
     out = {}
-    for el in at.get("plotly_chart"):
+    for el in charts(at):
         spec = json.loads(el.proto.spec)
         z = next((t["z"] for t in spec["data"] if t["type"] == "heatmap"), [])
         title = spec["layout"].get("title", {}).get("text", "")

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from app_tools import APP, no_trouble
+from app_tools import APP, charts, no_trouble
 from conftest import random_image
 from streamlit.testing.v1 import AppTest
 
@@ -70,7 +70,7 @@ def test_pane_maps_are_the_records_own_maps(deit_dino):
 
 def _z(at: AppTest, title: str) -> np.ndarray:
     """The heatmap of the chart whose title starts with ``title``."""
-    for el in at.get("plotly_chart"):
+    for el in charts(at):
         spec = json.loads(el.proto.spec)
         if spec.get("layout", {}).get("title", {}).get("text", "").startswith(title):
             return _decode(next(t["z"] for t in spec["data"] if t["type"] == "heatmap"))
@@ -95,7 +95,7 @@ def _page() -> AppTest:
 
 
 def _titles(at: AppTest) -> list[str]:
-    return [json.loads(el.proto.spec)["layout"]["title"]["text"] for el in at.get("plotly_chart")]
+    return [json.loads(el.proto.spec)["layout"]["title"]["text"] for el in charts(at)]
 
 
 def test_two_models_step_together_and_get_no_difference_on_different_grids():

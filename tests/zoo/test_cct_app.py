@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from app_tools import PAGES, no_trouble, open_folder
+from app_tools import PAGES, charts, no_trouble, open_folder
 from streamlit.testing.v1 import AppTest
 from test_cct import save_tiny_cct
 
@@ -19,7 +19,7 @@ def cct_dir(tmp_path_factory) -> Path:
 
 
 def _titles(at: AppTest) -> str:
-    figs = [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
+    figs = [json.loads(el.proto.spec) for el in charts(at)]
     return " ".join(str(f["layout"].get("title", {}).get("text", "")) for f in figs)
 
 
@@ -32,14 +32,14 @@ def test_every_page_opens_on_a_cct(cct_dir):
         at.switch_page(page).run()
         no_trouble(at)
         if page not in ("pages/importance.py", "pages/dataset.py"):  # on request / needs a results file
-            assert len(at.get("plotly_chart")) >= 1, page
+            assert len(charts(at)) >= 1, page
     at.switch_page("pages/importance.py").run()
     assert any("2 of 3" in c.value for c in at.caption)  # the pooling has no heads to knock out: said once
     buttons = [b for b in at.button if b.label == "Compute head importance"]
     assert buttons  # the two attention blocks' heads are offered
     buttons[0].click().run()
     no_trouble(at)
-    assert len(at.get("plotly_chart")) >= 1
+    assert len(charts(at)) >= 1
     at.switch_page("pages/heads.py").run()
     assert "Pooling head" in _titles(at)  # the last block shown is the sequence pooling, one map
     at.switch_page("pages/layers.py").run()

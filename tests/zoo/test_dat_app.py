@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from app_tools import PAGES, no_trouble, open_folder
+from app_tools import PAGES, charts, no_trouble, open_folder
 from test_dat import save_tiny_dat
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -27,9 +27,7 @@ def test_every_page_opens_on_dat(dat_dir):
         at.switch_page(page).run()
         no_trouble(at)
     at.switch_page("pages/layers.py").run()
-    titles = " ".join(
-        str(json.loads(f.proto.spec)["layout"].get("title", {}).get("text", "")) for f in at.get("plotly_chart")
-    )
+    titles = " ".join(str(json.loads(f.proto.spec)["layout"].get("title", {}).get("text", "")) for f in charts(at))
     assert "Rollout of" in titles and "Relevance for" in titles  # deformable blocks enter through their spread maps
 
 
@@ -49,7 +47,7 @@ def test_heads_page_draws_a_deformable_blocks_sampled_keys(dat_dir):
     no_trouble(at)
 
     def deformable() -> dict:
-        figs = [json.loads(f.proto.spec) for f in at.get("plotly_chart")]
+        figs = [json.loads(f.proto.spec) for f in charts(at)]
         return next(f for f in figs if "sampled keys" in str(f["layout"].get("title", {}).get("text", "")))
 
     fig = deformable()

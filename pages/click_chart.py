@@ -1,0 +1,130 @@
+"""A clickable Plotly chart whose element keeps its identity across reruns: the last click always wins.
+
+``st.plotly_chart``'s element id includes the figure: after a click the page draws a new figure, so
+the chart gets a new id, and a second click made during the first click's rerun lands on the old
+chart, whose id the server no longer knows (the click was dropped; the map ended on the FIRST
+click). This chart is a Streamlit Custom Component v2 keyed by the user key alone
+(``key_as_main_identity=True``): the browser keeps one element mounted, redraws it with
+``Plotly.react`` when the figure changes, and every click sets its state to the clicked point's
+``customdata`` with a fresh sequence number (two clicks on one cell both count).
+
+The state reads like ``st.plotly_chart``'s selection, ``st.session_state[key]["selection"]["points"]``,
+so ``common.clicked_point`` / ``common.take_click`` read either chart. plotly.js is the installed
+``plotly`` package's own ``plotly.min.js``, served by Streamlit's component file route and loaded
+once per page (the browser caches it); the figure goes to the browser as JSON, no theme applied.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import plotly
+import streamlit as st
+from streamlit.components.v1 import declare_component
+
+PLOTLY_DIR = Path(plotly.__file__).parent / "package_data"
+PLOTLY_JS = "plotly.min.js"
+
+# Streamlit's own defaults for st.plotly_chart with a point selection (no logo, no cloud button,
+# no box or lasso select), then the caller's config on top.
+DEFAULT_CONFIG = {
+    "displaylogo": False,
+    "showSendToCloud": False,
+    "modeBarButtonsToRemove": ["lasso2d", "select2d", "sendChartToCloud"],
+    "responsive": True,
+}
+
+_JS = r"""
+let plotlyLoad = null;
+let clicks = 0;
+
+function loadPlotly(url) {
+  if (!plotlyLoad) {
+    plotlyLoad = new Promise((resolve, reject) => {
+      const script = document.createElement("script");
+      script.src = url;
+      script.onload = () => resolve(window.Plotly);
+      script.onerror = () => { plotlyLoad = null; reject(new Error("plotly.js did not load from " + url)); };
+      document.head.appendChild(script);
+    });
+  }
+  return plotlyLoad;
+}
+
+function plain(value) {  // typed arrays and arrays of them as plain JSON arrays
+  if (ArrayBuffer.isView(value) || Array.isArray(value)) return Array.from(value, plain);
+  return value;
+}
+
+export default function (component) {
+  const { data, parentElement, setStateValue } = component;
+  let gd = parentElement.querySelector(".vitviz-click-chart");
+  if (!gd) {
+    gd = document.createElement("div");
+    gd.className = "vitviz-click-chart";
+    gd.style.width = "100%";
+    parentElement.appendChild(gd);
+  }
+  const spec = JSON.parse(data.spec);
+  gd.dataset.spec = data.digest;
+  gd.vitvizSetState = setStateValue;  // the latest call's (one listener serves every call)
+  loadPlotly(data.plotly).then((Plotly) => {
+    if (gd.dataset.spec !== data.digest) return;  // a newer figure came while plotly.js loaded
+    Plotly.react(gd, spec.data || [], spec.layout || {}, data.config).then(() => {
+      if (gd.dataset.listening) return;
+      gd.dataset.listening = "1";
+      gd.on("plotly_click", (event) => {
+        // Plotly computes hover at most once per 50 ms (HOVERMINTIME) and redrawing a figure hovers the
+        // last position again: a click just after a redraw reports the point hovered before the mouse
+        // moved. The click's own hover comes within 50 ms; read the point after it.
+        setTimeout(() => {
+          const hovered = gd._hoverdata && gd._hoverdata.length ? gd._hoverdata : (event && event.points) || [];
+          const point = hovered.find((p) => p.customdata !== undefined);
+          if (!point) return;
+          clicks += 1;
+          gd.vitvizSetState("selection", {
+            points: [{ customdata: plain(point.customdata), click: Date.now() + "-" + clicks }],
+          });
+        }, 60);
+      });
+    });
+  });
+  // Called when the element leaves the page (or right away when a newer figure overtook this call:
+  // then the graph is still on the page and stays).
+  return () => { if (window.Plotly && !gd.isConnected) window.Plotly.purge(gd); };
+}
+"""
+
+_CSS = ".vitviz-click-chart { width: 100%; }"
+
+_click_chart = st.components.v2.component("vitviz_click_chart", js=_JS, css=_CSS, isolate_styles=False)
+
+
+def _plotly_url() -> str:
+    """Where the browser gets ``plotly.min.js``: Streamlit's route for a v1 component's folder."""
+    served = declare_component("plotly_js", path=str(PLOTLY_DIR))
+    base = st.get_option("server.baseUrlPath").strip("/")
+    return f"{'/' + base if base else ''}/component/{served.name}/{PLOTLY_JS}"
+
+
+def _ignore() -> None:
+    """A click only sets the state; the page reads it (``common.take_click``)."""
+
+
+def clickable_chart(fig, *, key: str, config: dict | None = None):
+    """Draw ``fig`` (a ``go.Figure``) as a chart whose clicks set ``st.session_state[key]``.
+
+    The state after a click: ``{"selection": {"points": [{"customdata": [...], "click": "<id>"}]}}``,
+    the clicked point's customdata and an id that differs for every click. ``config``: Plotly's
+    config, over ``DEFAULT_CONFIG``.
+    """
+    import hashlib
+
+    spec = fig.to_json()
+    data = {
+        "spec": spec,
+        "digest": hashlib.blake2b(spec.encode(), digest_size=8).hexdigest(),
+        "config": {**DEFAULT_CONFIG, **(config or {})},
+        "plotly": _plotly_url(),
+    }
+    return _click_chart(key=key, data=data, on_selection_change=_ignore)
