@@ -172,3 +172,42 @@ def test_quick_clicks_on_the_heads_map_the_last_click_wins(server, browser):
         assert urllib.request.urlopen(loads[0], timeout=30).read() == (PLOTLY_DIR / PLOTLY_JS).read_bytes()
     finally:
         page.close()
+
+
+# The clickable map's graph: its size, its element's width, the camera button's options (pages/click_chart.py).
+CLICK_MAP_JS = f"""(words) => {{
+    const el = Array.from(document.querySelectorAll("{PLOTS}"))
+        .find(el => ((el.layout.title || {{}}).text || "").includes(words));
+    const box = el.getBoundingClientRect(), outer = el.closest(".stBidiComponent").getBoundingClientRect();
+    return {{width: box.width, height: box.height, outer: outer.width, layoutHeight: el.layout.height,
+             png: el._context.toImageButtonOptions}};
+}}"""
+
+
+def test_a_clickable_map_keeps_its_size_hover_text_and_camera_button(server, browser, tmp_path):
+    """The custom component draws the figure as st.plotly_chart did: its height, the element's full width, the
+    hover label, and the modebar's PNG of the photo's size."""
+    from PIL import Image
+
+    page = browser.new_page(viewport={"width": 1500, "height": 1300}, accept_downloads=True)
+    try:
+        page.goto(f"{server}/heads")
+        server_heads(page)
+        wait_for_title(page, "head 0: where CLS looks", timeout=120)
+        settle(page)
+        got = page.evaluate(CLICK_MAP_JS, "head 0: where")
+        assert got["height"] == got["layoutHeight"] and abs(got["width"] - got["outer"]) <= 1, got
+        plot = page.locator(PLOTS).filter(has=page.locator("text=head 0: where")).first
+        box = plot.locator(".nsewdrag").first.bounding_box()
+        page.mouse.move(box["x"] + box["width"] * 7.5 / 12, box["y"] + box["height"] * 3.5 / 12)
+        label = plot.locator(".hoverlayer .hovertext").first
+        label.wait_for(timeout=10_000)
+        assert "click to make it the query" in label.text_content()
+        with page.expect_download(timeout=30_000) as download:
+            plot.locator(".modebar-btn[data-title^='Download plot']").first.click()
+        saved = tmp_path / download.value.suggested_filename
+        download.value.save_as(saved)
+        png = got["png"]
+        assert saved.suffix == ".png" and Image.open(saved).size == (png["width"], png["height"]), png
+    finally:
+        page.close()
