@@ -57,6 +57,18 @@ def _png(seed: int) -> bytes:
     return buf.getvalue()
 
 
+def _titles(at) -> list[str]:
+    """The title of every Plotly figure on the page, in order: ``st.plotly_chart``'s and the clickable maps'
+    (``pages/click_chart.py``, a custom component whose data holds the figure's JSON as ``spec``)."""
+    specs = [
+        el.proto.spec if el.type == "plotly_chart" else json.loads(el.proto.json)["spec"]
+        for el in at._tree
+        if el.type == "plotly_chart"
+        or (el.type == "bidi_component" and el.proto.component_name == "vitviz_click_chart")
+    ]
+    return [json.loads(spec)["layout"]["title"]["text"] for spec in specs]
+
+
 def _ms(fn) -> float:
     t = time.perf_counter()
     fn()
@@ -83,7 +95,7 @@ def side_by_side(runs: int = 7, model_a: str = "demo", model_b: str = "demo-swin
     sbs.selectbox(key="sbs_model").set_value(model_b).run()
     sbs.radio(key="sbs_view").set_value("head").run()
     assert not sbs.exception, sbs.exception
-    titles = [json.loads(el.proto.spec)["layout"]["title"]["text"] for el in sbs.get("plotly_chart")]
+    titles = _titles(sbs)
     assert len(titles) >= 2 and titles[1].startswith(f"B. {model_b}"), titles
 
     def ok(at: AppTest) -> None:
@@ -131,7 +143,7 @@ def side_by_side(runs: int = 7, model_a: str = "demo", model_b: str = "demo-swin
             add(f"heads_{m}_first_ms", _ms(lambda at=at, i=i: new_image(at, 1000 + i)))
         add("sbs_first_ms", _ms(lambda i=i: new_image(sbs, 2000 + i)))
     click_sbs(runs)  # the last state drawn: a click's query in both panes (what the test reads)
-    last_titles = [json.loads(el.proto.spec)["layout"]["title"]["text"] for el in sbs.get("plotly_chart")]
+    last_titles = _titles(sbs)
     med = {k: round(statistics.median(v), 1) for k, v in t.items()}
     a, b = (f"heads_{m}" for m in (model_a, model_b))
     out: dict = {"models": [model_a, model_b], "runs": runs, **med}
