@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from app_tools import APP, no_trouble
+from app_tools import APP, charts, no_trouble
 from streamlit.testing.v1 import AppTest
 
 from vitviz.__main__ import main
@@ -42,7 +42,7 @@ def test_without_results_the_page_asks_for_a_file(tmp_path, monkeypatch):
     monkeypatch.setenv("VITVIZ_HOME", str(tmp_path))
     at = _page()
     no_trouble(at)
-    assert any("Upload a results file" in i.value for i in at.info) and not at.get("plotly_chart")
+    assert any("Upload a results file" in i.value for i in at.info) and not charts(at)
 
 
 def test_the_last_local_run_shows_its_areas_distances_and_disagreements(last_results):
@@ -57,7 +57,7 @@ def test_the_last_local_run_shows_its_areas_distances_and_disagreements(last_res
     assert any("insertion from the image's mean colour" in c for c in shown)  # the run's start
     rollout = next(s for s in results.summary() if s.method == "rollout")
     assert table.set_index("method").loc["rollout", "deletion area"].startswith(f"{rollout.deletion_mean:.3f}")
-    figs = {el.proto.id: json.loads(el.proto.spec) for el in at.get("plotly_chart")}
+    figs = {el.proto.id: json.loads(el.proto.spec) for el in charts(at)}
     assert len(figs) == 3  # areas, mean curves, distance vs depth
     areas = next(f for f in figs.values() if "Areas" in f["layout"]["title"]["text"])
     boxes = {(t["name"], t["xaxis"]): t for t in areas["data"]}

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from app_tools import APP, no_trouble
+from app_tools import APP, charts, no_trouble
 from streamlit.testing.v1 import AppTest
 
 
 def _figures(at: AppTest) -> list[dict]:
-    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    return [json.loads(c.proto.spec) for c in charts(at)]
 
 
 def _predicted_labels(at: AppTest) -> set[str]:

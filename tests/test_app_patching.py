@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from app_tools import APP, no_trouble
+from app_tools import APP, charts, no_trouble
 from streamlit.testing.v1 import AppTest
 
 
@@ -28,7 +28,7 @@ def _charts(at: AppTest) -> dict[str, dict]:
     import json
 
     out = {}
-    for c in at.get("plotly_chart"):
+    for c in charts(at):
         fig = json.loads(c.proto.spec)
         out[fig["layout"]["title"]["text"]] = fig
     return out

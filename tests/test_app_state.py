@@ -4,7 +4,7 @@ is pinned; state that belongs to a model goes with it."""
 from __future__ import annotations
 
 import pytest
-from app_tools import APP, no_trouble
+from app_tools import APP, charts, no_trouble
 from streamlit.testing.v1 import AppTest
 
 from vitviz.capture.run import capture
@@ -109,7 +109,7 @@ def test_the_swin_logit_lens_says_which_points_it_draws():
     no_trouble(at)
     lens = next(
         json.loads(el.proto.spec)
-        for el in at.get("plotly_chart")
+        for el in charts(at)
         if "Logit lens" in str(json.loads(el.proto.spec)["layout"].get("title", {}).get("text", ""))
     )
     trace = lens["data"][0]

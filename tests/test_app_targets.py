@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from app_tools import APP, no_trouble
+from app_tools import APP, charts, no_trouble
 from PIL import Image
 from streamlit.testing.v1 import AppTest
 from target_reference import relevance_by_hand
@@ -21,7 +21,7 @@ STAR = Path(APP).parent / "assets" / "examples" / "demo-star.png"
 
 
 def _figures(at: AppTest) -> dict[str, dict]:
-    figs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    figs = [json.loads(c.proto.spec) for c in charts(at)]
     return {str(f["layout"].get("title", {}).get("text", "")): f for f in figs}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from app_tools import APP
+from app_tools import APP, charts
 from streamlit.testing.v1 import AppTest
 
 
@@ -30,7 +30,7 @@ def _start(at: AppTest) -> dict:
 def test_heads_page_sends_the_maps_once_and_opens_on_the_sessions_layer_and_head():
     at = _heads()
     assert at.toggle(key="instant_heads").value is True
-    assert not at.get("plotly_chart")  # layer, head and query change in the browser, not on the server
+    assert not charts(at)  # layer, head and query change in the browser, not on the server
     assert _start(at) == {"layer": 3, "head": 0, "query": 0}  # the demo's last layer, CLS
     at.session_state["layer"], at.session_state["head"] = 1, 2  # as a summary cell on Layers sets them
     at.run()
@@ -40,4 +40,4 @@ def test_heads_page_sends_the_maps_once_and_opens_on_the_sessions_layer_and_head
 def test_switching_the_instant_view_off_gives_the_server_drawn_page():
     at = _heads()
     at.toggle(key="instant_heads").set_value(False).run()
-    assert not at.exception and at.get("plotly_chart")
+    assert not at.exception and charts(at)

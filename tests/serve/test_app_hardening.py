@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from app_tools import charts
 from streamlit.testing.v1 import AppTest
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
@@ -278,8 +279,8 @@ def _unescaped(markdown: str) -> str:
 def _figure_strings(at: AppTest) -> str:
     import json
 
-    return " ".join(el.proto.spec for el in at.get("plotly_chart")) + " ".join(
-        json.dumps(json.loads(el.proto.spec).get("layout", {})) for el in at.get("plotly_chart")
+    return " ".join(el.proto.spec for el in charts(at)) + " ".join(
+        json.dumps(json.loads(el.proto.spec).get("layout", {})) for el in charts(at)
     )
 
 
