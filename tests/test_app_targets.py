@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import html
+import io
 import json
 import re
 from pathlib import Path
@@ -133,6 +134,32 @@ def test_layers_explains_the_overviews_class_minus_another(demo_model, star_pixe
     title, fig = _titled(at, "Relevance for")
     assert "minus" not in title
     np.testing.assert_allclose(_heatmap(fig), single, rtol=1e-4, atol=1e-6)
+
+
+def test_layers_downloads_name_the_target(demo_model, star_pixels, monkeypatch):
+    from streamlit.delta_generator import DeltaGenerator
+
+    files: dict[str, object] = {}
+    original = DeltaGenerator.download_button
+
+    def record(self, label, data, file_name=None, *args, **kwargs):
+        files[file_name] = data
+        return original(self, label, data, file_name, *args, **kwargs)
+
+    monkeypatch.setattr(DeltaGenerator, "download_button", record)
+    at = _app()
+    a = at.session_state.class_index
+    b = next(i for i in range(len(demo_model.id2label)) if i != a)
+    at.selectbox(key="_w_class_minus").set_value(b).run()
+    at.switch_page("pages/layers.py").run()
+    no_trouble(at, "layers")
+    name = f"{demo_model.id2label[a]} ({a}) minus {demo_model.id2label[b]} ({b})"
+    with np.load(io.BytesIO(files[f"relevance_{a}_minus_{b}.npz"]())) as z:
+        assert str(z["target_name"]) == name and int(z["target_index"]) == a and int(z["target_minus"]) == b
+        want = relevance_by_hand(demo_model.model, star_pixels, a, b, (12, 12))
+        np.testing.assert_allclose(z["relevance"], want, rtol=1e-4, atol=1e-6)
+    header = files[f"relevance_{a}_minus_{b}.csv"]().decode().splitlines()[0]
+    assert header == f"row,col,relevance for {name} (raw)"
 
 
 def test_layers_explains_a_label_minus_another_on_demo_clip():
