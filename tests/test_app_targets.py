@@ -188,6 +188,9 @@ def test_layers_explains_a_label_minus_another_on_demo_clip():
     assert any("difference of the two image-text scores" in x.value for x in at.caption)
     at.switch_page("pages/overview.py").run()
     assert at.selectbox(key="_w_class_minus").value == b  # the same value on the Overview
+    at.text_area(key="labels_demo-clip").input("star, circle, square").run()  # new labels: the minus goes
+    no_trouble(at, "new labels")
+    assert at.session_state.class_minus is None and at.selectbox(key="_w_class_minus").value is None
 
 
 def _tile(fig: dict, k: int, grid: tuple[int, int]) -> np.ndarray:
