@@ -127,8 +127,10 @@ else:
                     colorbar_title="relevance (raw)",
                     set_name="one map",
                 )
-                if ranked.labels:
-                    views_model.draw_prompt_words(cur, target)
+                if ranked.labels:  # the prompt words run through the text blocks chosen on the Overview
+                    n_text = common.text_blocks(cur.model)
+                    text_from = ss.get("text_relevance_from", 0)
+                    views_model.draw_prompt_words(cur, target, text_from if 0 <= text_from < n_text else 0)
     photo.photo_panel(
         "rollout",
         [roll.values],

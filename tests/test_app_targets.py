@@ -290,6 +290,9 @@ def test_prompt_words_have_their_own_start_block():
     assert not np.allclose([v for _, v in all_blocks], [v for _, v in last])
     assert any("the last block" in c.value and "Prompt words" in c.value for c in at.caption)
     assert at.selectbox(key="_w_relevance_from").value == 0  # the image side keeps its own start block
+    at.switch_page("pages/layers.py").run()
+    no_trouble(at, "layers")
+    assert _words(at) == last  # Layers' prompt words run through the text blocks chosen on the Overview
 
 
 def test_compare_explains_a_label_minus_another_on_demo_clip():
