@@ -30,18 +30,18 @@ from vitviz.analysis.embeddings import patch_components, position_similarity
 from vitviz.analysis.rollout import capture_rollout
 from vitviz.cache import BoundedCache
 from vitviz.capture import run as vcapture
-from vitviz.capture.gradients import explain_classes, explain_targets
+from vitviz.capture.gradients import explain_targets
 from vitviz.capture.run import predictions_from_logits
 from vitviz.data.images import configure as configure_images
 from vitviz.data.images import read_image
 from vitviz.errors import VitvizError
+from vitviz.memory import keep_freed_memory
 from vitviz.models.load import LoadedModel, parse_model_name
 from vitviz.models.zeroshot import (
     Labels,
     ZeroShotError,
     encode_labels,
     from_logits,
-    label_target,
     legend,
     parse_labels,
     rank,
@@ -67,6 +67,7 @@ from vitviz.serve.settings import log_settings, server_log
 from vitviz.tables import csv_bytes, long_table
 
 T = TypeVar("T")
+keep_freed_memory()  # each image's run reuses the memory of the run evicted before it (vitviz.memory)
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "assets" / "examples"
 DEFAULTS = {
@@ -81,6 +82,7 @@ DEFAULTS = {
     "show_windows": True,
     "direction": "where does it look?",
     "class_index": None,  # None: the image's top-1
+    "class_minus": None,  # the class (or label) subtracted from class_index's score in relevance; None: none
     "class_pinned": False,  # True: a new image keeps the class (else it explains its own top-1)
     "knockout": [],  # heads knocked out on the Heads page: [block, head] pairs
     "knockout_mode": "mean",
@@ -104,6 +106,7 @@ MODEL_STATE = (
     "query",
     "query_stage",
     "class_index",
+    "class_minus",
     "class_pinned",
     "knockout",
     "labels_text",
@@ -330,34 +333,6 @@ def _nbytes(value) -> int:
         return int(size)
     fields = getattr(value, "__dataclass_fields__", {})
     return sum(int(getattr(getattr(value, f), "nbytes", 0) or 0) for f in fields)
-
-
-def get_relevance(
-    model_name: str,
-    image_digest: str,
-    size: tuple[int, int] | None,
-    class_index: int,
-    image_bytes: bytes,
-    prompt: str | None = None,
-    label: str = "",
-    start_block: int = 0,
-):
-    """Relevance for a class logit, or for a zero-shot label's score (``prompt``: the label's prompt).
-
-    ``start_block``: relevance through blocks k..L-1 only (0: all blocks).
-    """
-
-    def compute():
-        loaded = get_model(model_name)
-        image = read_image(image_bytes, max_bytes=upload_limit()).image
-        kw = {"size": size, "start_block": start_block}
-        if prompt is None:
-            return in_queue(lambda: explain_classes(loaded, image, [class_index], **kw)[class_index])
-        target = label_target(loaded.family, loaded.model, get_label_embeddings(model_name, (prompt,))[0])
-        return in_queue(lambda: explain_targets(loaded, image, {class_index: (label, target)}, **kw)[class_index])
-
-    key = ("relevance", model_name, image_digest, size, class_index, prompt, start_block)
-    return results_cache().get_or_compute(key, compute)
 
 
 def get_prompt_relevance(
@@ -1016,6 +991,31 @@ def forget_widgets_unless(owner, *keys: str) -> None:
         for k in keys:
             ss.pop(k, None)
         ss[tag] = owner
+
+
+def minus_ui(cur: Current, ranked: Classes, explained: int, container=st, **selectbox_kw) -> int | None:
+    """The "…minus" box, bound to the session's ``class_minus`` (one value, on every page that draws it): the class
+    or label whose score is subtracted from ``explained``'s; returns it, or None (none). A minus chosen for another
+    model or another set of labels is dropped, and one equal to ``explained`` means none."""
+    ss = st.session_state
+    owner = (cur.key[0], None if ranked.labels is None else ranked.labels.prompts)
+    if ss.get("_owner_class_minus") != owner:
+        ss.class_minus, ss._owner_class_minus = None, owner
+    options = [None, *(p.index for p in ranked.ranked if p.index != explained)]
+    if ss.class_minus not in options:
+        ss.class_minus = None
+    names = {p.index: f"{p.label} ({p.probability:.1%})" for p in ranked.ranked}
+    what = "label" if ranked.labels else "class"
+    container.selectbox(
+        selectbox_kw.pop("label", f"…minus {what}"),
+        options,
+        format_func=lambda i: "(none)" if i is None else names[i],
+        help=f"Explain the difference of two scores: this {what}'s minus the other's (before softmax), "
+        f"'{what} A rather than {what} B'. One choice for the Overview and Layers pages.",
+        **selectbox_kw,
+        **keep("class_minus"),
+    )
+    return ss.class_minus
 
 
 def get_target_maps(cur: Current, target, labels: Labels | None = None, progress=None) -> dict:

@@ -6,7 +6,7 @@ from pages import common, photo, views, views_model
 from vitviz.analysis import maps
 from vitviz.analysis.blocks import global_query
 from vitviz.analysis.stats import SUMMARIES
-from vitviz.capture.targets import Target
+from vitviz.capture.targets import Target, targets_arrays
 from vitviz.errors import VitvizError
 from vitviz.figures.animation import view_stack
 from vitviz.tables import long_table
@@ -87,7 +87,8 @@ else:
             n_enc = sum(b.kind != "pool" for b in cap.blocks)
             if not 0 <= ss.relevance_from < n_enc:
                 ss.relevance_from = 0
-            st.selectbox(
+            b1, b2 = st.columns(2)
+            b1.selectbox(
                 "Relevance runs through",
                 list(range(n_enc)),
                 format_func=lambda k: views_model.through(k, n_enc),
@@ -95,35 +96,41 @@ else:
                 "block only; earlier blocks then count as identities.",
                 **common.keep("relevance_from"),
             )
-            explained = views.RelevanceSettings(cls, known[cls], ranked.prompt(cls), ss.relevance_from)
+            minus = common.minus_ui(cur, ranked, cls, b2)
+            target = Target.of_label(ranked.labels, cls, minus) if ranked.labels else Target.of_class(cls, minus)
+            name = target.name(cur.model.id2label)
+            explained = views.RelevanceSettings(target, ss.relevance_from)
             try:
                 exp = views.relevance(cur, explained)
             except VitvizError as exc:
                 st.error(str(exc))
             else:
                 views.draw_relevance(cur, explained, key="relevance", config=photo.camera_config("relevance"))
-                target = "the label's image-text score" if ranked.labels else "the class logit (before softmax)"
                 through = views_model.through(exp.start_block, n_enc)
                 st.caption(
-                    f"Row of the {exp.readout}, for {target}, through {through}. "
-                    "Choose it on the *Image & predictions* page."
+                    f"Explained: {views_model.explained(target, name)}. Chefer et al.'s rule, the {exp.readout} "
+                    f"row of R, through {through}. The {'label' if ranked.labels else 'class'} is chosen on the "
+                    "*Image & predictions* page; the minus here or there (one choice)."
                 )
                 common.downloads(
-                    f"relevance_{exp.class_index}",
+                    f"relevance_{target.index}" + ("" if minus is None else f"_minus_{minus}"),
                     "relevance",
-                    csv=long_table(exp.patch_map(), ("row", "col"), f"relevance for '{exp.label}' (raw)"),
+                    csv=long_table(exp.patch_map(), ("row", "col"), f"relevance for {name} (raw)"),
                     relevance=exp.patch_map(),
+                    **targets_arrays(target, cur.model.id2label),
                 )
                 photo.photo_panel(
                     "relevance",
                     [exp.patch_map()],
-                    [f"Relevance for '{exp.label}'"],
+                    [f"Relevance for {name}"],
                     index=0,
                     colorbar_title="relevance (raw)",
                     set_name="one map",
                 )
-                if ranked.labels:
-                    views_model.draw_prompt_words(cur, Target.of_label(ranked.labels, cls))
+                if ranked.labels:  # the prompt words run through the text blocks chosen on the Overview
+                    n_text = common.text_blocks(cur.model)
+                    text_from = ss.get("text_relevance_from", 0)
+                    views_model.draw_prompt_words(cur, target, text_from if 0 <= text_from < n_text else 0)
     photo.photo_panel(
         "rollout",
         [roll.values],

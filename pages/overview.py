@@ -30,19 +30,12 @@ with right:
             format_func=names.get,
             **common.keep("class_index"),
         )
-        what = "label" if ranked.labels else "class"
-        common.forget_widgets_unless(
-            (cur.key[0], None if ranked.labels is None else ranked.labels.prompts), "overview_minus"
+        minus = common.minus_ui(
+            cur,
+            ranked,
+            ss.class_index,
+            label=f"…minus {'label' if ranked.labels else 'class'} (for the relevance below)",
         )
-        minus = st.selectbox(
-            f"…minus {what} (for the relevance below)",
-            [None, *(p.index for p in ranked.ranked if p.index != ss.class_index)],
-            format_func=lambda i: "(none)" if i is None else names[i],
-            key="overview_minus",
-            help=f"Explain the difference of two scores: this {what}'s minus the other's (before softmax), "
-            f"'{what} A rather than {what} B'.",
-        )
-        minus = None if minus == ss.class_index else minus
         st.checkbox(
             "Keep this class for the next images",
             **common.keep("class_pinned"),

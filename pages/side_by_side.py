@@ -15,6 +15,7 @@ from PIL import Image, ImageOps
 
 from pages import common, views
 from vitviz import figures
+from vitviz.capture.targets import Target
 from vitviz.compare import depth_match, difference, token_of
 from vitviz.errors import VitvizError
 from vitviz.text import md_plain, plotly_plain
@@ -103,7 +104,8 @@ scale = st.radio(
 
 
 def _target(cur_x: common.Current, label_key: str | None):
-    """(class index, label, prompt) a pane explains: its top-1 class, or the chosen zero-shot label."""
+    """The target a pane explains (``Target``): its top-1 class or label, or the chosen zero-shot label. Side by side
+    explains single targets: the session's minus belongs to the sidebar's model, pane B may have another."""
     ranked = common.classes(cur_x)
     if ranked is None:
         return None
@@ -117,9 +119,9 @@ def _target(cur_x: common.Current, label_key: str | None):
             format_func=lambda i: names[i],
             key=label_key,
         )
-        return pick, names[pick], ranked.prompt(pick)
-    top = ranked.ranked[0]
-    return top.index, top.label, ranked.prompt(top.index)
+        return Target.of_label(ranked.labels, pick)
+    top = ranked.ranked[0].index
+    return Target.of_label(ranked.labels, top) if ranked.labels else Target.of_class(top)
 
 
 def _settings(cur_x: common.Current, block: int, target):
@@ -128,7 +130,7 @@ def _settings(cur_x: common.Current, block: int, target):
     if view == "relevance":
         if target is None:
             raise ValueError("relevance needs a classifier or zero-shot labels")
-        return views.RelevanceSettings(*target)
+        return views.RelevanceSettings(target)
     if view == "rollout":  # through every block, of the clicked token (else of what the model reads)
         return views.RolloutSettings(query=None if point is None else token_of(cap, cap.blocks[-1].stage, point))
     b = cap.blocks[block]

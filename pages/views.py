@@ -1,9 +1,9 @@
 """Views as functions of their state: a pane (``common.Current``) and frozen settings in, a drawn view out.
 
 Streamlit wiring only: the numbers come from :mod:`vitviz` (``head_maps``, ``row_map``, ``capture_rollout``
-through the cached ``common.get_rollout``, relevance through ``common.get_relevance``), the figures from
-:mod:`vitviz.figures`. No view reads session state; ``key`` prefixes every key it draws, so one page can
-draw the same view twice with two states, as the Side by side page does:
+through the cached ``common.get_rollout``, relevance of a ``Target`` through ``common.get_target_relevance``),
+the figures from :mod:`vitviz.figures`. No view reads session state; ``key`` prefixes every key it draws, so
+one page can draw the same view twice with two states, as the Side by side page does:
 
 * ``draw_head_map`` (one head, or the mean of a block's heads, for a query): chart ``f"{key}_map"``;
 * ``draw_head_side`` (the query's attention to tokens off the image, and the files): chart ``f"{key}_prefix"``,
@@ -37,6 +37,7 @@ from vitviz import figures
 from vitviz.analysis.blocks import HeadMaps, global_query, head_maps, row_map, select, window_edges
 from vitviz.analysis.masks import mass_masks
 from vitviz.analysis.stats import SUMMARIES, summary_table
+from vitviz.capture.targets import Target
 from vitviz.errors import VitvizError
 from vitviz.figures.animation import lens_rows
 from vitviz.record import POOLED
@@ -110,11 +111,10 @@ class RolloutSettings:
 
 @dataclass(frozen=True)
 class RelevanceSettings:
-    """Chefer et al.'s relevance for one class logit, or a zero-shot label's score (``prompt``)."""
+    """Chefer et al.'s relevance for a target: a class logit or a zero-shot label's score (before softmax), or the
+    difference of two (``Target.of_class(c, minus)``, ``Target.of_label(labels, k, minus)``)."""
 
-    class_index: int
-    label: str
-    prompt: str | None = None  # zero-shot models: the label's prompt
+    target: Target
     start_block: int = 0  # relevance through blocks k..L-1
 
 
@@ -473,19 +473,17 @@ def draw_rollout(
 
 
 def relevance(cur: common.Current, s: RelevanceSettings):
-    """The explanation itself (``vitviz.capture.gradients``): cached server-wide, computed in the queue."""
+    """The explanation itself (``vitviz.capture.gradients``, through ``common.get_target_relevance``): cached
+    server-wide, computed in the queue. Its ``label`` is the target's name (``Target.name``)."""
     with st.spinner("Computing gradients for the relevance map…"):
-        return common.get_relevance(
-            *cur.key, s.class_index, cur.image_bytes, prompt=s.prompt, label=s.label, start_block=s.start_block
-        )
+        return common.get_target_relevance(cur, s.target, s.start_block)
 
 
 def relevance_map(cur: common.Current, s: RelevanceSettings) -> ViewMap:
-    """Relevance over the first stage's patches for the class or label (``Explanation.patch_map``)."""
+    """Relevance over the first stage's patches for the target (``Explanation.patch_map``)."""
     exp = relevance(cur, s)
-    return ViewMap(
-        exp.patch_map(), f"relevance for '{plotly_plain(exp.label)}' (Chefer et al. 2021)", "relevance (raw)", 0
-    )
+    name = s.target.name(cur.model.id2label)
+    return ViewMap(exp.patch_map(), f"relevance for {plotly_plain(name)} (Chefer et al. 2021)", "relevance (raw)", 0)
 
 
 def draw_relevance(

@@ -50,6 +50,7 @@ __all__ = [
     "draw_patch_grid",
     "draw_predictions",
     "draw_target_relevance",
+    "explained",
     "draw_token_norms",
     "draw_token_sequence",
     "through",
@@ -276,6 +277,16 @@ def through(k: int, n: int, what: str = "blocks") -> str:
     return f"the last block ({k}) only" if k == n - 1 else f"{what} {k}-{n - 1}"
 
 
+def explained(target: Target, name: str) -> str:
+    """What relevance explains, for a caption (markdown): "the logit (before softmax) of **cat (3)**", or
+    "**cat (3) minus dog (5)**, the difference of the two logits (before softmax)"; ``name``: ``target.name(...)``."""
+    if target.minus is None:
+        score = "image-text score" if target.is_label else "logit (before softmax)"
+        return f"the {score} of **{md_plain(name)}**"
+    scores = "image-text scores" if target.is_label else "logits (before softmax)"
+    return f"**{md_plain(name)}**, the difference of the two {scores}"
+
+
 def draw_prompt_words(cur: common.Current, target: Target, start_block: int = 0) -> None:
     """Each explained label's prompt, its tokens coloured by their relevance for that label's score."""
     n_text = common.text_blocks(cur.model)
@@ -323,14 +334,8 @@ def draw_target_relevance(cur: common.Current, s: TargetRelevanceSettings, *, ke
         ),
         key=key,
     )
-    score = "image-text score" if target.is_label else "logit (before softmax)"
-    what = (
-        f"the {score} of **{md_plain(name)}**"
-        if target.minus is None
-        else f"**{md_plain(name)}**, the difference of the two {score}s"
-    )
     st.caption(
-        f"Explained: {what}. Chefer et al.'s rule, the {exp.readout} row of R, through "
+        f"Explained: {explained(target, name)}. Chefer et al.'s rule, the {exp.readout} row of R, through "
         f"{through(exp.start_block, n_enc)}."
     )
     common.downloads(

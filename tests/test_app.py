@@ -134,8 +134,8 @@ def test_relevance_start_block_on_the_layers_page():
     assert any("through the last block (3) only" in c.value for c in at.caption)
     fig = _titled(at, "Relevance for")
     loaded = load_model("demo")
-    label = fig["layout"]["title"]["text"].split("'")[1]
-    cls = next(i for i, name in loaded.id2label.items() if name == label)
+    cls = at.session_state.class_index  # the Overview's class (the image's top-1), named as Target.name does
+    assert fig["layout"]["title"]["text"] == f"Relevance for {loaded.id2label[cls]} ({cls}) (Chefer et al. 2021)"
     image = Image.open(Path(APP).parent / "assets" / "examples" / "demo-star.png").convert("RGB")
     ref = explain_classes(loaded, image, [cls], start_block=3)[cls].patch_map()
     got = _decode(fig["data"][1]["z"])
@@ -355,7 +355,7 @@ def test_zero_shot_labels_change_without_a_new_capture(modern_dirs, monkeypatch)
     at.switch_page("pages/layers.py").run()
     _no_trouble(at)
     titles = " ".join(str(f["layout"].get("title", {}).get("text", "")) for f in _figures(at))
-    assert "Relevance for 'red star'" in titles or "Relevance for 'bird'" in titles
+    assert "Relevance for label 'red star'" in titles or "Relevance for label 'bird'" in titles
     assert any("image-text score" in c.value for c in at.caption)
     words = [m.value for m in at.markdown if "<span" in m.value]  # the prompt's tokens, coloured, escaped
     assert len(words) == 1 and "&lt;bos&gt;" in words[0] and "&lt;eos&gt;" in words[0]

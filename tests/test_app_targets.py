@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import html
+import io
 import json
 import re
 from pathlib import Path
@@ -15,7 +16,7 @@ import torch
 from app_tools import APP, charts, no_trouble
 from PIL import Image
 from streamlit.testing.v1 import AppTest
-from target_reference import relevance_by_hand
+from target_reference import clip_relevance_by_hand, relevance_by_hand
 
 STAR = Path(APP).parent / "assets" / "examples" / "demo-star.png"
 
@@ -65,7 +66,7 @@ def test_overview_explains_a_class_minus_another(demo_model, star_pixels):
         single, relevance_by_hand(demo_model.model, star_pixels, a, None, (12, 12)), rtol=1e-4, atol=1e-6
     )
 
-    box = at.selectbox(key="overview_minus")
+    box = at.selectbox(key="_w_class_minus")
     assert box.value is None
     b = next(i for i in range(len(demo_model.id2label)) if i != a)
     box.set_value(b).run()
@@ -87,6 +88,109 @@ def test_overview_explains_a_class_minus_another(demo_model, star_pixels):
     at.toggle(key="_w_overview_relevance").set_value(False).run()  # off: no gradients on this page
     no_trouble(at, "off")
     assert not [t for t in _figures(at) if t.startswith("Relevance for")]
+
+
+def _heatmap(fig: dict) -> np.ndarray:
+    return _z(next(t for t in fig["data"] if t["type"] == "heatmap"))
+
+
+def test_layers_explains_the_overviews_class_minus_another(demo_model, star_pixels):
+    """One minus for the session: chosen on the Overview, Layers' relevance explains ``logit[a] - logit[b]`` too, and
+    its own "…minus" box shows and changes that same value."""
+    at = _app()
+    a = at.session_state.class_index
+    n = len(demo_model.id2label)
+    b, c = [i for i in range(n) if i != a][:2]
+    at.selectbox(key="_w_class_minus").set_value(b).run()
+    at.switch_page("pages/layers.py").run()
+    no_trouble(at, "layers")
+    assert at.selectbox(key="_w_class_minus").value == b  # the Overview's choice, shown on Layers
+    name = f"{demo_model.id2label[a]} ({a}) minus {demo_model.id2label[b]} ({b})"
+    title, fig = _titled(at, "Relevance for")
+    assert name in title
+    got = _heatmap(fig)
+    want = relevance_by_hand(demo_model.model, star_pixels, a, b, (12, 12))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    single = relevance_by_hand(demo_model.model, star_pixels, a, None, (12, 12))
+    assert np.abs(got - single).max() > 1e-3  # not the class alone
+    shown = [x.value.replace("\\", "") for x in at.caption]  # markdown escapes dropped
+    assert any(f"**{name}**, the difference of the two logits (before softmax)" in x for x in shown)
+
+    at.selectbox(key="_w_class_minus").set_value(c).run()  # changed on Layers...
+    no_trouble(at, "layers, another minus")
+    got = _heatmap(_titled(at, "Relevance for")[1])
+    np.testing.assert_allclose(
+        got, relevance_by_hand(demo_model.model, star_pixels, a, c, (12, 12)), rtol=1e-4, atol=1e-6
+    )
+    at.switch_page("pages/overview.py").run()  # ...is the Overview's too
+    no_trouble(at, "overview")
+    assert at.selectbox(key="_w_class_minus").value == c
+    assert f"minus {demo_model.id2label[c]} ({c})" in _titled(at, "Relevance for")[0]
+
+    at.selectbox(key="_w_class_minus").set_value(None).run()  # none: the class alone, on both pages
+    at.switch_page("pages/layers.py").run()
+    no_trouble(at, "layers, no minus")
+    assert at.selectbox(key="_w_class_minus").value is None
+    title, fig = _titled(at, "Relevance for")
+    assert "minus" not in title
+    np.testing.assert_allclose(_heatmap(fig), single, rtol=1e-4, atol=1e-6)
+
+
+def test_layers_downloads_name_the_target(demo_model, star_pixels, monkeypatch):
+    from streamlit.delta_generator import DeltaGenerator
+
+    files: dict[str, object] = {}
+    original = DeltaGenerator.download_button
+
+    def record(self, label, data, file_name=None, *args, **kwargs):
+        files[file_name] = data
+        return original(self, label, data, file_name, *args, **kwargs)
+
+    monkeypatch.setattr(DeltaGenerator, "download_button", record)
+    at = _app()
+    a = at.session_state.class_index
+    b = next(i for i in range(len(demo_model.id2label)) if i != a)
+    at.selectbox(key="_w_class_minus").set_value(b).run()
+    at.switch_page("pages/layers.py").run()
+    no_trouble(at, "layers")
+    name = f"{demo_model.id2label[a]} ({a}) minus {demo_model.id2label[b]} ({b})"
+    with np.load(io.BytesIO(files[f"relevance_{a}_minus_{b}.npz"]())) as z:
+        assert str(z["target_name"]) == name and int(z["target_index"]) == a and int(z["target_minus"]) == b
+        want = relevance_by_hand(demo_model.model, star_pixels, a, b, (12, 12))
+        np.testing.assert_allclose(z["relevance"], want, rtol=1e-4, atol=1e-6)
+    header = files[f"relevance_{a}_minus_{b}.csv"]().decode().splitlines()[0]
+    assert header == f"row,col,relevance for {name} (raw)"
+
+
+def test_layers_explains_a_label_minus_another_on_demo_clip():
+    from vitviz.capture.run import preprocess
+    from vitviz.models.load import load_model
+
+    at = _app()
+    at.selectbox(key="model_pick").set_value("demo-clip").run()
+    at.switch_page("pages/layers.py").run()
+    no_trouble(at, "demo-clip layers")
+    names = ("circle", "square", "triangle", "cross", "star")
+    a = at.session_state.class_index
+    b = next(i for i in range(len(names)) if i != a)
+    box = at.selectbox(key="_w_class_minus")
+    assert box.value is None
+    box.set_value(b).run()
+    no_trouble(at, "label minus label")
+    title, fig = _titled(at, "Relevance for")
+    assert f"label '{names[a]}' minus label '{names[b]}'" in title
+    clip = load_model("demo-clip", device="cpu")
+    pixels = preprocess(clip, [Image.open(STAR).convert("RGB")], (96, 96))[0]
+    prompts = [f"a photo of a {x}." for x in names]
+    got = _heatmap(fig)
+    np.testing.assert_allclose(got, clip_relevance_by_hand(clip, pixels, prompts, a, b, (12, 12)), rtol=1e-4, atol=1e-6)
+    assert np.abs(got - clip_relevance_by_hand(clip, pixels, prompts, a, None, (12, 12))).max() > 1e-4
+    assert any("difference of the two image-text scores" in x.value for x in at.caption)
+    at.switch_page("pages/overview.py").run()
+    assert at.selectbox(key="_w_class_minus").value == b  # the same value on the Overview
+    at.text_area(key="labels_demo-clip").input("star, circle, square").run()  # new labels: the minus goes
+    no_trouble(at, "new labels")
+    assert at.session_state.class_minus is None and at.selectbox(key="_w_class_minus").value is None
 
 
 def _tile(fig: dict, k: int, grid: tuple[int, int]) -> np.ndarray:
@@ -155,11 +259,11 @@ def test_prompt_words_have_their_own_start_block():
     from vitviz.models.zeroshot import Labels
 
     at = _app()
-    at.selectbox(key="overview_minus").set_value(1 if at.session_state.class_index != 1 else 2).run()
-    assert at.selectbox(key="overview_minus").value is not None
+    at.selectbox(key="_w_class_minus").set_value(1 if at.session_state.class_index != 1 else 2).run()
+    assert at.selectbox(key="_w_class_minus").value is not None
     at.selectbox(key="model_pick").set_value("demo-clip").run()
     no_trouble(at, "demo-clip")
-    assert at.selectbox(key="overview_minus").value is None  # a class of the previous model means nothing here
+    assert at.selectbox(key="_w_class_minus").value is None  # a class of the previous model means nothing here
     box = at.selectbox(key="_w_text_relevance_from")
     assert box.value == 0 and "all text blocks" in box.format_func(0)
     top = at.session_state.class_index
@@ -186,6 +290,9 @@ def test_prompt_words_have_their_own_start_block():
     assert not np.allclose([v for _, v in all_blocks], [v for _, v in last])
     assert any("the last block" in c.value and "Prompt words" in c.value for c in at.caption)
     assert at.selectbox(key="_w_relevance_from").value == 0  # the image side keeps its own start block
+    at.switch_page("pages/layers.py").run()
+    no_trouble(at, "layers")
+    assert _words(at) == last  # Layers' prompt words run through the text blocks chosen on the Overview
 
 
 def test_compare_explains_a_label_minus_another_on_demo_clip():
@@ -208,14 +315,5 @@ def test_compare_explains_a_label_minus_another_on_demo_clip():
 
     clip = load_model("demo-clip", device="cpu")
     pixels = preprocess(clip, [Image.open(STAR).convert("RGB")], (96, 96))[0]
-    tok = clip.text.tokenizer([f"a photo of a {n}." for n in names], padding=True, return_tensors="pt")
-    with torch.enable_grad():
-        p = pixels.clone().requires_grad_(True)
-        out = clip.model(**tok, pixel_values=p, output_attentions=True)
-        att = out.vision_model_output.attentions
-        grads = torch.autograd.grad(out.logits_per_image[0, a] - out.logits_per_image[0, b], att)
-    r = np.eye(att[0].shape[-1])
-    for x, g in zip(att, grads, strict=True):
-        r = r + (g * x).clamp(min=0).mean(dim=1)[0].detach().double().numpy() @ r
-    want = r[0, 1:].reshape(12, 12)
+    want = clip_relevance_by_hand(clip, pixels, [f"a photo of a {n}." for n in names], a, b, (12, 12))
     np.testing.assert_allclose(_tile(fig, tiles.index("relevance"), (12, 12)), want / want.max(), rtol=1e-4, atol=1e-6)

@@ -76,6 +76,7 @@ def _twice_script(root: str, states: tuple, block: int, head: int, point: tuple[
     if root not in sys.path:
         sys.path.insert(0, root)
     from pages import common, views
+    from vitviz.capture.targets import Target
     from vitviz.compare import token_of
 
     for who, state in zip("AB", states, strict=True):
@@ -95,7 +96,7 @@ def _twice_script(root: str, states: tuple, block: int, head: int, point: tuple[
         views.draw_rollout(cur, views.RolloutSettings(), key=f"{who}_rollout", title_prefix=f"{who}. ")
         views.draw_lens(cur, views.LensSettings(top=3), key=f"{who}_lens")
         top = common.classes(cur).ranked[0]
-        explained = views.RelevanceSettings(top.index, top.label, start_block=1)
+        explained = views.RelevanceSettings(Target.of_class(top.index), start_block=1)
         views.draw_relevance(cur, explained, key=f"{who}_relevance", title_prefix=f"{who}. ")
 
 
@@ -162,7 +163,7 @@ def test_one_view_drawn_twice_with_two_states_shows_each_states_own_numbers():
                 row[cap.num_prefix_tokens :].reshape(cap.grid),
             ),
             f"{who}_relevance_map": (
-                f"{who}. relevance for '{loaded.id2label[top]}' (Chefer et al. 2021)",
+                f"{who}. relevance for {loaded.id2label[top]} ({top}) (Chefer et al. 2021)",
                 exp.patch_map(),
             ),
         }

@@ -135,5 +135,5 @@ def test_two_labels_on_demo_clip():
     at.selectbox(key="sbs_label_b").set_value(1).run()
     no_trouble(at)
     a, b = _titles(at)[:2]
-    assert "relevance for 'circle'" in a and "relevance for 'star'" in b
+    assert "relevance for label 'circle'" in a and "relevance for label 'star'" in b
     assert np.allclose(_z(at, "A minus B"), _z(at, "A.") - _z(at, "B."), atol=1e-6)
