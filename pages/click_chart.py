@@ -56,6 +56,15 @@ function plain(value) {  // typed arrays and arrays of them as plain JSON arrays
   return value;
 }
 
+function send(gd, points) {  // the clicked point's customdata and an id of its own
+  const point = points.find((p) => p.customdata !== undefined);
+  if (!point) return;
+  clicks += 1;
+  gd.vitvizSetState("selection", {
+    points: [{ customdata: plain(point.customdata), click: Date.now() + "-" + clicks }],
+  });
+}
+
 export default function (component) {
   const { data, parentElement, setStateValue } = component;
   let gd = parentElement.querySelector(".vitviz-click-chart");
@@ -74,21 +83,25 @@ export default function (component) {
       if (gd.dataset.listening) return;
       gd.dataset.listening = "1";
       gd.on("plotly_click", (event) => {
-        // Plotly computes hover at most once per 50 ms (HOVERMINTIME) and redrawing a figure hovers the
-        // last position again: a click just after a redraw reports the point hovered before the mouse
-        // moved. The click's own hover comes within 50 ms; read the point after it.
+        // Plotly computes hover at most once per 50 ms (HOVERMINTIME), and a redraw hovers the last
+        // position again: a click just after a redraw reports the point hovered before the mouse moved
+        // (its xPixel, yPixel say where). Then the click's own hover comes within 50 ms: take the points
+        // hovered nearer to where the click was.
+        const box = gd.getBoundingClientRect();
+        const native = (event && event.event) || {};
+        const away = (x, y) => {
+          const d = Math.hypot(x - (native.clientX - box.left), y - (native.clientY - box.top));
+          return Number.isFinite(d) ? d : Infinity;
+        };
+        const first = { points: (event && event.points) || [], away: away(event.xPixel, event.yPixel) };
+        if (first.away <= 2) return send(gd, first.points);
         setTimeout(() => {
-          const hovered = gd._hoverdata && gd._hoverdata.length ? gd._hoverdata : (event && event.points) || [];
-          const point = hovered.find((p) => p.customdata !== undefined);
-          if (!point) return;
-          clicks += 1;
-          gd.vitvizSetState("selection", {
-            points: [{ customdata: plain(point.customdata), click: Date.now() + "-" + clicks }],
-          });
+          const later = { points: gd._hoverdata || [], away: away(gd._hoverPointerX, gd._hoverPointerY) };
+          send(gd, (later.points.length && later.away < first.away ? later : first).points);
         }, 60);
       });
     });
-  });
+  }).catch((err) => { gd.textContent = "The chart could not be drawn: " + (err && err.message); });
   // Called when the element leaves the page (or right away when a newer figure overtook this call:
   // then the graph is still on the page and stays).
   return () => { if (window.Plotly && !gd.isConnected) window.Plotly.purge(gd); };
