@@ -6,7 +6,10 @@ chart, whose id the server no longer knows (the click was dropped; the map ended
 click). This chart is a Streamlit Custom Component v2 keyed by the user key alone
 (``key_as_main_identity=True``): the browser keeps one element mounted, redraws it with
 ``Plotly.react`` when the figure changes, and every click sets its state to the clicked point's
-``customdata`` with a fresh sequence number (two clicks on one cell both count).
+``customdata`` with an id of its own (two clicks on one cell both count). Plotly hovers at most once
+per 50 ms and hovers the old position again after a redraw, so a click right after a redraw can be
+reported with the point hovered before the mouse moved; the script then takes the click's own hover
+(``gd._hoverdata``, a private field of plotly.js 4.1.1) when it lies nearer to the click.
 
 The state reads like ``st.plotly_chart``'s selection, ``st.session_state[key]["selection"]["points"]``,
 so ``common.clicked_point`` / ``common.take_click`` read either chart. plotly.js is the installed
@@ -16,6 +19,7 @@ once per page (the browser caches it); the figure goes to the browser as JSON, n
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import plotly
@@ -131,8 +135,6 @@ def clickable_chart(fig, *, key: str, config: dict | None = None):
     the clicked point's customdata and an id that differs for every click. ``config``: Plotly's
     config, over ``DEFAULT_CONFIG``.
     """
-    import hashlib
-
     spec = fig.to_json()
     data = {
         "spec": spec,
