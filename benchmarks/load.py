@@ -91,6 +91,16 @@ TIMEOUTS = {"load": 90.0, "navigate": 45.0, "upload": 60.0, "change": 30.0}
 UPLOAD_LIMIT_TEXT = "images in the last minute, the most this server allows"
 MAP_TOLERANCE = 2e-3  # attention is stored as float16 (about 3 significant digits)
 
+
+def _figure_bytes(msg, data: bytes) -> bytes:
+    """Where a delta's figure titles are: the frame itself, or for a clickable map (``pages/click_chart.py``, a
+    custom component) the figure's JSON, which its data holds as a string (quoted inside the data's JSON)."""
+    el = msg.delta.new_element
+    if el.WhichOneof("type") == "bidi_component" and el.bidi_component.component_name == "vitviz_click_chart":
+        return json.loads(el.bidi_component.json)[0]["spec"].encode()
+    return data
+
+
 # ---------------------------------------------------------------------------------------------
 # In the page: input timestamps, a watcher for the awaited figure, and an error observer.
 # ---------------------------------------------------------------------------------------------
@@ -499,7 +509,7 @@ class Session:
             if kind == "ref_hash":  # a message the browser already holds: the server sends its hash only
                 titles = self._by_hash.get(msg.ref_hash, ())
             else:
-                found = TITLE_IN_SPEC.findall(data) if kind == "delta" else []
+                found = TITLE_IN_SPEC.findall(_figure_bytes(msg, data)) if kind == "delta" else []
                 titles = tuple(t.decode(errors="replace") for t in found)
                 if msg.hash and titles:
                     self._by_hash[msg.hash] = titles

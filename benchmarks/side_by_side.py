@@ -61,7 +61,7 @@ def _titles(at) -> list[str]:
     """The title of every Plotly figure on the page, in order: ``st.plotly_chart``'s and the clickable maps'
     (``pages/click_chart.py``, a custom component whose data holds the figure's JSON as ``spec``)."""
     specs = [
-        el.proto.spec if el.type == "plotly_chart" else json.loads(el.proto.json)["spec"]
+        el.proto.spec if el.type == "plotly_chart" else json.loads(el.proto.json)[0]["spec"]
         for el in at._tree
         if el.type == "plotly_chart"
         or (el.type == "bidi_component" and el.proto.component_name == "vitviz_click_chart")

@@ -70,7 +70,8 @@ function send(gd, points) {  // the clicked point's customdata and an id of its 
 }
 
 export default function (component) {
-  const { data, parentElement, setStateValue } = component;
+  const { parentElement, setStateValue } = component;
+  const data = component.data[0];
   let gd = parentElement.querySelector(".vitviz-click-chart");
   if (!gd) {
     gd = document.createElement("div");
@@ -142,4 +143,7 @@ def clickable_chart(fig, *, key: str, config: dict | None = None):
         "config": {**DEFAULT_CONFIG, **(config or {})},
         "plotly": _plotly_url(),
     }
-    return _click_chart(key=key, data=data, on_selection_change=_ignore)
+    # A list, not the dict itself: Streamlit looks through a dict's values for data frames, which imports
+    # pandas in this script's thread; meanwhile another session's plotly (which uses pandas only if it is
+    # in sys.modules) met a half-imported pandas (AttributeError, seen in the load test).
+    return _click_chart(key=key, data=[data], on_selection_change=_ignore)

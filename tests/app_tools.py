@@ -41,7 +41,7 @@ class ClickChart:
     def __init__(self, element) -> None:
         import json
 
-        data = json.loads(element.proto.json)
+        data = json.loads(element.proto.json)[0]
         self.element, self.key, self.type = element, element.key, "click_chart"
         self.spec, self.id, self.config = data["spec"], element.proto.id, json.dumps(data["config"])
         self.selection_mode = ["points"]  # a click sets the state to the clicked point

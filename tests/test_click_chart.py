@@ -6,6 +6,10 @@ What the browser does with them (quick clicks, the last one wins) is in tests/te
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 from app_tools import APP, charts, no_trouble
 from streamlit.testing.v1 import AppTest
@@ -44,7 +48,7 @@ def test_a_click_redraws_the_map_in_the_same_element_and_sends_the_figure_as_bui
     config = json.loads(after.config)
     assert config["doubleClickDelay"] == 60 and config["displaylogo"] is False
     assert config["toImageButtonOptions"]["format"] == "png"  # the modebar's camera button, at the photo's size
-    data = json.loads(after.element.proto.json)
+    data = json.loads(after.element.proto.json)[0]
     assert data["plotly"] == f"/component/pages.click_chart.plotly_js/{click_chart.PLOTLY_JS}"
     assert (click_chart.PLOTLY_DIR / click_chart.PLOTLY_JS).stat().st_size > 1_000_000  # plotly.js, not a stub
 
@@ -69,3 +73,37 @@ def test_a_click_on_a_head_tile_opens_that_head():
     _click(at, "head_grid", [2], "1")
     assert at.session_state.head == 2
     assert "head 2" in json.loads(_chart(at, "head_map").spec)["layout"]["title"]["text"]
+
+
+NO_PANDAS = """
+import sys
+from streamlit.testing.v1 import AppTest
+
+at = AppTest.from_string('''
+import sys
+import plotly.graph_objects as go
+import streamlit as st
+from pages import click_chart
+click_chart.clickable_chart(go.Figure(go.Heatmap(z=[[1, 2]], customdata=[[[0], [1]]])), key="m")
+st.session_state["pandas"] = "pandas" in sys.modules
+''')
+at.run()
+assert not at.exception, at.exception
+print("pandas imported:", at.session_state["pandas"])
+"""
+
+
+def test_drawing_a_clickable_chart_imports_no_pandas():
+    """Streamlit looks through a dict handed to a component for data frames, importing pandas in the script's
+    thread; another session's plotly then met a half-imported pandas (an AttributeError in the load test)."""
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-c", NO_PANDAS],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert "pandas imported: False" in out.stdout, out.stdout + out.stderr
