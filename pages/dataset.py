@@ -159,7 +159,10 @@ st.caption("Mean ± standard error over the images; the random map is the floor.
 
 st.subheader("Against random, image by image")
 if "insertion_start" in meta:
-    start_line = f"Insertion started from {md_plain(start)}: {md_plain(INSERTION_START_MEANINGS.get(start, '?'))}."
+    known = start in INSERTION_START_MEANINGS
+    start_line = f"Insertion started from {md_plain(start)}" + (
+        f": {INSERTION_START_MEANINGS[start]}." if known else " (not a start this vitviz knows)."
+    )
 else:  # the runs written before the choice existed started from blur
     start_line = (
         f"Insertion started from blur (files written before the choice existed): {INSERTION_START_MEANINGS['blur']}."
@@ -177,24 +180,18 @@ elif not versus["insertion"]:
 else:
     direction = {"insertion": "higher", "deletion": "lower"}
 
-    def _pm(mean: float, se: float) -> str:
-        return f"{mean:+.3f} ± {se:.3f}" if np.isfinite(se) else f"{mean:+.3f}"
+    def _row(v: Versus) -> dict:
+        """One method's comparison as text: Results.versus's numbers, rounded."""
+        names = ("method", "images", f"{v.area} − random ({direction[v.area]}: better)", "better / tie / worse")
+        if not v.n:  # the method and random share no image
+            return dict(zip((*names, "sign test p"), (v.method, 0, "no image scored by both", "", ""), strict=True))
+        se = f" ± {v.difference_se:.3f}" if np.isfinite(v.difference_se) else ""  # one image: no standard error
+        shares = f"{100 * v.better_share:.0f} / {100 * v.tie_share:.0f} / {100 * v.worse_share:.0f} %"
+        cells = (v.method, v.n, f"{v.difference_mean:+.3f}{se}", shares, f"{v.sign_p:.2g}")
+        return dict(zip((*names, "sign test p"), cells, strict=True))
 
-    for area, rows in versus.items():
-        st.dataframe(
-            [
-                {
-                    "method": v.method,
-                    "images": v.n,
-                    f"{area} − random ({direction[area]}: better)": _pm(v.difference_mean, v.difference_se),
-                    "better / tie / worse": f"{100 * v.better_share:.0f} / {100 * v.tie_share:.0f} / "
-                    f"{100 * v.worse_share:.0f} %",
-                    "sign test p": f"{v.sign_p:.2g}",
-                }
-                for v in rows
-            ],
-            hide_index=True,
-        )
+    for rows in versus.values():
+        st.dataframe([_row(v) for v in rows], hide_index=True)
     tol = versus["insertion"][0].tolerance
     st.caption(
         "Each method's area minus random's on the same image, over the images both were scored on: the mean ± its "

@@ -167,3 +167,27 @@ def test_a_file_without_random_says_how_to_get_it(tmp_path, monkeypatch):
     shown = _plain(at)
     assert any("--methods attention,random" in t for t in shown)
     assert any("Insertion started from mean: every pixel the image's mean colour" in t for t in shown)
+
+
+def _keep(res, path: Path, keep) -> Path:
+    """``res`` with only the rows ``keep(method, image_id)`` chooses, written to ``path`` (same metadata)."""
+    methods, ids = (res.table.column(c).to_pylist() for c in ("method", "image_id"))
+    mask = [bool(keep(m, i)) for m, i in zip(methods, ids, strict=True)]
+    return write_results(res.table.filter(mask), path, res.meta)
+
+
+def test_an_unknown_start_and_images_not_shared_with_random_read_plainly(tmp_path, monkeypatch):
+    res = read_results(_results(tmp_path / "odd.parquet", insertion_start="sepia"))
+    one = _keep(res, tmp_path / "one.parquet", lambda m, i: m != "random" or i == "a.png")
+    at = _open(one, tmp_path / "home", monkeypatch)
+    assert any("Insertion started from sepia (not a start this vitviz knows)" in t for t in _plain(at))
+    row = _versus_tables(at)["insertion"].loc["attention"]
+    assert row["images"] == 1  # a.png only: one difference (0.3), no standard error
+    assert row["insertion − random (higher: better)"] == "+0.300"
+    assert row["better / tie / worse"] == "100 / 0 / 0 %" and row["sign test p"] == "1"
+    # random on c.png only, attention on a.png and b.png: no image to compare
+    none = _keep(res, tmp_path / "none.parquet", lambda m, i: (m == "random") == (i == "c.png"))
+    at = _open(none, tmp_path / "home2", monkeypatch)
+    row = _versus_tables(at)["insertion"].loc["attention"]
+    assert row["images"] == 0 and row["insertion − random (higher: better)"] == "no image scored by both"
+    assert row["better / tie / worse"] == "" and row["sign test p"] == ""
