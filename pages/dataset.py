@@ -240,8 +240,10 @@ for j, m in enumerate(methods):
     for image_id, a in zip(t.column("image_id").to_pylist(), t.column("deletion_area").to_pylist(), strict=True):
         areas[index[image_id], j] = a
 if methods:
-    with np.errstate(all="ignore"):
-        spread = np.nanmax(areas, axis=1) - np.nanmin(areas, axis=1)
+    scored = ~np.isnan(areas)  # an image some method did not score (or none did): the spread of those that did
+    high = np.where(scored, areas, -np.inf).max(axis=1)
+    low = np.where(scored, areas, np.inf).min(axis=1)
+    spread = np.where(scored.any(axis=1), high - low, np.nan)
     order = np.argsort(-np.nan_to_num(spread, nan=-1))[:10]
 else:  # a run of the random baseline alone: no methods to disagree
     spread = np.zeros(len(ids))
