@@ -1,5 +1,6 @@
 """Data set: results of `python -m vitviz evaluate` over many images: areas per method, head distances, disagreements."""
 
+import dataclasses
 import hashlib
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from pages import common
 from vitviz import figures
 from vitviz.cache import BoundedCache
 from vitviz.errors import VitvizError
-from vitviz.evaluate.results import Results, read_results
+from vitviz.evaluate.results import Results, Versus, read_results, versus_columns
 from vitviz.text import md_plain, plotly_plain
 
 # What each insertion start is (files written before the choice existed started from blur).
@@ -19,6 +20,14 @@ INSERTION_START_NAMES = {
     "mean": "the image's mean colour",
     "grey": "a fixed grey",
     "noise": "seeded noise",
+}
+# What the first image of the insertion curve is (README, "insertion start").
+INSERTION_START_MEANINGS = {
+    "blur": "the input blurred, sigma = patch size / 2 (RISE's start; keeps colour: where colour is the evidence, "
+    "as on the demo shapes, every curve starts near the top and ties with random)",
+    "mean": "every pixel the image's mean colour (the deletion fill)",
+    "grey": "every channel at half its range (127.5 / 255)",
+    "noise": "i.i.d. uniform noise over each channel's range, seeded per image like the random map",
 }
 
 common.leave_folder_mode()
@@ -148,6 +157,53 @@ st.dataframe(
 )
 st.caption("Mean ± standard error over the images; the random map is the floor.")
 
+st.subheader("Against random, image by image")
+if "insertion_start" in meta:
+    known = start in INSERTION_START_MEANINGS
+    start_line = f"Insertion started from {md_plain(start)}" + (
+        f": {INSERTION_START_MEANINGS[start]}." if known else " (not a start this vitviz knows)."
+    )
+else:  # the runs written before the choice existed started from blur
+    start_line = (
+        f"Insertion started from blur (files written before the choice existed): {INSERTION_START_MEANINGS['blur']}."
+    )
+st.caption(start_line)
+versus = {area: results.versus("random", area) for area in ("insertion", "deletion")}
+if "random" not in results.methods:
+    st.info(
+        "This file holds no random baseline to compare with. Run `python -m vitviz evaluate` again with it, e.g. "
+        f"`--methods {md_plain(','.join(results.methods))},random` (without `--methods` every method that applies "
+        "runs, random included)."
+    )
+elif not versus["insertion"]:
+    st.caption("This run holds only the random baseline: there is no method to compare with it.")
+else:
+    direction = {"insertion": "higher", "deletion": "lower"}
+
+    def _row(v: Versus) -> dict:
+        """One method's comparison as text: Results.versus's numbers, rounded."""
+        names = ("method", "images", f"{v.area} − random ({direction[v.area]}: better)", "better / tie / worse")
+        if not v.n:  # the method and random share no image
+            return dict(zip((*names, "sign test p"), (v.method, 0, "no image scored by both", "", ""), strict=True))
+        se = f" ± {v.difference_se:.3f}" if np.isfinite(v.difference_se) else ""  # one image: no standard error
+        shares = f"{100 * v.better_share:.0f} / {100 * v.tie_share:.0f} / {100 * v.worse_share:.0f} %"
+        cells = (v.method, v.n, f"{v.difference_mean:+.3f}{se}", shares, f"{v.sign_p:.2g}")
+        return dict(zip((*names, "sign test p"), cells, strict=True))
+
+    for rows in versus.values():
+        st.dataframe([_row(v) for v in rows], hide_index=True)
+    tol = versus["insertion"][0].tolerance
+    st.caption(
+        "Each method's area minus random's on the same image, over the images both were scored on: the mean ± its "
+        f"standard error (*by how much*). Better: the method's insertion area is higher than random's, or its deletion "
+        f"area lower, by more than {tol:g}; within {tol:g} (a tenth of a percentage point) is a tie; worse: the "
+        "other way by more. The exact two-sided sign test of the better against the worse images (ties left out; "
+        "*how often*): the chance of a split at least this uneven if better and worse were equally likely."
+    )
+    both = versus["insertion"] + versus["deletion"]
+    fields = {f.name: np.array([getattr(v, f.name) for v in both]) for f in dataclasses.fields(Versus)}
+    common.downloads("versus_random", "versus", csv=versus_columns(both), **fields)  # NPZ: the Versus fields
+
 deletion = {plotly_plain(m): results.method_rows(m).column("deletion_area").to_numpy() for m in results.methods}
 insertion = {plotly_plain(m): results.method_rows(m).column("insertion_area").to_numpy() for m in results.methods}
 common.chart(figures.areas_figure(deletion, insertion), key="areas")
@@ -184,8 +240,10 @@ for j, m in enumerate(methods):
     for image_id, a in zip(t.column("image_id").to_pylist(), t.column("deletion_area").to_pylist(), strict=True):
         areas[index[image_id], j] = a
 if methods:
-    with np.errstate(all="ignore"):
-        spread = np.nanmax(areas, axis=1) - np.nanmin(areas, axis=1)
+    scored = ~np.isnan(areas)  # an image some method did not score (or none did): the spread of those that did
+    high = np.where(scored, areas, -np.inf).max(axis=1)
+    low = np.where(scored, areas, np.inf).min(axis=1)
+    spread = np.where(scored.any(axis=1), high - low, np.nan)
     order = np.argsort(-np.nan_to_num(spread, nan=-1))[:10]
 else:  # a run of the random baseline alone: no methods to disagree
     spread = np.zeros(len(ids))

@@ -276,3 +276,38 @@ def test_sign_test_against_the_binomial_by_hand_and_scipy(better: int, worse: in
     stats = pytest.importorskip("scipy.stats")
     if n:
         assert sign_test(better, worse) == pytest.approx(stats.binomtest(better, n, 0.5).pvalue)
+
+
+def test_versus_columns_name_units_and_hold_versus_numbers(results_file: Path) -> None:
+    from vitviz.evaluate.results import versus_columns
+    from vitviz.tables import csv_bytes
+
+    res = read_results(results_file)
+    rows = res.versus("random", "insertion") + res.versus("random", "deletion")
+    cols = versus_columns(rows)
+    assert list(cols) == [
+        "method",
+        "baseline",
+        "area",
+        "better means",
+        "images",
+        "mean area difference, method - baseline (probability)",
+        "standard error of the difference (probability)",
+        "better (% of images)",
+        "tie (% of images)",
+        "worse (% of images)",
+        "tie tolerance (probability)",
+        "sign test p (two-sided)",
+    ]
+    assert list(cols["area"]) == ["insertion", "deletion"]
+    assert list(cols["better means"]) == ["higher than the baseline", "lower than the baseline"]
+    # by hand (test_versus_random_pairs_images_by_hand): insertion +0.2, deletion -0.2, 3 of 3 better, p = 0.25
+    assert cols["mean area difference, method - baseline (probability)"] == pytest.approx([0.2, -0.2])
+    assert cols["better (% of images)"] == pytest.approx([100.0, 100.0])
+    assert cols["tie (% of images)"] == pytest.approx([0.0, 0.0])
+    assert cols["sign test p (two-sided)"] == pytest.approx([0.25, 0.25])
+    assert list(cols["images"]) == [3, 3] and cols["tie tolerance (probability)"] == pytest.approx([0.001] * 2)
+    text = csv_bytes(cols).decode().splitlines()
+    assert len(text) == 3 and text[1].startswith("attention,random,insertion,higher than the baseline,3,0.2,")
+    empty = versus_columns([])
+    assert list(empty) == list(cols) and all(len(v) == 0 for v in empty.values())

@@ -94,6 +94,7 @@ __all__ = [
     "MethodSummary",
     "Versus",
     "sign_test",
+    "versus_columns",
     "Results",
     "image_seed",
     "make_rows",
@@ -410,6 +411,34 @@ def sign_test(better: int, worse: int) -> float:
         return 1.0
     tail = sum(math.comb(n, i) for i in range(k + 1)) / 2.0**n
     return min(1.0, 2.0 * tail)
+
+
+BETTER_MEANS = {"insertion": "higher than the baseline", "deletion": "lower than the baseline"}
+
+
+def versus_columns(rows: Sequence[Versus]) -> dict[str, np.ndarray]:
+    """:class:`Versus` rows as named columns (units in the names) for a table or CSV, one row per comparison.
+
+    Areas are probabilities averaged over the curve, so their differences are in probability;
+    shares are percentages of the ``images`` compared; ``better means`` states the area's
+    direction (insertion: higher, deletion: lower). Nothing is computed here: each number is
+    the row's own field (shares x 100).
+    """
+    fields = [
+        ("method", lambda v: v.method, str),
+        ("baseline", lambda v: v.baseline, str),
+        ("area", lambda v: v.area, str),
+        ("better means", lambda v: BETTER_MEANS[v.area], str),
+        ("images", lambda v: v.n, np.int64),
+        ("mean area difference, method - baseline (probability)", lambda v: v.difference_mean, np.float64),
+        ("standard error of the difference (probability)", lambda v: v.difference_se, np.float64),
+        ("better (% of images)", lambda v: 100.0 * v.better_share, np.float64),
+        ("tie (% of images)", lambda v: 100.0 * v.tie_share, np.float64),
+        ("worse (% of images)", lambda v: 100.0 * v.worse_share, np.float64),
+        ("tie tolerance (probability)", lambda v: v.tolerance, np.float64),
+        ("sign test p (two-sided)", lambda v: v.sign_p, np.float64),
+    ]
+    return {name: np.array([get(v) for v in rows], dtype=dtype) for name, get, dtype in fields}
 
 
 def _mean_se(values: np.ndarray) -> tuple[float, float]:
