@@ -11,7 +11,7 @@ forward pass in system time (measured with ``os.times`` on this 2-core machine).
 one evicted before it. The process keeps up to :data:`TRIM_BYTES` of free heap; nothing
 else changes (the same numbers, the same allocations).
 
-The app, the command line, the Ray workers of ``evaluate`` and the benchmarks call it once at start; importing vitviz
+The app, the command line and the benchmarks call it once at start; importing vitviz
 does not (a notebook's allocator is left as it is). Elsewhere than glibc it does nothing.
 """
 

@@ -94,10 +94,7 @@ class EvaluateActor:
     def __init__(self, config: dict, threads: int = 1) -> None:
         import torch
 
-        from vitviz.memory import keep_freed_memory
-
         torch.set_num_threads(max(1, int(threads)))
-        keep_freed_memory()  # a worker process, like the app's: each image's run reuses the last one's memory
         self.evaluator = Evaluator(RunConfig.from_dict(config))
 
     def __call__(self, batch: pa.Table) -> pa.Table:
