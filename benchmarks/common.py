@@ -25,10 +25,7 @@ from vitviz.analysis.embeddings import position_similarity  # noqa: E402
 from vitviz.analysis.rollout import capture_rollout  # noqa: E402
 from vitviz.analysis.stats import summary_table  # noqa: E402
 from vitviz.capture.run import capture, preprocess  # noqa: E402
-from vitviz.memory import keep_freed_memory  # noqa: E402
 from vitviz.models.load import load_model  # noqa: E402
-
-keep_freed_memory()  # as the app and the command line run the engine (vitviz.memory)
 
 __all__ = ["MODELS", "full_analysis", "make_model", "median_time", "overhead"]
 

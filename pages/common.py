@@ -35,7 +35,6 @@ from vitviz.capture.run import predictions_from_logits
 from vitviz.data.images import configure as configure_images
 from vitviz.data.images import read_image
 from vitviz.errors import VitvizError
-from vitviz.memory import keep_freed_memory
 from vitviz.models.load import LoadedModel, parse_model_name
 from vitviz.models.zeroshot import (
     Labels,
@@ -67,7 +66,6 @@ from vitviz.serve.settings import log_settings, server_log
 from vitviz.tables import csv_bytes, long_table
 
 T = TypeVar("T")
-keep_freed_memory()  # each image's run reuses the memory of the run evicted before it (vitviz.memory)
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "assets" / "examples"
 DEFAULTS = {

@@ -16,7 +16,6 @@ from vitviz.cli_checks import (
     read_labels_file,
 )
 from vitviz.errors import VitvizError
-from vitviz.memory import keep_freed_memory
 
 # How the user called us, for messages: the installed command or the module.
 PROG = "vitviz" if Path(sys.argv[0]).name == "vitviz" else "python -m vitviz"
@@ -450,7 +449,6 @@ def _export_usage(args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    keep_freed_memory()  # each image's run reuses the last one's memory (vitviz.memory)
     if getattr(args, "batch_size", 1) < 1:
         print(f"{PROG}: error: --batch-size must be at least 1", file=sys.stderr)
         return 2
