@@ -84,29 +84,19 @@ else:
         else:
             known = {p.index: p.label for p in ranked.ranked}
             cls = ss.class_index if ss.class_index in known else ranked.ranked[0].index
-            n_enc = sum(b.kind != "pool" for b in cap.blocks)
-            if not 0 <= ss.relevance_from < n_enc:
-                ss.relevance_from = 0
             b1, b2 = st.columns(2)
-            b1.selectbox(
-                "Relevance runs through",
-                list(range(n_enc)),
-                format_func=lambda k: views_model.through(k, n_enc),
-                help="Default: all blocks, as MM-Explainability's start_layer=0. Its CLIP notebook uses the last "
-                "block only; earlier blocks then count as identities.",
-                **common.keep("relevance_from"),
-            )
+            start = views_model.relevance_from_ui(cur, b1)
             minus = common.minus_ui(cur, ranked, cls, b2)
             target = Target.of_label(ranked.labels, cls, minus) if ranked.labels else Target.of_class(cls, minus)
             name = target.name(cur.model.id2label)
-            explained = views.RelevanceSettings(target, ss.relevance_from)
+            explained = views.RelevanceSettings(target, start)
             try:
                 exp = views.relevance(cur, explained)
             except VitvizError as exc:
                 st.error(str(exc))
             else:
                 views.draw_relevance(cur, explained, key="relevance", config=photo.camera_config("relevance"))
-                through = views_model.through(exp.start_block, n_enc)
+                through = views_model.through(exp.start_block, views_model.image_blocks(cur))
                 st.caption(
                     f"Explained: {views_model.explained(target, name)}. Chefer et al.'s rule, the {exp.readout} "
                     f"row of R, through {through}. The {'label' if ranked.labels else 'class'} is chosen on the "
@@ -128,9 +118,7 @@ else:
                     set_name="one map",
                 )
                 if ranked.labels:  # the prompt words run through the text blocks chosen on the Overview
-                    n_text = common.text_blocks(cur.model)
-                    text_from = ss.get("text_relevance_from", 0)
-                    views_model.draw_prompt_words(cur, target, text_from if 0 <= text_from < n_text else 0)
+                    views_model.draw_prompt_words(cur, target, views_model.text_relevance_from(cur))
     photo.photo_panel(
         "rollout",
         [roll.values],

@@ -68,33 +68,11 @@ if ranked is not None:
     if cap.rollout_note:
         st.info(cap.rollout_note)
     elif shown:
-        n_enc = sum(b.kind != "pool" for b in cap.blocks)
-        n_text = common.text_blocks(cur.model) if ranked.labels else 0
-        if not 0 <= ss.relevance_from < n_enc:
-            ss.relevance_from = 0
-        ss.setdefault("text_relevance_from", 0)
-        if not 0 <= ss.text_relevance_from < max(n_text, 1):
-            ss.text_relevance_from = 0
         b1, b2 = st.columns(2)
-        b1.selectbox(
-            "Image relevance runs through",
-            list(range(n_enc)),
-            format_func=lambda k: views_model.through(k, n_enc),
-            help="Default: all blocks, as MM-Explainability's start_layer=0. Its CLIP notebook uses the last "
-            "block only; earlier blocks then count as identities.",
-            **common.keep("relevance_from"),
-        )
-        if n_text:
-            b2.selectbox(
-                "Prompt-word relevance runs through",
-                list(range(n_text)),
-                format_func=lambda k: views_model.through(k, n_text, "text blocks"),
-                help="The text tower's blocks, on their own: default all of them (MM-Explainability's "
-                "start_layer=0); its CLIP notebook's default is the last block only (start_layer_text=-1).",
-                **common.keep("text_relevance_from"),
-            )
+        start = views_model.relevance_from_ui(cur, b1, "Image relevance runs through")
+        text_start = views_model.text_relevance_from_ui(cur, b2) if ranked.labels else 0
         views_model.draw_target_relevance(
             cur,
-            views_model.TargetRelevanceSettings(target, ss.relevance_from, ss.text_relevance_from),
+            views_model.TargetRelevanceSettings(target, start, text_start),
             key="overview_relevance",
         )

@@ -277,6 +277,53 @@ def through(k: int, n: int, what: str = "blocks") -> str:
     return f"the last block ({k}) only" if k == n - 1 else f"{what} {k}-{n - 1}"
 
 
+def image_blocks(cur: common.Current) -> int:
+    """How many blocks image relevance can run through (a pooling head is not one)."""
+    return sum(b.kind != "pool" for b in cur.cap.blocks)
+
+
+def relevance_from_ui(cur: common.Current, container=st, label: str = "Relevance runs through") -> int:
+    """The image blocks relevance runs through: the session's ``relevance_from`` (one value on every page),
+    kept inside this model's blocks; returns the first block."""
+    ss, n_enc = st.session_state, image_blocks(cur)
+    if not 0 <= ss.relevance_from < n_enc:
+        ss.relevance_from = 0
+    container.selectbox(
+        label,
+        list(range(n_enc)),
+        format_func=lambda k: through(k, n_enc),
+        help="Default: all blocks, as MM-Explainability's start_layer=0. Its CLIP notebook uses the last "
+        "block only; earlier blocks then count as identities.",
+        **common.keep("relevance_from"),
+    )
+    return ss.relevance_from
+
+
+def text_relevance_from(cur: common.Current) -> int:
+    """The text blocks prompt-word relevance runs through: the session's ``text_relevance_from``, kept inside
+    this model's text tower (0 where it has none)."""
+    ss = st.session_state
+    ss.setdefault("text_relevance_from", 0)
+    if not 0 <= ss.text_relevance_from < max(common.text_blocks(cur.model), 1):
+        ss.text_relevance_from = 0
+    return ss.text_relevance_from
+
+
+def text_relevance_from_ui(cur: common.Current, container=st) -> int:
+    """:func:`text_relevance_from` with its box (drawn where the model has text blocks)."""
+    first, n_text = text_relevance_from(cur), common.text_blocks(cur.model)
+    if n_text:
+        container.selectbox(
+            "Prompt-word relevance runs through",
+            list(range(n_text)),
+            format_func=lambda k: through(k, n_text, "text blocks"),
+            help="The text tower's blocks, on their own: default all of them (MM-Explainability's "
+            "start_layer=0); its CLIP notebook's default is the last block only (start_layer_text=-1).",
+            **common.keep("text_relevance_from"),
+        )
+    return first
+
+
 def explained(target: Target, name: str) -> str:
     """What relevance explains, for a caption (markdown): "the logit (before softmax) of **cat (3)**", or
     "**cat (3) minus dog (5)**, the difference of the two logits (before softmax)"; ``name``: ``target.name(...)``."""
@@ -317,7 +364,7 @@ def draw_target_relevance(cur: common.Current, s: TargetRelevanceSettings, *, ke
     ``s.text_start_block``..; returns the map ``(gh, gw)`` or None (a message says why)."""
     cap, target = cur.cap, s.target
     name = target.name(cur.model.id2label)
-    n_enc = sum(b.kind != "pool" for b in cap.blocks)
+    n_enc = image_blocks(cur)
     try:
         with st.spinner("Computing gradients for the relevance map…"):
             exp = common.get_target_relevance(cur, target, s.start_block)
