@@ -55,6 +55,28 @@ def _app(page: str | None = None) -> AppTest:
     return at
 
 
+CLIP_NAMES = ("circle", "square", "triangle", "cross", "star")  # demo-clip's suggested labels, in scoring order
+
+
+def _demo_clip_pair(page: str) -> tuple[AppTest, int, int]:
+    """demo-clip's ``page`` with the suggested labels: the app, its label A (the session's) and a label B != A."""
+    at = _app()
+    at.selectbox(key="model_pick").set_value("demo-clip").run()
+    at.switch_page(page).run()
+    no_trouble(at, f"demo-clip {page}")
+    a = at.session_state.class_index
+    return at, a, next(i for i in range(len(CLIP_NAMES)) if i != a)
+
+
+def _clip_star_pixels():
+    """demo-clip and the star example's pixels at 96 px."""
+    from vitviz.capture.run import preprocess
+    from vitviz.models.load import load_model
+
+    clip = load_model("demo-clip", device="cpu")
+    return clip, preprocess(clip, [Image.open(STAR).convert("RGB")], (96, 96))[0]
+
+
 def test_overview_explains_a_class_minus_another(demo_model, star_pixels):
     at = _app()
     no_trouble(at, "overview")
@@ -163,24 +185,15 @@ def test_layers_downloads_name_the_target(demo_model, star_pixels, monkeypatch):
 
 
 def test_layers_explains_a_label_minus_another_on_demo_clip():
-    from vitviz.capture.run import preprocess
-    from vitviz.models.load import load_model
-
-    at = _app()
-    at.selectbox(key="model_pick").set_value("demo-clip").run()
-    at.switch_page("pages/layers.py").run()
-    no_trouble(at, "demo-clip layers")
-    names = ("circle", "square", "triangle", "cross", "star")
-    a = at.session_state.class_index
-    b = next(i for i in range(len(names)) if i != a)
+    at, a, b = _demo_clip_pair("pages/layers.py")
+    names = CLIP_NAMES
     box = at.selectbox(key="_w_class_minus")
     assert box.value is None
     box.set_value(b).run()
     no_trouble(at, "label minus label")
     title, fig = _titled(at, "Relevance for")
     assert f"label '{names[a]}' minus label '{names[b]}'" in title
-    clip = load_model("demo-clip", device="cpu")
-    pixels = preprocess(clip, [Image.open(STAR).convert("RGB")], (96, 96))[0]
+    clip, pixels = _clip_star_pixels()
     prompts = [f"a photo of a {x}." for x in names]
     got = _heatmap(fig)
     np.testing.assert_allclose(got, clip_relevance_by_hand(clip, pixels, prompts, a, b, (12, 12)), rtol=1e-4, atol=1e-6)
@@ -297,23 +310,14 @@ def test_prompt_words_have_their_own_start_block():
 
 def test_compare_explains_a_label_minus_another_on_demo_clip():
     """Zero-shot: label A's score minus label B's, relevance by hand from CLIP's own vision attentions."""
-    from vitviz.capture.run import preprocess
-    from vitviz.models.load import load_model
-
-    at = _app()
-    at.selectbox(key="model_pick").set_value("demo-clip").run()
-    at.switch_page("pages/compare.py").run()
-    no_trouble(at, "demo-clip compare")
-    names = ("circle", "square", "triangle", "cross", "star")
-    a = at.session_state.class_index
-    b = next(i for i in range(len(names)) if i != a)
+    at, a, b = _demo_clip_pair("pages/compare.py")
+    names = CLIP_NAMES
     at.selectbox(key="compare_target_minus").set_value(b).run()
     no_trouble(at, "label minus label")
     title, fig = _titled(at, "Every method's map for")
     assert f"label '{names[a]}' minus label '{names[b]}'" in title
     tiles = [t["text"].split(" [")[0] for t in fig["layout"]["annotations"]]
 
-    clip = load_model("demo-clip", device="cpu")
-    pixels = preprocess(clip, [Image.open(STAR).convert("RGB")], (96, 96))[0]
+    clip, pixels = _clip_star_pixels()
     want = clip_relevance_by_hand(clip, pixels, [f"a photo of a {n}." for n in names], a, b, (12, 12))
     np.testing.assert_allclose(_tile(fig, tiles.index("relevance"), (12, 12)), want / want.max(), rtol=1e-4, atol=1e-6)
