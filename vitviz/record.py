@@ -32,6 +32,8 @@ Every record field is read-only. Where cells are placed on the image: token
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -42,6 +44,7 @@ __all__ = [
     "KeyRule",
     "Geometry",
     "Block",
+    "Summaries",
     "Stage",
     "Prediction",
     "PositionTable",
@@ -118,6 +121,51 @@ class Geometry:
         return (self.offsets, gh * gw)
 
 
+class Summaries:
+    """A block's per-head summaries ``(distance, entropy, entropy_norm)``, each ``(H,)`` float64, read-only.
+
+    Given as arrays, or as a function computing them from the block's float32 weights, called on the first read
+    (a run that keeps those weights anyway need not spend the time when no view asks: the estimate of activation
+    patching reads none). Either way the values are the same; the first read is thread-safe and the function is
+    dropped once it has run.
+    """
+
+    __slots__ = ("_compute", "_lock", "_values", "num_heads")
+
+    def __init__(
+        self,
+        values: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+        *,
+        compute: Callable[[], tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None,
+        num_heads: int | None = None,
+    ) -> None:
+        if (values is None) == (compute is None):
+            raise ValueError("give the summaries' values or the function that computes them, not both")
+        self._values = None if values is None else self._frozen(values)
+        self._compute = compute
+        self._lock = threading.Lock()
+        self.num_heads = len(values[0]) if values is not None else num_heads
+
+    @staticmethod
+    def _frozen(values) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        got = tuple(frozen(np.array(v, dtype=np.float64)) for v in values)
+        if len(got) != 3:
+            raise ValueError(f"a block has 3 summaries (distance, entropy, entropy_norm), got {len(got)}")
+        return got  # type: ignore[return-value]
+
+    @property
+    def computed(self) -> bool:
+        return self._values is not None
+
+    def get(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._values is None:
+            with self._lock:
+                if self._values is None:
+                    self._values = self._frozen(self._compute())
+                    self._compute = None  # releases the weights it read
+        return self._values
+
+
 @dataclass(frozen=True, eq=False)
 class Block:
     """One attention block of one image.
@@ -125,21 +173,32 @@ class Block:
     ``attention``: native form (see the module docstring), stored as float16 for
     display. ``fused``: the head mean of the same values, float32, computed before
     storage (rollout reads it). ``distance``, ``entropy``, ``entropy_norm``:
-    ``(H,)`` float64 per-head summaries computed from the float32 weights as the
-    block ran (``nan`` where undefined, e.g. distance of separable attention).
+    ``(H,)`` float64 per-head summaries computed from the float32 weights (``nan``
+    where undefined, e.g. distance of separable attention), as the block ran or on
+    the first read (:class:`Summaries`).
     """
 
     index: int
     geometry: Geometry
     attention: np.ndarray = field(repr=False)
     fused: np.ndarray = field(repr=False)
-    distance: np.ndarray = field(repr=False)
-    entropy: np.ndarray = field(repr=False)
-    entropy_norm: np.ndarray = field(repr=False)
+    summaries: Summaries = field(repr=False)
 
     def __post_init__(self) -> None:
-        for name in ("attention", "fused", "distance", "entropy", "entropy_norm"):
+        for name in ("attention", "fused"):
             frozen(getattr(self, name))
+
+    @property
+    def distance(self) -> np.ndarray:
+        return self.summaries.get()[0]
+
+    @property
+    def entropy(self) -> np.ndarray:
+        return self.summaries.get()[1]
+
+    @property
+    def entropy_norm(self) -> np.ndarray:
+        return self.summaries.get()[2]
 
     @property
     def stage(self) -> int:
@@ -155,7 +214,9 @@ class Block:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.attention, self.fused, self.distance, self.entropy, self.entropy_norm))
+        # The summaries' size is known without computing them: 3 float64 values per head (or the one "head").
+        n = self.summaries.num_heads or self.num_heads
+        return self.attention.nbytes + self.fused.nbytes + 3 * 8 * n
 
 
 @dataclass(frozen=True, eq=False)

@@ -153,3 +153,30 @@ def test_backbone_runs_without_scores(tiny_models):
     assert run.activation("blocks.1.out").shape == (1, 17, 32)
     with pytest.raises(ValueError, match="no hook point"):
         run.activation("blocks.9.out")
+
+
+@pytest.mark.parametrize("key", ["vit", "deit", "swin", "pvt", "mobilevit", "mobilevitv2"])
+def test_run_summaries_wait_for_a_reader_and_equal_the_capture(tiny_dirs, hier_dirs, key):
+    """A Run computes its per-head summaries when a view first reads them (the patching estimate reads none),
+    from the float32 probabilities it keeps: the same values as a capture's, computed as each block ran."""
+    from vitviz.models.load import load_model
+
+    loaded = load_model(str({**tiny_dirs, **hier_dirs}[key]))
+    img = random_image(4)
+    run = S.get_run(loaded, img)
+    blocks = run.capture.blocks
+    assert not any(b.summaries.computed for b in blocks)
+    assert run.capture.nbytes > 0 and not any(b.summaries.computed for b in blocks)  # sizing computes nothing
+    reads = []
+    threads = [threading.Thread(target=lambda: reads.append(blocks[0].entropy)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(r) for r in reads}) == 1 and blocks[0].summaries.computed  # computed once, shared
+    ref = capture(loaded, img, attention_dtype="float32")  # eager: from the float32 weights as each block ran
+    assert all(b.summaries.computed for b in ref.blocks)
+    for got, want in zip(blocks, ref.blocks, strict=True):
+        for name in ("distance", "entropy", "entropy_norm"):
+            np.testing.assert_allclose(getattr(got, name), getattr(want, name), rtol=1e-6, atol=1e-9, equal_nan=True)
+            assert not getattr(got, name).flags.writeable

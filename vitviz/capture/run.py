@@ -24,7 +24,7 @@ from vitviz.errors import BudgetError, CaptureError
 from vitviz.models.families.base import Call, to_native
 from vitviz.models.hooks import Site, installed_sites, recording
 from vitviz.models.load import LoadedModel
-from vitviz.record import Block, Capture, Geometry, Prediction, Stage
+from vitviz.record import Block, Capture, Geometry, Prediction, Stage, Summaries
 
 __all__ = [
     "Prediction",
@@ -153,14 +153,22 @@ class BlockRecorder:
 class _BlockArrays:
     attention: np.ndarray  # (B, *native) float16 (or float32), or a view into the plain stack
     fused: np.ndarray  # (B, *native without heads) float32
-    summaries: list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # per image: distance, entropy, entropy_norm
+    summaries: list[Summaries]  # per image: distance, entropy, entropy_norm
 
 
 class SummaryRecorder(BlockRecorder):
-    """What :func:`capture_batch` keeps of each block, computed from its float32 weights as it arrives."""
+    """What :func:`capture_batch` keeps of each block, computed from its float32 weights as it arrives.
 
-    def __init__(self, loaded: LoadedModel, call: Call, attention_dtype: str, num_sites: int) -> None:
+    ``lazy_summaries``: the per-head summaries are computed on their first read, from the block's float32
+    weights, which the recorder's owner keeps anyway (a Run's live probabilities): not at all if no view reads
+    them. Otherwise now, and the float32 weights are released before the next block runs.
+    """
+
+    def __init__(
+        self, loaded: LoadedModel, call: Call, attention_dtype: str, num_sites: int, *, lazy_summaries: bool = False
+    ) -> None:
         super().__init__(loaded, call)
+        self.lazy_summaries = lazy_summaries
         self.dtype = getattr(torch, attention_dtype)
         self.num_sites = num_sites
         self.arrays: dict[int, _BlockArrays] = {}
@@ -177,13 +185,26 @@ class SummaryRecorder(BlockRecorder):
         torch.from_numpy(self.stack[:, site.index]).copy_(native)
         return self.stack[:, site.index]
 
+    def _lazy(self, g: Geometry, raw: torch.Tensor, image: int) -> Summaries:
+        call = self.call  # the closure holds the raw weights (kept by the owner anyway) and nothing per call
+
+        def compute():
+            with torch.no_grad():
+                full = to_native(g, raw.detach(), call.batch).float().cpu().numpy()
+            return block_summaries(g, full[image], call.input_size)
+
+        return Summaries(compute=compute, num_heads=g.num_heads)
+
     def block(self, site, g, raw, module, args, kwargs, output) -> None:
         native = to_native(g, raw.detach(), self.call.batch)
         f32 = native.float()
         head_axis = {"global": 1, "pool": 1, "window": 2, "unfolded": 2}.get(g.kind)
         fused = (f32 if head_axis is None else f32.mean(dim=head_axis)).cpu().numpy()
-        full = f32.cpu().numpy()  # zero-copy on the CPU
-        summaries = [block_summaries(g, full[i], self.call.input_size) for i in range(self.call.batch)]
+        if self.lazy_summaries:
+            summaries = [self._lazy(g, raw, i) for i in range(self.call.batch)]
+        else:
+            full = f32.cpu().numpy()  # zero-copy on the CPU
+            summaries = [Summaries(block_summaries(g, full[i], self.call.input_size)) for i in range(self.call.batch)]
         self.arrays[site.index] = _BlockArrays(self._store(site, g, native), fused, summaries)
         tokens = self.loaded.family.tokens(self.call, site, module, args, kwargs, output)
         if tokens is not None:
@@ -301,7 +322,7 @@ def captures_from(
     captures = []
     for i in range(len(resized)):
         blocks = tuple(
-            Block(b, g, rec.arrays[b].attention[i], rec.arrays[b].fused[i], *rec.arrays[b].summaries[i])
+            Block(b, g, rec.arrays[b].attention[i], rec.arrays[b].fused[i], rec.arrays[b].summaries[i])
             for b, g in enumerate(geometries)
         )
         captures.append(

@@ -108,7 +108,9 @@ class _RunRecorder(SummaryRecorder):
     """The capture's summaries, plus each block's tokens, call arguments and live probabilities."""
 
     def __init__(self, loaded: LoadedModel, call: Call, attention_dtype: str, num_sites: int) -> None:
-        super().__init__(loaded, call, attention_dtype, num_sites)
+        # The Run keeps every block's live float32 probabilities (``_raw``): summaries are computed from them when
+        # a view first reads them, not in the forward (the patching estimate reads none).
+        super().__init__(loaded, call, attention_dtype, num_sites, lazy_summaries=True)
         self.blocks: dict[int, tuple[torch.Tensor | None, torch.Tensor | None, tuple, dict]] = {}
         self.raw: dict[int, torch.Tensor] = {}
 
