@@ -274,3 +274,26 @@ class Counter:
 
     def __exit__(self, *exc):
         self.handle.remove()
+
+
+FRACTIONS = np.linspace(0, 1, 21)  # the fractions of patches a stand-in's curves are given at
+
+
+def scored_stand_in(
+    d: float, i: float, *, class_index: int = 2, label: str = "two", peak: bool | None = None
+) -> object:
+    """Stands in for an ``evaluate`` ``Faithfulness``: the attributes ``make_rows`` reads, flat curves at the
+    deletion area ``d`` and the insertion area ``i``."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        class_index=class_index,
+        label=label,
+        probability=0.9,
+        deletion_area=d,
+        insertion_area=i,
+        peak_in_box=peak,
+        fractions=FRACTIONS,
+        deletion=np.full(21, d),
+        insertion=np.full(21, i),
+    )

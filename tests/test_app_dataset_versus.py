@@ -8,11 +8,11 @@ import csv
 import io
 import re
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from app_tools import APP, no_trouble
+from conftest import scored_stand_in
 from streamlit.delta_generator import DeltaGenerator
 from streamlit.testing.v1 import AppTest
 
@@ -26,32 +26,20 @@ from vitviz.evaluate.results import (
     write_results,
 )
 
-FRACTIONS = np.linspace(0, 1, 21)
 # per image: (attention deletion, attention insertion, random deletion, random insertion)
 # insertion: attention beats random on a and b (by 0.3, 0.2) and ties on c (0.0005 < 0.001)
 # deletion (lower is better): attention better on a (-0.2), worse on b (+0.1), ties on c (0.0)
 AREAS = {"a.png": (0.3, 0.8, 0.5, 0.5), "b.png": (0.6, 0.8, 0.5, 0.6), "c.png": (0.5, 0.8005, 0.5, 0.8)}
 
 
-def _scored(d: float, i: float) -> SimpleNamespace:
-    """Stands in for a ``Faithfulness``: the attributes ``make_rows`` reads."""
-    return SimpleNamespace(
-        class_index=1,
-        label="one",
-        probability=0.9,
-        deletion_area=d,
-        insertion_area=i,
-        peak_in_box=None,
-        fractions=FRACTIONS,
-        deletion=np.full(21, d),
-        insertion=np.full(21, i),
-    )
+def _stand_in(d: float, i: float):
+    return scored_stand_in(d, i, class_index=1, label="one")
 
 
 def _results(path: Path, methods: tuple[str, ...] = ("attention", "random"), **meta) -> Path:
     rows = []
     for image_id, (ad, ai, rd, ri) in AREAS.items():
-        scored = {"attention": _scored(ad, ai), "random": _scored(rd, ri)}
+        scored = {"attention": _stand_in(ad, ai), "random": _stand_in(rd, ri)}
         rows += make_rows(
             image_id=image_id,
             path=str(path.parent / image_id),

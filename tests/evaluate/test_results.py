@@ -6,13 +6,13 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
+from conftest import FRACTIONS, scored_stand_in
 
 from vitviz.evaluate.results import (
     META_KEY,
@@ -27,23 +27,6 @@ from vitviz.evaluate.results import (
     write_results,
 )
 
-FRACTIONS = np.linspace(0, 1, 21)
-
-
-def _scored(method: str, d: float, i: float, peak: bool | None) -> SimpleNamespace:
-    """Stands in for a ``Faithfulness``: the attributes ``make_rows`` reads."""
-    return SimpleNamespace(
-        class_index=2,
-        label="two",
-        probability=0.9,
-        deletion_area=d,
-        insertion_area=i,
-        peak_in_box=peak,
-        fractions=FRACTIONS,
-        deletion=np.full(21, d),
-        insertion=np.full(21, i),
-    )
-
 
 def _rows(image_id: str, k: int, box: bool = True) -> list[dict]:
     distance = np.array([[10.0 + k, 20.0], [30.0, np.nan]])  # the second block has one head: NaN -> null
@@ -54,8 +37,8 @@ def _rows(image_id: str, k: int, box: bool = True) -> list[dict]:
         image_wh=(200, 100),
         box=(1.0, 2.0, 30.0, 40.0) if box else None,
         scored={
-            "attention": _scored("attention", 0.2 + k / 10, 0.8, True if box else None),
-            "random": _scored("random", 0.5, 0.5 + k / 10, False if box else None),
+            "attention": scored_stand_in(0.2 + k / 10, 0.8, peak=True if box else None),
+            "random": scored_stand_in(0.5, 0.5 + k / 10, peak=False if box else None),
         },
         model="demo",
         input_hw=(96, 96),
