@@ -872,10 +872,11 @@ def get_curves(
     return results_cache().get_or_compute(("curves", *cur.key, class_index, prompts, insertion_start), compute)
 
 
-def target_ui(ranked: Classes, *, key: str, default: int | None = None):
+def target_ui(ranked: Classes, *, key: str, default: int | None = None, default_minus: int | None = None):
     """The explained target: a class (or zero-shot label), optionally minus another; a ``Target``.
 
-    ``ranked``: :func:`classes` of the session's image; ``default``: the class first shown (the top-1).
+    ``ranked``: :func:`classes` of the session's image; ``default``: the class first shown (the top-1);
+    ``default_minus``: the class first subtracted (none unless given and another of ``ranked``'s).
     """
     from vitviz.capture.targets import Target
 
@@ -889,6 +890,7 @@ def target_ui(ranked: Classes, *, key: str, default: int | None = None):
     minus = c2.selectbox(
         f"…minus {what.lower()}",
         others,
+        index=others.index(default_minus) if default_minus in others else 0,
         format_func=lambda i: "(none)" if i is None else names[i],
         key=f"{key}_minus",
         help=f"Explain the difference of two scores: {what.lower()} A's minus {what.lower()} B's (before softmax).",
