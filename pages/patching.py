@@ -53,11 +53,17 @@ if upload is not None:
     else:
         source_bytes, source_name = upload.getvalue(), upload.name
 source_digest = common.digest(source_bytes)
-# class and label indices mean other things once the model or its labels change
+# The boxes start from the session's target (class and "…minus" of Image & predictions; the target image's top-1
+# unless pinned) and follow it when it, the model or the labels change (indices then mean other things).
+known = {p.index for p in ranked.ranked}
+cls = ss.class_index if ss.class_index in known else ranked.ranked[0].index
+minus = ss.class_minus if ss.class_minus in known - {cls} else None
 common.forget_widgets_unless(
-    (cur.key[0], None if ranked.labels is None else ranked.labels.prompts), "patch_target_index", "patch_target_minus"
+    (cur.key[0], cls, minus, None if ranked.labels is None else ranked.labels.prompts),
+    "patch_target_index",
+    "patch_target_minus",
 )
-target = common.target_ui(ranked, key="patch_target")
+target = common.target_ui(ranked, key="patch_target", default=cls, default_minus=minus)
 st.caption(f"Source: **{md_plain(source_name)}**; measured: **{md_plain(target.name(cur.model.id2label))}**.")
 
 
