@@ -69,6 +69,26 @@ function send(gd, points) {  // the clicked point's customdata and an id of its 
   });
 }
 
+// Streamlit's charts have a full-screen button in their toolbar; this one has it in Plotly's modebar.
+const FULL_SCREEN = {
+  name: "vitviz-full-screen",
+  title: "Full screen (again, or Esc, to leave)",
+  icon: { width: 1000, height: 1000, path: "M0 0h400v100H100v300H0zM600 0h400v400H900V100H600zM0 600h100v300h300v100H0zM900 600h100v400H600V900h300z" },
+  click: (gd) => {
+    if (document.fullscreenElement) document.exitFullscreen();
+    else if (gd.requestFullscreen) gd.requestFullscreen().catch(() => {});
+  },
+};
+
+function sized(gd, layout) {  // full screen: the whole screen's height; else the figure's own
+  const full = document.fullscreenElement === gd;
+  return { ...layout, height: full ? window.innerHeight : layout.height };
+}
+
+function withFullScreen(config) {
+  return { ...config, modeBarButtonsToAdd: [...(config.modeBarButtonsToAdd || []), FULL_SCREEN] };
+}
+
 export default function (component) {
   const { parentElement, setStateValue } = component;
   const data = component.data[0];
@@ -84,9 +104,13 @@ export default function (component) {
   gd.vitvizSetState = setStateValue;  // the latest call's (one listener serves every call)
   loadPlotly(data.plotly).then((Plotly) => {
     if (gd.dataset.spec !== data.digest) return;  // a newer figure came while plotly.js loaded
-    Plotly.react(gd, spec.data || [], spec.layout || {}, data.config).then(() => {
+    gd.vitvizLayout = spec.layout || {};
+    Plotly.react(gd, spec.data || [], sized(gd, gd.vitvizLayout), withFullScreen(data.config)).then(() => {
       if (gd.dataset.listening) return;
       gd.dataset.listening = "1";
+      gd.addEventListener("fullscreenchange", () => {
+        Plotly.relayout(gd, { height: sized(gd, gd.vitvizLayout).height, autosize: true });
+      });
       gd.on("plotly_click", (event) => {
         // Plotly computes hover at most once per 50 ms (HOVERMINTIME), and a redraw hovers the last
         // position again: a click just after a redraw reports the point hovered before the mouse moved
@@ -113,7 +137,7 @@ export default function (component) {
 }
 """
 
-_CSS = ".vitviz-click-chart { width: 100%; }"
+_CSS = ".vitviz-click-chart { width: 100%; } .vitviz-click-chart:fullscreen { background: white; }"
 
 _click_chart = st.components.v2.component("vitviz_click_chart", js=_JS, css=_CSS, isolate_styles=False)
 

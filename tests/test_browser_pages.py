@@ -209,5 +209,20 @@ def test_a_clickable_map_keeps_its_size_hover_text_and_camera_button(server, bro
         download.value.save_as(saved)
         png = got["png"]
         assert saved.suffix == ".png" and Image.open(saved).size == (png["width"], png["height"]), png
+        # full screen, as Streamlit's own charts offer: the map fills the screen; the button again (or Esc, which a
+        # script cannot press for the browser) brings it back
+        plot.locator(".modebar-btn[data-title^='Full screen']").first.click()
+        page.wait_for_function("() => document.fullscreenElement && document.fullscreenElement.layout", timeout=10_000)
+        page.wait_for_function("() => document.fullscreenElement.getBoundingClientRect().height >= 1250")
+        full = page.evaluate(CLICK_MAP_JS, "head 0: where")
+        assert full["width"] >= 1450 and full["height"] >= 1250 and full["layoutHeight"] >= 1250, full
+        plot.locator(".modebar-btn[data-title^='Full screen']").first.click()
+        page.wait_for_function("() => !document.fullscreenElement", timeout=10_000)
+        page.wait_for_function(
+            "([sel, h]) => Array.from(document.querySelectorAll(sel)).some(el => el.getBoundingClientRect().height === h)",
+            arg=[PLOTS, got["height"]],
+        )
+        back = page.evaluate(CLICK_MAP_JS, "head 0: where")
+        assert back["height"] == got["height"] and abs(back["width"] - back["outer"]) <= 1, (back, got)
     finally:
         page.close()
