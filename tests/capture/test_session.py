@@ -180,3 +180,15 @@ def test_run_summaries_wait_for_a_reader_and_equal_the_capture(tiny_dirs, hier_d
         for name in ("distance", "entropy", "entropy_norm"):
             np.testing.assert_allclose(getattr(got, name), getattr(want, name), rtol=1e-6, atol=1e-9, equal_nan=True)
             assert not getattr(got, name).flags.writeable
+
+
+def test_summaries_of_a_run_without_graph_read_outside_inference_mode(demo_model):
+    """A Run made under a caller's inference mode (no graph) keeps inference tensors; its summaries, read later
+    outside that mode, are still the capture's."""
+    img = random_image(3, (96, 96))
+    with torch.inference_mode():
+        run = S.get_run(demo_model, img)
+    assert not run.has_graph and not run.capture.blocks[1].summaries.computed
+    ref = capture(demo_model, img, attention_dtype="float32")
+    np.testing.assert_allclose(run.capture.blocks[1].entropy, ref.blocks[1].entropy, rtol=1e-6)
+    np.testing.assert_allclose(run.capture.blocks[1].distance, ref.blocks[1].distance, rtol=1e-6)
