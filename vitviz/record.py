@@ -130,7 +130,7 @@ class Summaries:
     dropped once it has run.
     """
 
-    __slots__ = ("_compute", "_lock", "_values", "num_heads")
+    __slots__ = ("_compute", "_lock", "_pending", "_values", "num_heads")
 
     def __init__(
         self,
@@ -138,13 +138,20 @@ class Summaries:
         *,
         compute: Callable[[], tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None,
         num_heads: int | None = None,
+        pending_bytes: int = 0,
     ) -> None:
         if (values is None) == (compute is None):
             raise ValueError("give the summaries' values or the function that computes them, not both")
         self._values = None if values is None else self._frozen(values)
         self._compute = compute
+        self._pending = 0 if values is not None else int(pending_bytes)
         self._lock = threading.Lock()
         self.num_heads = len(values[0]) if values is not None else num_heads
+
+    @property
+    def pending_bytes(self) -> int:
+        """What the function holds until it runs (the weights it reads), so that caches can count it."""
+        return 0 if self._values is not None else self._pending
 
     @staticmethod
     def _frozen(values) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -162,7 +169,7 @@ class Summaries:
             with self._lock:
                 if self._values is None:
                     self._values = self._frozen(self._compute())
-                    self._compute = None  # releases the weights it read
+                    self._compute, self._pending = None, 0  # releases the weights it read
         return self._values
 
 
@@ -216,7 +223,7 @@ class Block:
     def nbytes(self) -> int:
         # The summaries' size is known without computing them: 3 float64 values per head (or the one "head").
         n = self.summaries.num_heads or self.num_heads
-        return self.attention.nbytes + self.fused.nbytes + 3 * 8 * n
+        return self.attention.nbytes + self.fused.nbytes + 3 * 8 * n + self.summaries.pending_bytes
 
 
 @dataclass(frozen=True, eq=False)

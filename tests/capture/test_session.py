@@ -166,7 +166,10 @@ def test_run_summaries_wait_for_a_reader_and_equal_the_capture(tiny_dirs, hier_d
     run = S.get_run(loaded, img)
     blocks = run.capture.blocks
     assert not any(b.summaries.computed for b in blocks)
-    assert run.capture.nbytes > 0 and not any(b.summaries.computed for b in blocks)  # sizing computes nothing
+    before = run.capture.nbytes  # sizing computes nothing, and counts the weights the summaries wait on
+    assert not any(b.summaries.computed for b in blocks)
+    waiting = sum(run.probs(s.index).numel() * 4 for s in run.sites)  # float32 probabilities, one image
+    assert sum(b.summaries.pending_bytes for b in blocks) == waiting
     reads = []
     threads = [threading.Thread(target=lambda: reads.append(blocks[0].entropy)) for _ in range(8)]
     for t in threads:
@@ -174,6 +177,7 @@ def test_run_summaries_wait_for_a_reader_and_equal_the_capture(tiny_dirs, hier_d
     for t in threads:
         t.join()
     assert len({id(r) for r in reads}) == 1 and blocks[0].summaries.computed  # computed once, shared
+    assert blocks[0].summaries.pending_bytes == 0 and run.capture.nbytes < before
     ref = capture(loaded, img, attention_dtype="float32")  # eager: from the float32 weights as each block ran
     assert all(b.summaries.computed for b in ref.blocks)
     for got, want in zip(blocks, ref.blocks, strict=True):

@@ -188,14 +188,16 @@ class SummaryRecorder(BlockRecorder):
         return self.stack[:, site.index]
 
     def _lazy(self, g: Geometry, raw: torch.Tensor, image: int) -> Summaries:
-        call = self.call  # the closure holds the raw weights (kept by the owner anyway) and nothing per call
+        # The closure holds the weights' storage (kept by the owner anyway), detached: a record that outlives its
+        # Run must not keep the Run's autograd graph alive through them.
+        call, weights = self.call, raw.detach()
 
         def compute():
             with torch.no_grad():
-                full = to_native(g, raw.detach(), call.batch).float().cpu().numpy()
+                full = to_native(g, weights, call.batch).float().cpu().numpy()
             return block_summaries(g, full[image], call.input_size)
 
-        return Summaries(compute=compute, num_heads=g.num_heads)
+        return Summaries(compute=compute, num_heads=g.num_heads, pending_bytes=weights.nbytes // call.batch)
 
     def block(self, site, g, raw, module, args, kwargs, output) -> None:
         native = to_native(g, raw.detach(), self.call.batch)
