@@ -163,6 +163,12 @@ def _train_demo(args: argparse.Namespace) -> int:
         from vitviz.demo.vit import train_demo as train
     steps = args.steps or (1000 if args.arch == "clip" else 2000)
     sizes = {} if args.train_images is None else {"train_images": args.train_images, "held_out": args.held_out}
+    if args.label_smoothing is not None:
+        if args.arch != "vit":
+            raise UsageError(f"--label-smoothing is for --arch vit (the {args.arch} trainer keeps its own)")
+        if not 0.0 <= args.label_smoothing < 1.0:
+            raise UsageError(f"--label-smoothing must be in [0, 1), got {args.label_smoothing}")
+        sizes["label_smoothing"] = args.label_smoothing
     score = train(args.out or folder, seed=args.seed, steps=steps, batch_size=args.batch_size, **sizes)
     accuracy, in_box = _DEMO_GOALS[args.arch]
     return 0 if score.accuracy >= accuracy and score.peak_in_box >= in_box else 1
@@ -412,6 +418,12 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--train-images", type=int, default=None, help="training images (default: the trainer's)")
     tr.add_argument("--held-out", type=int, default=500, help="held-out images scored (with --train-images)")
     tr.add_argument("--batch-size", type=int, default=64)
+    tr.add_argument(
+        "--label-smoothing",
+        type=float,
+        default=None,
+        help="vit only: the loss's label smoothing (default 0.1, the bundled demo's; 0: none)",
+    )
     tr.set_defaults(func=_train_demo)
 
     ap = sub.add_parser("app", help="start the web app (Streamlit) in this machine's browser")
