@@ -164,6 +164,12 @@ class Summaries:
     def computed(self) -> bool:
         return self._values is not None
 
+    def __getstate__(self) -> dict:  # a copy (pickle, another process) carries the values, not the function
+        return {"values": self.get(), "num_heads": self.num_heads}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["values"], num_heads=state["num_heads"])
+
     def get(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if self._values is None:
             with self._lock:

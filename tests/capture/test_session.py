@@ -196,3 +196,17 @@ def test_summaries_of_a_run_without_graph_read_outside_inference_mode(demo_model
     ref = capture(demo_model, img, attention_dtype="float32")
     np.testing.assert_allclose(run.capture.blocks[1].entropy, ref.blocks[1].entropy, rtol=1e-6)
     np.testing.assert_allclose(run.capture.blocks[1].distance, ref.blocks[1].distance, rtol=1e-6)
+
+
+def test_a_run_record_pickles_with_its_summaries(demo_model):
+    """A copy of a record (pickle: another process, a notebook's file) carries the summaries' values, computed for
+    the copy if no view had read them, not the function that waits on the Run's weights."""
+    import pickle
+
+    run = S.get_run(demo_model, random_image(5, (96, 96)))
+    assert not run.capture.blocks[2].summaries.computed
+    copy = pickle.loads(pickle.dumps(run.capture))
+    assert all(b.summaries.computed and b.summaries.pending_bytes == 0 for b in copy.blocks)
+    for got, want in zip(copy.blocks, run.capture.blocks, strict=True):
+        np.testing.assert_array_equal(got.entropy, want.entropy)
+        np.testing.assert_array_equal(got.distance, want.distance)
