@@ -103,9 +103,18 @@ scale = st.radio(
 )
 
 
-def _target(cur_x: common.Current, label_key: str | None):
-    """The target a pane explains (``Target``): its top-1 class or label, or the chosen zero-shot label. Side by side
-    explains single targets: the session's minus belongs to the sidebar's model, pane B may have another."""
+def _session_target(ranked: common.Classes) -> Target:
+    """The session's target (class and "…minus" of Image & predictions), where it names classes of ``ranked``."""
+    known = {p.index for p in ranked.ranked}
+    cls = ss.class_index if ss.class_index in known else ranked.ranked[0].index
+    minus = ss.class_minus if ss.class_minus in known - {cls} else None
+    return Target.of_label(ranked.labels, cls, minus) if ranked.labels else Target.of_class(cls, minus)
+
+
+def _target(cur_x: common.Current, label_key: str | None, session: bool):
+    """The target a pane explains (``Target``): the chosen zero-shot label (``label_key``); else the session's
+    target (``session``: pane A, and pane B when only the image differs, so both explain the same thing); else the
+    pane's top-1 (pane B of another model, whose class indices mean other things)."""
     ranked = common.classes(cur_x)
     if ranked is None:
         return None
@@ -120,6 +129,8 @@ def _target(cur_x: common.Current, label_key: str | None):
             key=label_key,
         )
         return Target.of_label(ranked.labels, pick)
+    if session:
+        return _session_target(ranked)
     top = ranked.ranked[0].index
     return Target.of_label(ranked.labels, top) if ranked.labels else Target.of_class(top)
 
@@ -152,10 +163,16 @@ DRAW = {
 }
 
 labels_differ = differs == "labels"
-target_a = _target(cur, "sbs_label_a" if labels_differ else None) if view == "relevance" or labels_differ else None
-target_b = _target(cur_b, "sbs_label_b" if labels_differ else None) if view == "relevance" or labels_differ else None
+explains = view == "relevance" or labels_differ
+target_a = _target(cur, "sbs_label_a" if labels_differ else None, True) if explains else None
+target_b = _target(cur_b, "sbs_label_b" if labels_differ else None, differs == "images") if explains else None
 if labels_differ and view != "relevance":
     st.info("Labels change only class-specific views: choose relevance to compare two labels.")
+elif view == "relevance" and not labels_differ:
+    st.caption(
+        'Relevance explains the session\'s target (the class, and the "…minus" of Image & predictions) in pane A'
+        + (" and in pane B." if differs == "images" else "; pane B, another model, its own top-1.")
+    )
 
 try:
     with st.spinner("Computing both panes…"):

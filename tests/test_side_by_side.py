@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import numpy as np
@@ -137,3 +138,39 @@ def test_two_labels_on_demo_clip():
     a, b = _titles(at)[:2]
     assert "relevance for label 'circle'" in a and "relevance for label 'star'" in b
     assert np.allclose(_z(at, "A minus B"), _z(at, "A.") - _z(at, "B."), atol=1e-6)
+
+
+def test_relevance_explains_the_sessions_target_in_both_panes_of_one_model():
+    """Two images, one model: both panes explain the session's class minus its "…minus" (not each pane's top-1),
+    against a reference written by hand; another model in pane B explains its own top-1."""
+    from PIL import Image
+    from target_reference import relevance_by_hand
+
+    from vitviz.capture.run import preprocess
+    from vitviz.models.load import load_model
+
+    demo = load_model("demo")
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.run()
+    a = at.session_state.class_index
+    names = demo.id2label
+    b, c = [i for i in range(len(names)) if i != a][:2]
+    at.selectbox(key="_w_class_index").set_value(b).run()  # pinned: not the image's top-1
+    at.selectbox(key="_w_class_minus").set_value(c).run()
+    at.switch_page("pages/side_by_side.py").run()
+    at.radio(key="sbs_differs").set_value("images").run()
+    at.radio(key="sbs_view").set_value("relevance").run()
+    no_trouble(at)
+    want = f"relevance for {names[b]} ({b}) minus {names[c]} ({c})"
+    ta, tb = _titles(at)[:2]
+    assert want in ta and want in tb, (ta, tb)
+    image = Image.open(io.BytesIO(at.session_state.image_bytes)).convert("RGB")
+    pixels = preprocess(demo, [image], (96, 96))[0]
+    np.testing.assert_allclose(
+        _z(at, "A."), relevance_by_hand(demo.model, pixels, b, c, (12, 12)), rtol=1e-4, atol=1e-6
+    )
+    at.radio(key="sbs_differs").set_value("models").run()
+    at.selectbox(key="sbs_model").set_value("demo-swin").run()
+    no_trouble(at)
+    ta, tb = _titles(at)[:2]
+    assert want in ta and " minus " not in tb  # another model: its own top-1
