@@ -3,7 +3,7 @@
 import numpy as np
 import streamlit as st
 
-from pages import common, photo, views_causal
+from pages import cached, common, photo, views_causal
 from vitviz.analysis.scales import SCALES
 from vitviz.errors import VitvizError
 from vitviz.methods import METHODS, why_unavailable
@@ -49,7 +49,7 @@ else:
     )
 if labels:
     st.caption(f"Zero-shot: the label's score and its probability ({ranked.legend}) take the place of a class.")
-model = common.labelled_model(cur.model, labels)
+model = cached.labelled_model(cur.model, labels)
 skipped = {m: why_unavailable(model, m) for m in METHODS if why_unavailable(model, m)}
 for method, why in skipped.items():
     st.caption(f"{method}: {why}")

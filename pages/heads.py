@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from pages import common, instant, photo, views
+from pages import cached, common, instant, photo, views
 from vitviz.figures.animation import view_stack
 from vitviz.record import POOLED
 
@@ -124,7 +124,7 @@ with big:
 
 # Does this head matter? Knock heads out and see the prediction and the attention downstream
 st.subheader("Does this head matter? Knock it out")
-notes = common.get_causal_notes(cap.model_name)
+notes = cached.get_causal_notes(cap.model_name)
 ranked = common.classes(cur)
 if notes["knockout"]:
     st.info(notes["knockout"])
@@ -133,7 +133,7 @@ elif ranked is None:
 else:
     if notes["knockout_partial"]:
         st.caption(notes["knockout_partial"])
-    knockable = common.get_knockable_blocks(cap.model_name)
+    knockable = cached.get_knockable_blocks(cap.model_name)
     pairs = [(b, h) for b in knockable for h in range(cap.blocks[b].num_heads)]
     ss.knockout = [tuple(p) for p in ss.knockout if tuple(p) in pairs]
     k1, k2, k3 = st.columns([4, 1, 2])

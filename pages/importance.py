@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from pages import common, views_causal
+from pages import cached, common, views_causal
 from vitviz.errors import VitvizError
 from vitviz.evaluate.head_estimate import trust_note
 from vitviz.text import md_plain
@@ -23,7 +23,7 @@ if ss.pop("open_heads_page", False):
     st.switch_page("pages/heads.py")
 
 st.header("Does this head matter?")
-notes = common.get_causal_notes(cap.model_name)
+notes = cached.get_causal_notes(cap.model_name)
 ranked = common.classes(cur)
 if ranked is None:
     st.info("Head importance changes class scores: it needs a classifier, or labels for a zero-shot model.")

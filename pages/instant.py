@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from pages import common
+from pages import cached, common
 from vitviz.figures.headview import HeadViewData, HeadViewTooLarge, head_view_data, head_view_html, record_problem
 from vitviz.record import POOLED
 
@@ -30,7 +30,7 @@ def _data(cur: common.Current) -> HeadViewData:
             layer_names=[cap.block_label(b) for b in range(cap.num_blocks)],
         )
 
-    return common.results_cache().get_or_compute(("head_view", *cur.key), compute)
+    return cached.results_cache().get_or_compute(("head_view", *cur.key), compute)
 
 
 def _height(layers: int) -> int:

@@ -1,7 +1,7 @@
 """Views as functions of their state: a pane (``common.Current``) and frozen settings in, a drawn view out.
 
 Streamlit wiring only: the numbers come from :mod:`vitviz` (``head_maps``, ``row_map``, ``capture_rollout``
-through the cached ``common.get_rollout``, relevance of a ``Target`` through ``common.get_target_relevance``),
+through the cached ``cached.get_rollout``, relevance of a ``Target`` through ``cached.get_target_relevance``),
 the figures from :mod:`vitviz.figures`. No view reads session state; ``key`` prefixes every key it draws, so
 one page can draw the same view twice with two states, as the Side by side page does:
 
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import streamlit as st
 
-from pages import common
+from pages import cached, common
 from vitviz import figures
 from vitviz.analysis.blocks import HeadMaps, global_query, head_maps, row_map, select, window_edges
 from vitviz.analysis.masks import mass_masks
@@ -289,7 +289,7 @@ def draw_deformable(cur: common.Current, s: HeadSettings, *, key: str) -> None:
     from vitviz.capture.deformable import query_points
     from vitviz.figures.deformable import deformable_figure
 
-    samples = common.get_deformable(cur).get(s.block)
+    samples = cached.get_deformable(cur).get(s.block)
     if samples is None or s.head is None:
         return
     arrows = st.checkbox("Show the offsets (reference point -> sampled point)", key=f"{key}_arrows")
@@ -309,13 +309,13 @@ def draw_deformable(cur: common.Current, s: HeadSettings, *, key: str) -> None:
 def draw_knockout(cur: common.Current, s: KnockoutSettings, *, key: str):
     """The top classes before and after knocking ``s.heads`` out (chart ``f"{key}_predictions"``) and the heads
     of block ``s.after.block`` after it (chart ``f"{key}_heads"``); returns the ``Knockout`` or None (a message
-    says why). One forward with the heads replaced, cached (``common.get_knockout``)."""
+    says why). One forward with the heads replaced, cached (``cached.get_knockout``)."""
     cap, ranked = cur.cap, common.classes(cur)
     if ranked is None or not s.heads:
         return None
     try:
         with st.spinner("Running the model with those heads knocked out…"):
-            knocked, ko = common.get_knockout(cur, s.heads, s.mode)
+            knocked, ko = cached.get_knockout(cur, s.heads, s.mode)
     except (VitvizError, ValueError) as exc:
         st.error(str(exc))
         return None
@@ -432,7 +432,7 @@ def draw_summaries(cur: common.Current, s: SummarySettings, *, key: str) -> np.n
 def rollout_row(cur: common.Current, s: RolloutSettings) -> tuple[np.ndarray, int]:
     """The whole rollout row (prefix tokens first) and the stage it lies on (``capture_rollout``), cached."""
     end = cur.cap.num_blocks - 1 if s.end is None else s.end
-    return common.get_rollout(
+    return cached.get_rollout(
         *cur.key, cur.cap, query=s.query, start=s.start, stop=end + 1, fusion=s.fusion, discard=s.discard
     )
 
@@ -473,10 +473,10 @@ def draw_rollout(
 
 
 def relevance(cur: common.Current, s: RelevanceSettings):
-    """The explanation itself (``vitviz.capture.gradients``, through ``common.get_target_relevance``): cached
+    """The explanation itself (``vitviz.capture.gradients``, through ``cached.get_target_relevance``): cached
     server-wide, computed in the queue. Its ``label`` is the target's name (``Target.name``)."""
     with st.spinner("Computing gradients for the relevance map…"):
-        return common.get_target_relevance(cur, s.target, s.start_block)
+        return cached.get_target_relevance(cur, s.target, s.start_block)
 
 
 def relevance_map(cur: common.Current, s: RelevanceSettings) -> ViewMap:
@@ -506,7 +506,7 @@ def draw_lens(cur: common.Current, s: LensSettings, *, key: str):
     or why there is none; returns the ``Lens`` (``vitviz.capture.causal.logit_lens``) or None."""
     cap = cur.cap
     ranked = common.classes(cur)
-    notes = common.get_causal_notes(cap.model_name)
+    notes = cached.get_causal_notes(cap.model_name)
     partial = (  # hierarchical with a readout head: the last stage's rows only
         cur.model.family.hierarchical
         and cur.model.has_classifier
@@ -520,7 +520,7 @@ def draw_lens(cur: common.Current, s: LensSettings, *, key: str):
         return None
     try:
         with st.spinner("Reading the residual stream through the model's head…"):
-            lens = common.get_lens(cur)
+            lens = cached.get_lens(cur)
     except VitvizError as exc:
         st.error(str(exc))
         return None

@@ -14,7 +14,7 @@ A pane (``common.Current``) and frozen settings in, a drawn view out; no view re
 * ``draw_patch_lens`` (the per-patch logit lens): select slider ``f"{key}_lens_layer"``, chart ``f"{key}_lens_map"``.
 
 Each has its computing half (``target_maps``, ``curves``, ``importance``, ``patching``, ``patch_lens``): cached
-server-wide (``common.results_cache``), computed in the queue, so a page may call it first with a progress
+server-wide (``cached.results_cache``), computed in the queue, so a page may call it first with a progress
 bar and the view then reads the cache. The session-only parts (the photo panel, the Compute and Stop buttons)
 stay on the pages.
 """
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import streamlit as st
 
-from pages import common
+from pages import cached, common
 from vitviz import figures
 from vitviz.analysis.scales import SCALES, scale_maps
 from vitviz.errors import VitvizError
@@ -133,8 +133,8 @@ def _block_labels(cur: common.Current) -> tuple[list[str], list[int] | None]:
 
 
 def target_maps(cur: common.Current, target, progress=None) -> dict:
-    """Every method's map for ``target`` by method name (``common.get_target_maps``), cached."""
-    return common.get_target_maps(cur, target, _labels(cur), progress=progress)
+    """Every method's map for ``target`` by method name (``cached.get_target_maps``), cached."""
+    return cached.get_target_maps(cur, target, _labels(cur), progress=progress)
 
 
 def draw_method_maps(cur: common.Current, s: MethodMapsSettings, *, key: str) -> dict:
@@ -159,8 +159,8 @@ def draw_method_maps(cur: common.Current, s: MethodMapsSettings, *, key: str) ->
 
 
 def curves(cur: common.Current, s: CurvesSettings, progress=None) -> list:
-    """Deletion and insertion results of every method (``common.get_target_curves``), cached."""
-    return common.get_target_curves(cur, s.target, progress=progress, labels=_labels(cur), insertion_start=s.start)
+    """Deletion and insertion results of every method (``cached.get_target_curves``), cached."""
+    return cached.get_target_curves(cur, s.target, progress=progress, labels=_labels(cur), insertion_start=s.start)
 
 
 def draw_curves(cur: common.Current, s: CurvesSettings, *, key: str) -> list:
@@ -216,8 +216,8 @@ def draw_curves(cur: common.Current, s: CurvesSettings, *, key: str) -> list:
 
 
 def importance(cur: common.Current, s: ImportanceSettings, progress=None):
-    """Head importance or its fast estimate (``common.get_importance``), cached."""
-    return common.get_importance(cur, s.class_index, s.mode, s.fast, progress=progress)
+    """Head importance or its fast estimate (``cached.get_importance``), cached."""
+    return cached.get_importance(cur, s.class_index, s.mode, s.fast, progress=progress)
 
 
 def draw_importance(cur: common.Current, s: ImportanceSettings, *, key: str):
@@ -276,7 +276,7 @@ def draw_attribution(cur: common.Current, s: AttributionSettings, *, key: str):
     """Each head's direct contribution to the class logit (chart ``f"{key}_map"``; a click's customdata is
     ``[block, head]``), the split of the logit and the files (downloads ``f"{key}-npz"``, ``f"{key}-csv"``).
     Returns the ``Attribution``, or None (a message says why)."""
-    notes = common.get_causal_notes(cur.cap.model_name)
+    notes = cached.get_causal_notes(cur.cap.model_name)
     if notes["attribution"]:
         st.info(f"Direct logit attribution: {notes['attribution']}")
         return None
@@ -285,7 +285,7 @@ def draw_attribution(cur: common.Current, s: AttributionSettings, *, key: str):
         return None
     try:
         with st.spinner("Splitting the logit into heads…"):
-            attr = common.get_attribution(cur, s.class_index)
+            attr = cached.get_attribution(cur, s.class_index)
     except (VitvizError, ValueError) as exc:
         st.error(str(exc))
         return None
@@ -334,7 +334,7 @@ def patching(cur: common.Current, s: PatchingSettings, exact: bool, progress=Non
     from vitviz.capture.patching import activation_patching
     from vitviz.data.images import read_image
 
-    labels = common.label_embeddings(cur)
+    labels = cached.label_embeddings(cur)
 
     def compute():
         image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
@@ -354,7 +354,7 @@ def patching(cur: common.Current, s: PatchingSettings, exact: bool, progress=Non
         )
 
     key = ("patching", *cur.key, common.digest(s.source), s.target, exact, None if labels is None else labels.tobytes())
-    return common.results_cache().get_or_compute(key, compute)
+    return cached.results_cache().get_or_compute(key, compute)
 
 
 def draw_patching(cur: common.Current, s: PatchingSettings, *, key: str, exact: bool = False, files_key: str = ""):
@@ -436,7 +436,7 @@ def patch_lens(cur: common.Current, target) -> np.ndarray:
         image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
         return common.in_queue(lambda: lens_of(cur.model, image, target=target, size=cur.key[2]))
 
-    return common.results_cache().get_or_compute(("patch_lens", *cur.key, target), compute)
+    return cached.results_cache().get_or_compute(("patch_lens", *cur.key, target), compute)
 
 
 def draw_patch_lens(cur: common.Current, target, *, key: str):

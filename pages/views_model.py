@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import streamlit as st
 
-from pages import common
+from pages import cached, common
 from vitviz import figures
 from vitviz.analysis.embeddings import token_norm_outliers
 from vitviz.capture.targets import Target
@@ -90,7 +90,7 @@ class TargetRelevanceSettings:
 
 def position_similarity(cur: common.Current, s: PositionSettings) -> np.ndarray:
     """The (N, N) cosine similarities of table ``s.table``'s N position embeddings (cached per model)."""
-    return common.get_position_similarity(cur.cap.model_name, s.table)
+    return cached.get_position_similarity(cur.cap.model_name, s.table)
 
 
 def draw_position_grid(cur: common.Current, s: PositionSettings, *, key: str) -> np.ndarray:
@@ -165,7 +165,7 @@ def draw_components(cur: common.Current, *, key: str):
     """The patch-embedding filters' principal components (chart ``key``, downloads ``f"{key}-npz"``,
     ``f"{key}-csv"``), or why there are none; returns ``vitviz.analysis.embeddings.patch_components``'s
     result or None."""
-    pcs = common.get_patch_components(cur.cap.model_name)
+    pcs = cached.get_patch_components(cur.cap.model_name)
     if pcs is None:
         st.info(f"{cur.cap.family} has no patch-embedding filters vitviz can show.")
         return None
@@ -342,7 +342,7 @@ def draw_prompt_words(cur: common.Current, target: Target, start_block: int = 0)
             continue
         label, prompt = target.labels[i], target.prompts[i]
         try:
-            words = common.get_prompt_relevance(
+            words = cached.get_prompt_relevance(
                 *cur.key, cur.cap.image_embedding, label, prompt, start_block=start_block
             )
         except VitvizError as exc:
@@ -367,7 +367,7 @@ def draw_target_relevance(cur: common.Current, s: TargetRelevanceSettings, *, ke
     n_enc = image_blocks(cur)
     try:
         with st.spinner("Computing gradients for the relevance map…"):
-            exp = common.get_target_relevance(cur, target, s.start_block)
+            exp = cached.get_target_relevance(cur, target, s.start_block)
     except VitvizError as exc:
         st.error(str(exc))
         return None

@@ -99,7 +99,7 @@ def test_curves_withdrawn_mid_computation_leave_no_bar(monkeypatch):
     batch, removes its bar and stops instead of drawing "20 of 238 images" on the new model's page."""
     import streamlit as st
 
-    from pages import common
+    from pages import cached
 
     calls = []
 
@@ -113,7 +113,7 @@ def test_curves_withdrawn_mid_computation_leave_no_bar(monkeypatch):
         calls.append("went on")
         raise AssertionError("the withdrawn run went on")
 
-    monkeypatch.setattr(common, "get_target_curves", withdrawn_mid_way)
+    monkeypatch.setattr(cached, "get_target_curves", withdrawn_mid_way)
     at = AppTest.from_file(APP, default_timeout=120)
     at.run()
     at.switch_page("pages/compare.py").run()

@@ -1,0 +1,311 @@
+"""What the views read, computed once and cached for every session: rollout, position similarity, patch
+components, knock-outs, head importance, attribution, the logit lens, relevance for a target, the explanation
+methods' maps and their deletion / insertion curves.
+
+Each getter keys one server-wide :class:`vitviz.cache.BoundedCache` (``results_cache``: bounded in entries and
+bytes) by the session's model, image and size (``Current.key``) and what the view asked for, and runs the model in
+the server's queue (``common.in_queue``). All computing happens in ``vitviz``; the session state, the model and
+capture caches and the widgets stay in :mod:`pages.common`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import streamlit as st
+
+from pages import common
+from vitviz.analysis.embeddings import patch_components, position_similarity
+from vitviz.analysis.rollout import capture_rollout
+from vitviz.cache import BoundedCache
+from vitviz.capture import run as vcapture
+from vitviz.capture.gradients import explain_targets
+from vitviz.data.images import read_image
+from vitviz.models.load import LoadedModel
+from vitviz.models.zeroshot import Labels
+
+
+@st.cache_resource(max_entries=128, show_spinner=False)
+def get_rollout(
+    model_name: str,
+    image_digest: str,
+    size: tuple[int, int] | None,
+    _cap: vcapture.Capture,
+    *,
+    query: int | None,
+    start: int,
+    stop: int,
+    fusion: str,
+    discard: float,
+) -> tuple[np.ndarray, int]:
+    """Rollout row and the stage it lives on: fusing every block's heads is the costly part, so reruns reuse it."""
+    return capture_rollout(_cap, query=query, start=start, stop=stop, fusion=fusion, discard_ratio=discard)
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def get_position_similarity(model_name: str, table: int = 0) -> np.ndarray | None:
+    tables = common.get_model(model_name).position.tables
+    return position_similarity(tables[table].embeddings) if table < len(tables) else None
+
+
+@st.cache_resource(max_entries=4, show_spinner=False)
+def get_patch_components(model_name: str):
+    weights = common.get_model(model_name).patch_weights
+    return None if weights is None else patch_components(weights, k=28)
+
+
+@st.cache_resource(show_spinner=False)
+def results_cache() -> BoundedCache:
+    """Relevance maps, method maps and curves, server-wide; small, computed in the queue, never on a view change."""
+    return BoundedCache(max_entries=256, max_bytes=256 * 2**20, size_of=common.nbytes_of)
+
+
+def get_prompt_relevance(
+    model_name: str,
+    image_digest: str,
+    size: tuple[int, int] | None,
+    image_embedding: np.ndarray,
+    label: str,
+    prompt: str,
+    start_block: int = 0,
+):
+    """Relevance of the prompt's tokens for one label's score on the session's image (text tower only)."""
+    from vitviz.models.prompt_relevance import prompt_relevance
+
+    def compute():
+        loaded = common.get_model(model_name)
+        one = Labels((label,), (prompt,), "{}")
+        return common.in_queue(
+            lambda: prompt_relevance(loaded.model, loaded.text, image_embedding, one, start_block=start_block)
+        )[0]
+
+    key = ("prompt_relevance", model_name, image_digest, size, prompt, start_block)
+    return results_cache().get_or_compute(key, compute)
+
+
+def label_embeddings(cur: common.Current) -> np.ndarray | None:
+    """Zero-shot models: the embeddings of the pane's labels (what "class" means for them); else None."""
+    if not cur.model.zero_shot or cur.labels is None:
+        return None
+    return common.get_label_embeddings(cur.model.name, cur.labels.prompts)
+
+
+def _labels_key(cur: common.Current) -> tuple[str, ...] | None:
+    return cur.labels.prompts if cur.model.zero_shot and cur.labels is not None else None
+
+
+def get_knockout(cur: common.Current, heads: tuple[tuple[int, int], ...], mode: str):
+    """``(Capture, Knockout)`` of the session's image with ``heads`` knocked out: one forward, cached, queued."""
+    from vitviz.capture.causal import capture_knocked_out
+
+    def compute():
+        image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
+        emb = label_embeddings(cur)
+        return common.in_queue(
+            lambda: capture_knocked_out(cur.model, image, list(heads), mode=mode, size=cur.key[2], label_embeddings=emb)
+        )
+
+    return results_cache().get_or_compute(("knockout", *cur.key, heads, mode, _labels_key(cur)), compute)
+
+
+def get_importance(cur: common.Current, class_index: int, mode: str, fast: bool, progress=None):
+    """Head importance (exact, in batches) or the fast first-order estimate, for one class; cached, queued."""
+    from vitviz.capture.causal import fast_estimate, head_importance
+
+    def compute():
+        image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
+        kw = dict(class_index=class_index, mode=mode, size=cur.key[2], label_embeddings=label_embeddings(cur))
+        if fast:
+            return common.in_queue(lambda: fast_estimate(cur.model, image, **kw))
+        return common.in_queue(lambda: head_importance(cur.model, image, progress=progress, **kw))
+
+    return results_cache().get_or_compute(("importance", *cur.key, class_index, mode, fast, _labels_key(cur)), compute)
+
+
+def get_attribution(cur: common.Current, class_index: int):
+    from vitviz.capture.causal import direct_logit_attribution
+
+    def compute():
+        image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
+        return common.in_queue(
+            lambda: direct_logit_attribution(cur.model, image, class_index=class_index, size=cur.key[2])
+        )
+
+    return results_cache().get_or_compute(("attribution", *cur.key, class_index), compute)
+
+
+def get_lens(cur: common.Current):
+    from vitviz.capture.causal import logit_lens
+
+    def compute():
+        image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
+        return common.in_queue(lambda: logit_lens(cur.model, image, size=cur.key[2]))
+
+    return results_cache().get_or_compute(("lens", *cur.key), compute)
+
+
+def get_deformable(cur: common.Current) -> dict:
+    """DAT: each deformable block's sampled points and attention over them, by block index (one forward)."""
+    from vitviz.capture.deformable import deformable_samples
+
+    def compute():
+        image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
+        samples = common.in_queue(lambda: deformable_samples(cur.model, image, cur.cap.input_size))
+        return {s.block: s for s in samples}
+
+    return results_cache().get_or_compute(("deformable", *cur.key), compute)
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def get_causal_notes(model_name: str) -> dict[str, str]:
+    """Which causal analyses a model supports ("" where defined, else why not); no forward pass."""
+    from vitviz.capture.causal import causal_notes
+
+    return causal_notes(common.get_model(model_name))
+
+
+@st.cache_resource(max_entries=16, show_spinner=False)
+def get_knockable_blocks(model_name: str) -> tuple[int, ...]:
+    from vitviz.capture.causal import knockable_blocks
+
+    return knockable_blocks(common.get_model(model_name))
+
+
+def labelled_model(model: LoadedModel, labels: Labels | None) -> LoadedModel:
+    """The model whose classes are ``labels`` (zero-shot: each label's score is its logit), or the model itself."""
+    if labels is None:
+        return model
+    from vitviz.models.zeroshot import as_classifier
+
+    return as_classifier(model, labels, common.get_label_embeddings(model.name, labels.prompts))
+
+
+def get_method_maps(cur: common.Current, class_index: int, labels: Labels | None = None, progress=None) -> dict:
+    """Every explanation method's map of the session's image for one class or label (``vitviz.methods``): cached, queued.
+
+    ``progress(done, total, name)``: called before each method and at the end (see ``explain_many``).
+    """
+    from vitviz.methods import explain_many
+
+    def compute():
+        image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
+        model = labelled_model(cur.model, labels)
+        return common.in_queue(
+            lambda: explain_many(model, image, class_index=class_index, size=cur.key[2], progress=progress)
+        )
+
+    prompts = None if labels is None else labels.prompts
+    return results_cache().get_or_compute(("methods", *cur.key, class_index, prompts), compute)
+
+
+def get_curves(
+    cur: common.Current, class_index: int, progress=None, labels: Labels | None = None, insertion_start: str = "mean"
+) -> dict:
+    """Deletion and insertion curves of every method (``vitviz.evaluate``), computed on request: cached, queued.
+
+    ``insertion_start``: what insertion starts from (``vitviz.evaluate.faithfulness.INSERTION_STARTS``)."""
+    from vitviz.evaluate.faithfulness import Perturbations
+
+    def compute():
+        image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
+        maps = get_method_maps(cur, class_index, labels)
+        model = labelled_model(cur.model, labels)
+
+        def run():
+            perturb = Perturbations(model, image, size=cur.key[2], batch_size=20, insertion_start=insertion_start)
+            return perturb.curves_many(list(maps.values()), progress=progress)
+
+        return common.in_queue(run)
+
+    prompts = None if labels is None else labels.prompts
+    return results_cache().get_or_compute(("curves", *cur.key, class_index, prompts, insertion_start), compute)
+
+
+def target_scalar(cur: common.Current, target):
+    """A :class:`~vitviz.capture.targets.Target` bound to the session's model: the forward's output -> a scalar
+    (a class logit, a label's score, or the difference of two), as relevance backpropagates it."""
+    emb = common.get_label_embeddings(cur.model.name, target.prompts) if target.is_label else None
+    bound = target.bind(cur.model, emb)
+    return lambda out: bound(out).reshape(-1)[0]
+
+
+def get_target_relevance(cur: common.Current, target, start_block: int = 0):
+    """Chefer et al.'s relevance of the session's image for ``target`` (a class or label, or the difference of
+    two), through blocks ``start_block..L-1``: cached, queued."""
+
+    def compute():
+        image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
+        scalar = target_scalar(cur, target)
+        name = target.name(cur.model.id2label)
+        return common.in_queue(
+            lambda: explain_targets(
+                cur.model, image, {target.index: (name, scalar)}, size=cur.key[2], start_block=start_block
+            )[target.index]
+        )
+
+    return results_cache().get_or_compute(("target_relevance", *cur.key, target, start_block), compute)
+
+
+def get_target_maps(cur: common.Current, target, labels: Labels | None = None, progress=None) -> dict:
+    """Every method's map for ``target`` (a class or label, or the difference of two): cached, queued.
+
+    A single class or label is :func:`get_method_maps` (same cache); a difference runs every method on
+    ``logit[A] - logit[B]`` (zero-shot: label A's score minus label B's), the class-agnostic ones unchanged.
+    """
+    if target.minus is None:
+        return get_method_maps(cur, target.index, labels, progress=progress)
+    from vitviz.capture.targets import Target
+    from vitviz.methods import explain_many
+
+    def compute():
+        image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
+        model = labelled_model(cur.model, labels)  # zero-shot: label scores are its class logits
+        t = Target.of_class(target.index, target.minus)
+        return common.in_queue(lambda: explain_many(model, image, target=t, size=cur.key[2], progress=progress))
+
+    prompts = None if labels is None else labels.prompts
+    return results_cache().get_or_compute(("methods", *cur.key, target.index, target.minus, prompts), compute)
+
+
+def get_target_curves(
+    cur: common.Current, target, progress=None, labels: Labels | None = None, insertion_start: str = "mean"
+) -> list:
+    """Deletion and insertion of every method's map for ``target``: cached, queued.
+
+    A single class or label: :func:`get_curves` (its probability). A difference A minus B: each curve is
+    the probability of A minus that of B on the same perturbed images (the maps of A minus B order the
+    patches; B's probabilities come from the same forwards), and each area is A's minus B's (the
+    trapezoid rule is linear).
+    """
+    if target.minus is None:
+        return get_curves(cur, target.index, progress=progress, labels=labels, insertion_start=insertion_start)
+    import dataclasses
+
+    from vitviz.evaluate.faithfulness import Perturbations
+
+    def compute():
+        image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
+        maps = list(get_target_maps(cur, target, labels).values())
+        model = labelled_model(cur.model, labels)
+
+        def run():
+            perturb = Perturbations(model, image, size=cur.key[2], batch_size=20, insertion_start=insertion_start)
+            a = perturb.curves_many(maps, class_index=target.index, progress=progress)
+            b = perturb.curves_many(maps, class_index=target.minus)  # the same images: no forward
+            return [
+                dataclasses.replace(
+                    ra,
+                    label=f"{ra.label} minus {rb.label}",
+                    deletion=ra.deletion - rb.deletion,
+                    insertion=ra.insertion - rb.insertion,
+                    deletion_area=ra.deletion_area - rb.deletion_area,
+                    insertion_area=ra.insertion_area - rb.insertion_area,
+                    probability=ra.probability - rb.probability,
+                )
+                for ra, rb in zip(a, b, strict=True)
+            ]
+
+        return common.in_queue(run)
+
+    prompts = None if labels is None else labels.prompts
+    key = ("curves", *cur.key, target.index, target.minus, prompts, insertion_start)
+    return results_cache().get_or_compute(key, compute)
