@@ -113,8 +113,8 @@ def _session_target(ranked: common.Classes) -> Target:
 
 def _target(cur_x: common.Current, label_key: str | None, session: bool):
     """The target a pane explains (``Target``): the chosen zero-shot label (``label_key``); else the session's
-    target (``session``: pane A, and pane B when only the image differs, so both explain the same thing); else the
-    pane's top-1 (pane B of another model, whose class indices mean other things)."""
+    target (``session``: pane A, and pane B where its classes are pane A's, so both explain the same thing); else
+    the pane's top-1 (pane B of a model whose class indices mean other things)."""
     ranked = common.classes(cur_x)
     if ranked is None:
         return None
@@ -164,14 +164,19 @@ DRAW = {
 
 labels_differ = differs == "labels"
 explains = view == "relevance" or labels_differ
+# Pane B explains the session's target too where class indices mean the same thing: the same model (another image),
+# or another classifier with the same classes in the same order; else its own top-1.
+same_classes = differs == "images" or (
+    not cur.model.zero_shot and not cur_b.model.zero_shot and cur_b.model.id2label == cur.model.id2label
+)
 target_a = _target(cur, "sbs_label_a" if labels_differ else None, True) if explains else None
-target_b = _target(cur_b, "sbs_label_b" if labels_differ else None, differs == "images") if explains else None
+target_b = _target(cur_b, "sbs_label_b" if labels_differ else None, same_classes) if explains else None
 if labels_differ and view != "relevance":
     st.info("Labels change only class-specific views: choose relevance to compare two labels.")
 elif view == "relevance" and not labels_differ:
     st.caption(
         'Relevance explains the session\'s target (the class, and the "…minus" of Image & predictions) in pane A'
-        + (" and in pane B." if differs == "images" else "; pane B, another model, its own top-1.")
+        + (" and in pane B." if same_classes else "; pane B, a model with other classes, its own top-1.")
     )
 
 try:

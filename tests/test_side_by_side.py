@@ -141,8 +141,9 @@ def test_two_labels_on_demo_clip():
 
 
 def test_relevance_explains_the_sessions_target_in_both_panes_of_one_model():
-    """Two images, one model: both panes explain the session's class minus its "…minus" (not each pane's top-1),
-    against a reference written by hand; another model in pane B explains its own top-1."""
+    """Two images, one model, or two models with the same classes: both panes explain the session's class minus its
+    "…minus" (not each pane's top-1), against a reference written by hand; a model with other classes (zero-shot
+    labels) in pane B explains its own top-1."""
     from PIL import Image
     from target_reference import relevance_by_hand
 
@@ -170,7 +171,11 @@ def test_relevance_explains_the_sessions_target_in_both_panes_of_one_model():
         _z(at, "A."), relevance_by_hand(demo.model, pixels, b, c, (12, 12)), rtol=1e-4, atol=1e-6
     )
     at.radio(key="sbs_differs").set_value("models").run()
-    at.selectbox(key="sbs_model").set_value("demo-swin").run()
+    at.selectbox(key="sbs_model").set_value("demo-swin").run()  # another model, the same five classes in order
     no_trouble(at)
     ta, tb = _titles(at)[:2]
-    assert want in ta and " minus " not in tb  # another model: its own top-1
+    assert want in ta and want in tb, (ta, tb)
+    at.selectbox(key="sbs_model").set_value("demo-clip").run()  # zero-shot: its labels are not the classes
+    no_trouble(at)
+    ta, tb = _titles(at)[:2]
+    assert want in ta and " minus " not in tb  # its own top-1
