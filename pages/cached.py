@@ -202,7 +202,7 @@ def get_curves(
 ) -> dict:
     """Deletion and insertion curves of every method (``vitviz.evaluate``), computed on request: cached, queued.
 
-    ``insertion_start``: what insertion starts from (``vitviz.evaluate.faithfulness.INSERTION_STARTS``)."""
+    ``insertion_start``: what insertion starts from (``vitviz.insertion_starts.INSERTION_STARTS``)."""
     from vitviz.evaluate.faithfulness import Perturbations
 
     def compute():

@@ -12,23 +12,8 @@ from vitviz import figures
 from vitviz.cache import BoundedCache
 from vitviz.errors import VitvizError
 from vitviz.evaluate.results import Results, Versus, read_results, versus_columns
+from vitviz.insertion_starts import INSERTION_START_MEANINGS, INSERTION_START_NAMES
 from vitviz.text import md_plain, plotly_plain
-
-# What each insertion start is (files written before the choice existed started from blur).
-INSERTION_START_NAMES = {
-    "blur": "the blurred image",
-    "mean": "the image's mean colour",
-    "grey": "a fixed grey",
-    "noise": "seeded noise",
-}
-# What the first image of the insertion curve is (README, "insertion start").
-INSERTION_START_MEANINGS = {
-    "blur": "the input blurred, sigma = patch size / 2 (RISE's start; keeps colour: where colour is the evidence, "
-    "as on the demo shapes, every curve starts near the top and ties with random)",
-    "mean": "every pixel the image's mean colour (the deletion fill)",
-    "grey": "every channel at half its range (127.5 / 255)",
-    "noise": "i.i.d. uniform noise over each channel's range, seeded per image like the random map",
-}
 
 common.leave_folder_mode()
 ss = st.session_state

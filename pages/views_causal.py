@@ -32,6 +32,7 @@ from vitviz.analysis.scales import SCALES, scale_maps
 from vitviz.errors import VitvizError
 from vitviz.figures.animation import lens_rows
 from vitviz.figures.patching import patching_grid_figure
+from vitviz.insertion_starts import DEFAULT_INSERTION_START, INSERTION_START_NAMES, INSERTION_STARTS
 from vitviz.tables import long_table
 from vitviz.text import plotly_plain
 
@@ -57,12 +58,8 @@ __all__ = [
     "target_maps",
 ]
 
-STARTS = {
-    "mean": "the image's mean colour",
-    "blur": "the image blurred",
-    "grey": "a fixed grey",
-    "noise": "seeded noise",
-}
+# The insertion starts, the default first, as a sentence names them ("puts them back into ...").
+STARTS = {s: INSERTION_START_NAMES[s] for s in sorted(INSERTION_STARTS, key=lambda s: s != DEFAULT_INSERTION_START)}
 
 
 @dataclass(frozen=True)

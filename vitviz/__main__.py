@@ -16,6 +16,7 @@ from vitviz.cli_checks import (
     read_labels_file,
 )
 from vitviz.errors import VitvizError
+from vitviz.insertion_starts import DEFAULT_INSERTION_START, INSERTION_STARTS
 
 # How the user called us, for messages: the installed command or the module.
 PROG = "vitviz" if Path(sys.argv[0]).name == "vitviz" else "python -m vitviz"
@@ -355,8 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument(
         "--insertion-start",
-        default="mean",
-        choices=("blur", "mean", "grey", "noise"),
+        default=DEFAULT_INSERTION_START,
+        choices=INSERTION_STARTS,
         help="what the insertion curve starts from: the image blurred, its mean colour, a fixed grey, or "
         "seeded noise (default: mean; blur keeps colour, so it is flat where colour is the evidence)",
     )

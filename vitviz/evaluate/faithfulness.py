@@ -67,6 +67,7 @@ from vitviz.capture.run import (
     unnormalised,
 )
 from vitviz.errors import VitvizError
+from vitviz.insertion_starts import DEFAULT_INSERTION_START, INSERTION_STARTS
 from vitviz.methods import Method, MethodMap, explain_many
 from vitviz.methods.base import GeometryRecorder, cell_of_pixels, class_logits
 from vitviz.models.families.base import Call
@@ -93,8 +94,6 @@ __all__ = [
 ]
 
 POINTS = 21
-INSERTION_STARTS = ("blur", "mean", "grey", "noise")  # what insertion starts from (module docstring)
-DEFAULT_INSERTION_START = "mean"
 Progress = Callable[[int, int], None]  # (images forwarded so far, images to forward) in this call
 
 
