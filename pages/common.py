@@ -677,17 +677,29 @@ def model_options() -> list[str]:
     return list(offered(allowlist(settings, PRESETS), hub_online()))
 
 
-def target_ui(ranked: Classes, *, key: str, default: int | None = None, default_minus: int | None = None):
+def session_target(ranked: Classes):
+    """The session's target (class and "…minus" of Image & predictions) as a ``Target`` of ``ranked``: the class
+    where ``ranked`` has it (else the top-1), the minus where it is another of ``ranked``'s (else none)."""
+    from vitviz.capture.targets import Target
+
+    known = {p.index for p in ranked.ranked}
+    cls = st.session_state.class_index if st.session_state.class_index in known else ranked.ranked[0].index
+    minus = st.session_state.class_minus if st.session_state.class_minus in known - {cls} else None
+    return Target.of_label(ranked.labels, cls, minus) if ranked.labels else Target.of_class(cls, minus)
+
+
+def target_ui(ranked: Classes, *, key: str, start=None):
     """The explained target: a class (or zero-shot label), optionally minus another; a ``Target``.
 
-    ``ranked``: :func:`classes` of the session's image; ``default``: the class first shown (the top-1);
-    ``default_minus``: the class first subtracted (none unless given and another of ``ranked``'s).
+    ``ranked``: :func:`classes` of the session's image; ``start``: the ``Target`` first shown (default: the
+    top-1 alone).
     """
     from vitviz.capture.targets import Target
 
     names = {p.index: p.label for p in ranked.ranked}
     order = [p.index for p in ranked.ranked]
-    first = default if default in names else order[0]
+    first = start.index if start is not None and start.index in names else order[0]
+    default_minus = None if start is None else start.minus
     what = "Label" if ranked.labels is not None else "Class"
     c1, c2 = st.columns(2)
     index = c1.selectbox(what, order, index=order.index(first), format_func=names.get, key=f"{key}_index")

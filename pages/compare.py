@@ -25,14 +25,13 @@ if ranked is None:
     )
     st.stop()
 labels = ranked.labels  # zero-shot: every method explains the label's score, and the curves follow its probability
-cls = ss.class_index if ss.class_index in {p.index for p in ranked.ranked} else ranked.ranked[0].index
 # the boxes start from the session's target (class and "…minus" of Image & predictions) and follow it when it, the
 # model or the labels change
-minus = ss.class_minus if ss.class_minus in {p.index for p in ranked.ranked} - {cls} else None
+start = common.session_target(ranked)
 common.forget_widgets_unless(
-    (cur.key, cls, minus, None if labels is None else labels.prompts), "compare_target_index", "compare_target_minus"
+    (cur.key, start, None if labels is None else labels.prompts), "compare_target_index", "compare_target_minus"
 )
-target = common.target_ui(ranked, key="compare_target", default=cls, default_minus=minus)
+target = common.target_ui(ranked, key="compare_target", start=start)
 cls = target.index
 name = target.name(cur.model.id2label)
 what = "label" if labels else "class"

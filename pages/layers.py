@@ -82,8 +82,7 @@ else:
                 or "Class-specific relevance needs a classifier; this checkpoint is a backbone."
             )
         else:
-            known = {p.index: p.label for p in ranked.ranked}
-            cls = ss.class_index if ss.class_index in known else ranked.ranked[0].index
+            cls = common.session_target(ranked).index
             b1, b2 = st.columns(2)
             start = views_model.relevance_from_ui(cur, b1)
             minus = common.minus_ui(cur, ranked, cls, b2)

@@ -55,15 +55,13 @@ if upload is not None:
 source_digest = common.digest(source_bytes)
 # The boxes start from the session's target (class and "…minus" of Image & predictions; the target image's top-1
 # unless pinned) and follow it when it, the model or the labels change (indices then mean other things).
-known = {p.index for p in ranked.ranked}
-cls = ss.class_index if ss.class_index in known else ranked.ranked[0].index
-minus = ss.class_minus if ss.class_minus in known - {cls} else None
+start = common.session_target(ranked)
 common.forget_widgets_unless(
-    (cur.key[0], cls, minus, None if ranked.labels is None else ranked.labels.prompts),
+    (cur.key[0], start, None if ranked.labels is None else ranked.labels.prompts),
     "patch_target_index",
     "patch_target_minus",
 )
-target = common.target_ui(ranked, key="patch_target", default=cls, default_minus=minus)
+target = common.target_ui(ranked, key="patch_target", start=start)
 st.caption(f"Source: **{md_plain(source_name)}**; measured: **{md_plain(target.name(cur.model.id2label))}**.")
 
 

@@ -103,14 +103,6 @@ scale = st.radio(
 )
 
 
-def _session_target(ranked: common.Classes) -> Target:
-    """The session's target (class and "…minus" of Image & predictions), where it names classes of ``ranked``."""
-    known = {p.index for p in ranked.ranked}
-    cls = ss.class_index if ss.class_index in known else ranked.ranked[0].index
-    minus = ss.class_minus if ss.class_minus in known - {cls} else None
-    return Target.of_label(ranked.labels, cls, minus) if ranked.labels else Target.of_class(cls, minus)
-
-
 def _target(cur_x: common.Current, label_key: str | None, session: bool):
     """The target a pane explains (``Target``): the chosen zero-shot label (``label_key``); else the session's
     target (``session``: pane A, and pane B where its classes are pane A's, so both explain the same thing); else
@@ -130,7 +122,7 @@ def _target(cur_x: common.Current, label_key: str | None, session: bool):
         )
         return Target.of_label(ranked.labels, pick)
     if session:
-        return _session_target(ranked)
+        return common.session_target(ranked)
     top = ranked.ranked[0].index
     return Target.of_label(ranked.labels, top) if ranked.labels else Target.of_class(top)
 
