@@ -177,6 +177,14 @@ def server_heads(page) -> None:
         toggle.locator("label").click()
 
 
+def open_server_heads(page, server: str, timeout: float = 120) -> None:
+    """The Heads page in its server-drawn view, its main map drawn and the page settled."""
+    page.goto(f"{server}/heads")
+    server_heads(page)
+    wait_for_title(page, "head 0: where CLS looks", timeout=timeout)
+    settle(page)
+
+
 def instant_state(page, timeout: float = 60) -> dict:
     """The instant head view's state (layer, head, query) from its frame, once its maps are decoded."""
     deadline = time.time() + timeout

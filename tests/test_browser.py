@@ -17,6 +17,7 @@ from browser_tools import (
     choose_model,
     decode,
     instant_state,
+    open_server_heads,
     plot_state,
     require_chromium,
     server_heads,
@@ -273,10 +274,7 @@ def test_server_drawn_heads_map_is_visible_without_scrolling_at_1366x768(server,
     the large map's plot area lies inside a 1366 x 768 window before any scrolling, the heads grid beside it."""
     page = browser.new_page(viewport={"width": 1366, "height": 768})
     try:
-        page.goto(f"{server}/heads")
-        server_heads(page)
-        wait_for_title(page, "head 0: where CLS looks", timeout=120)
-        settle(page)
+        open_server_heads(page, server, timeout=120)
         page.evaluate("window.scrollTo(0, 0)")
         main = page.locator(PLOTS).filter(has=page.locator("text=head 0: where")).first
         box = main.bounding_box()

@@ -15,9 +15,9 @@ from browser_tools import (
     FLAGS,
     PLOTS,
     ROOT,
+    open_server_heads,
     plot_state,
     require_chromium,
-    server_heads,
     settle,
     streamlit_server,
     wait_for_title,
@@ -76,10 +76,7 @@ def test_the_lowest_colour_of_a_map_is_its_own_scale_bottom(server, browser):
     """22.5: Inferno starts at #000004; Streamlit's theme used to repaint it pink, at 65 % over a white page."""
     page = browser.new_page(viewport={"width": 1500, "height": 1100})
     try:
-        page.goto(f"{server}/heads")
-        server_heads(page)
-        wait_for_title(page, "head 0: where CLS looks", timeout=90)
-        settle(page)
+        open_server_heads(page, server, timeout=90)
         cell = page.evaluate(MIN_CELL_JS, "head 0: where CLS looks")
         page.mouse.move(5, 5)  # no hover label over the cell
         page.wait_for_timeout(200)
@@ -96,10 +93,7 @@ def test_two_quick_downloads_both_start(server, browser, tmp_path):
     got = []
     page.on("download", lambda d: got.append(d))
     try:
-        page.goto(f"{server}/heads")
-        server_heads(page)
-        wait_for_title(page, "head 0: where CLS looks", timeout=90)
-        settle(page)
+        open_server_heads(page, server, timeout=90)
         page.get_by_role("button", name="Download NPZ").first.click()
         page.wait_for_timeout(120)
         page.get_by_role("button", name="Download CSV").first.click()
@@ -152,10 +146,7 @@ def test_quick_clicks_on_the_heads_map_the_last_click_wins(server, browser):
     loads = []  # plotly.js comes once for the page's life, not with every rerun
     page.on("request", lambda r: loads.append(r.url) if r.url.endswith("/plotly.min.js") else None)
     try:
-        page.goto(f"{server}/heads")
-        server_heads(page)
-        wait_for_title(page, "head 0: where CLS looks", timeout=120)
-        settle(page)
+        open_server_heads(page, server, timeout=120)
         pairs = [((2, 2), (8, 9)), ((5, 1), (10, 6)), ((1, 11), (7, 7))]
         ends = []
         for first, second in pairs:
@@ -191,10 +182,7 @@ def test_a_clickable_map_keeps_its_size_hover_text_and_camera_button(server, bro
 
     page = browser.new_page(viewport={"width": 1500, "height": 1300}, accept_downloads=True)
     try:
-        page.goto(f"{server}/heads")
-        server_heads(page)
-        wait_for_title(page, "head 0: where CLS looks", timeout=120)
-        settle(page)
+        open_server_heads(page, server, timeout=120)
         got = page.evaluate(CLICK_MAP_JS, "head 0: where")
         assert got["height"] == got["layoutHeight"] and abs(got["width"] - got["outer"]) <= 1, got
         plot = page.locator(PLOTS).filter(has=page.locator("text=head 0: where")).first
