@@ -106,7 +106,7 @@ scale = st.radio(
 def _target(cur_x: common.Current, label_key: str | None, session: bool):
     """The target a pane explains (``Target``): the chosen zero-shot label (``label_key``); else the session's
     target (``session``: pane A, and pane B where its classes are pane A's, so both explain the same thing); else
-    the pane's top-1 (pane B of a model whose class indices mean other things)."""
+    a target box of the pane's own (pane B of a model whose class indices mean other things)."""
     ranked = common.classes(cur_x)
     if ranked is None:
         return None
@@ -123,8 +123,18 @@ def _target(cur_x: common.Current, label_key: str | None, session: bool):
         return Target.of_label(ranked.labels, pick)
     if session:
         return common.session_target(ranked)
-    top = ranked.ranked[0].index
-    return Target.of_label(ranked.labels, top) if ranked.labels else Target.of_class(top)
+    return _own_target(cur_x, ranked)
+
+
+def _own_target(cur_x: common.Current, ranked: common.Classes):
+    """Pane B of a model whose classes are not pane A's: a target box of its own (class or label, minus another),
+    starting from its top-1; what was chosen is forgotten with pane B's model, image or labels (indices mean other
+    things then)."""
+    owner = (cur_x.key, None if ranked.labels is None else ranked.labels.prompts)
+    common.forget_widgets_unless(owner, "sbs_b_target_index", "sbs_b_target_minus")
+    what = "label" if ranked.labels is not None else "class"
+    st.markdown(f"**Target of pane B** (its model has other classes; starts from its top-1 {what})")
+    return common.target_ui(ranked, key="sbs_b_target")
 
 
 def _settings(cur_x: common.Current, block: int, target):
@@ -168,7 +178,7 @@ if labels_differ and view != "relevance":
 elif view == "relevance" and not labels_differ:
     st.caption(
         'Relevance explains the session\'s target (the class, and the "…minus" of Image & predictions) in pane A'
-        + (" and in pane B." if same_classes else "; pane B, a model with other classes, its own top-1.")
+        + (" and in pane B." if same_classes else "; pane B, a model with other classes, the target chosen above.")
     )
 
 try:

@@ -179,3 +179,43 @@ def test_relevance_explains_the_sessions_target_in_both_panes_of_one_model():
     no_trouble(at)
     ta, tb = _titles(at)[:2]
     assert want in ta and " minus " not in tb  # its own top-1
+
+
+def test_pane_b_of_a_model_with_other_classes_has_a_target_box_of_its_own():
+    """demo in pane A, demo-clip (labels, not classes) in pane B: pane B's box starts from its top-1 label, a label
+    minus another chosen there is what pane B explains (hand reference), pane A keeps the session's class, and the
+    choice is forgotten when pane B's model changes."""
+    from PIL import Image
+    from target_reference import clip_relevance_by_hand
+
+    from vitviz.capture.run import preprocess
+
+    at = _page()
+    at.radio(key="sbs_view").set_value("relevance").run()
+    at.selectbox(key="sbs_model").set_value("demo-clip").run()
+    no_trouble(at)
+    box = at.selectbox(key="sbs_b_target_index")
+    names = ("circle", "square", "triangle", "cross", "star")  # demo-clip's suggested labels
+    top = box.value
+    assert at.selectbox(key="sbs_b_target_minus").value is None
+    assert f"relevance for label '{names[top]}'" in _titles(at)[1]
+    c, d = [i for i in range(len(names)) if i != top][:2]
+    box.set_value(c).run()
+    at.selectbox(key="sbs_b_target_minus").set_value(d).run()
+    no_trouble(at)
+    ta, tb = _titles(at)[:2]
+    assert f"relevance for label '{names[c]}' minus label '{names[d]}'" in tb, tb
+    assert f"({at.session_state.class_index})" in ta  # pane A: the session's class, untouched
+    clip = load_model("demo-clip", device="cpu")
+    image = Image.open(io.BytesIO(at.session_state.image_bytes)).convert("RGB")
+    pixels = preprocess(clip, [image], (96, 96))[0]
+    prompts = [f"a photo of a {x}." for x in names]
+    np.testing.assert_allclose(
+        _z(at, "B."), clip_relevance_by_hand(clip, pixels, prompts, c, d, (12, 12)), rtol=1e-4, atol=1e-6
+    )
+    at.selectbox(key="sbs_model").set_value("demo-swin").run()  # the same classes as pane A: no box of its own
+    assert not [b for b in at.selectbox if b.key == "sbs_b_target_index"]
+    at.selectbox(key="sbs_model").set_value("demo-clip").run()
+    no_trouble(at)
+    assert at.selectbox(key="sbs_b_target_index").value == top  # forgotten: from its top-1 again
+    assert at.selectbox(key="sbs_b_target_minus").value is None
