@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from pages import common
+from pages import common, targets
 from vitviz.data.images import read_image
 from vitviz.errors import VitvizError
 from vitviz.models.zeroshot import parse_labels, vocabulary_warning
@@ -104,9 +104,9 @@ def labels_ui() -> None:
     if not model.zero_shot:
         return
     st.subheader("Labels (zero-shot)")
-    common.labels_ui(model, key=ss.model_name, sidebar=True)  # the same session state as the pages' boxes
+    targets.labels_ui(model, key=ss.model_name, sidebar=True)  # the same session state as the pages' boxes
     try:
-        labels = parse_labels(*common.labels_text(model))
+        labels = parse_labels(*targets.labels_text(model))
     except VitvizError as exc:
         st.error(f"{exc} The views wait for labels that parse.")
         return

@@ -3,7 +3,7 @@
 import numpy as np
 import streamlit as st
 
-from pages import cached, common, photo, views_causal
+from pages import cached, common, photo, targets, views_causal
 from vitviz.analysis.scales import SCALES
 from vitviz.errors import VitvizError
 from vitviz.methods import METHODS, why_unavailable
@@ -15,7 +15,7 @@ cap, ss = cur.cap, st.session_state
 st.header("Which map can you trust?")
 if cur.model.zero_shot:
     with st.expander("Labels (zero-shot): edit them here or in the sidebar"):
-        common.labels_ui(cur.model, key="compare")
+        targets.labels_ui(cur.model, key="compare")
 ranked = common.classes(cur)
 if ranked is None:
     st.info(
@@ -27,11 +27,11 @@ if ranked is None:
 labels = ranked.labels  # zero-shot: every method explains the label's score, and the curves follow its probability
 # the boxes start from the session's target (class and "…minus" of Image & predictions) and follow it when it, the
 # model or the labels change
-start = common.session_target(ranked)
-common.forget_widgets_unless(
+start = targets.session_target(ranked)
+targets.forget_widgets_unless(
     (cur.key, start, None if labels is None else labels.prompts), "compare_target_index", "compare_target_minus"
 )
-target = common.target_ui(ranked, key="compare_target", start=start)
+target = targets.target_ui(ranked, key="compare_target", start=start)
 cls = target.index
 name = target.name(cur.model.id2label)
 what = "label" if labels else "class"

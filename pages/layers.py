@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from pages import common, photo, views, views_model
+from pages import common, photo, targets, views, views_model
 from vitviz.analysis import maps
 from vitviz.analysis.blocks import global_query
 from vitviz.analysis.stats import SUMMARIES
@@ -82,10 +82,10 @@ else:
                 or "Class-specific relevance needs a classifier; this checkpoint is a backbone."
             )
         else:
-            cls = common.session_target(ranked).index
+            cls = targets.session_target(ranked).index
             b1, b2 = st.columns(2)
             start = views_model.relevance_from_ui(cur, b1)
-            minus = common.minus_ui(cur, ranked, cls, b2)
+            minus = targets.minus_ui(cur, ranked, cls, b2)
             target = Target.of_label(ranked.labels, cls, minus) if ranked.labels else Target.of_class(cls, minus)
             name = target.name(cur.model.id2label)
             explained = views.RelevanceSettings(target, start)

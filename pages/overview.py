@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from pages import common, views_model
+from pages import common, targets, views_model
 from vitviz.capture.targets import Target
 
 cur = common.require_current()
@@ -16,7 +16,7 @@ with left:
 with right:
     if cur.model.zero_shot:
         with st.expander("Labels (zero-shot): edit them here or in the sidebar"):
-            common.labels_ui(cur.model, key="overview")
+            targets.labels_ui(cur.model, key="overview")
     ranked = views_model.draw_predictions(cur, key="predictions")
     if ranked is not None:
         names = {p.index: f"{p.label} ({p.probability:.1%})" for p in ranked.ranked}
@@ -30,7 +30,7 @@ with right:
             format_func=names.get,
             **common.keep("class_index"),
         )
-        minus = common.minus_ui(
+        minus = targets.minus_ui(
             cur,
             ranked,
             ss.class_index,

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from pages import common, photo, views_causal
+from pages import common, photo, targets, views_causal
 from vitviz.data.images import read_image
 from vitviz.errors import VitvizError
 from vitviz.figures.animation import view_stack
@@ -23,7 +23,7 @@ st.caption(
 )
 if cur.model.zero_shot:
     with st.expander("Labels (zero-shot): edit them here or in the sidebar"):
-        common.labels_ui(cur.model, key="patching")
+        targets.labels_ui(cur.model, key="patching")
 ranked = common.classes(cur)
 if ranked is None:
     st.info("Patching measures a class score: it needs a classifier, or labels for a zero-shot model.")
@@ -55,13 +55,13 @@ if upload is not None:
 source_digest = common.digest(source_bytes)
 # The boxes start from the session's target (class and "…minus" of Image & predictions; the target image's top-1
 # unless pinned) and follow it when it, the model or the labels change (indices then mean other things).
-start = common.session_target(ranked)
-common.forget_widgets_unless(
+start = targets.session_target(ranked)
+targets.forget_widgets_unless(
     (cur.key[0], start, None if ranked.labels is None else ranked.labels.prompts),
     "patch_target_index",
     "patch_target_minus",
 )
-target = common.target_ui(ranked, key="patch_target", start=start)
+target = targets.target_ui(ranked, key="patch_target", start=start)
 st.caption(f"Source: **{md_plain(source_name)}**; measured: **{md_plain(target.name(cur.model.id2label))}**.")
 
 

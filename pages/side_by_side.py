@@ -13,7 +13,7 @@ import numpy as np
 import streamlit as st
 from PIL import Image, ImageOps
 
-from pages import common, views
+from pages import common, targets, views
 from vitviz import figures
 from vitviz.capture.targets import Target
 from vitviz.compare import depth_match, difference, token_of
@@ -122,7 +122,7 @@ def _target(cur_x: common.Current, label_key: str | None, session: bool):
         )
         return Target.of_label(ranked.labels, pick)
     if session:
-        return common.session_target(ranked)
+        return targets.session_target(ranked)
     return _own_target(cur_x, ranked)
 
 
@@ -131,10 +131,10 @@ def _own_target(cur_x: common.Current, ranked: common.Classes):
     starting from its top-1; what was chosen is forgotten with pane B's model, image or labels (indices mean other
     things then)."""
     owner = (cur_x.key, None if ranked.labels is None else ranked.labels.prompts)
-    common.forget_widgets_unless(owner, "sbs_b_target_index", "sbs_b_target_minus")
+    targets.forget_widgets_unless(owner, "sbs_b_target_index", "sbs_b_target_minus")
     what = "label" if ranked.labels is not None else "class"
     st.markdown(f"**Target of pane B** (its model has other classes; starts from its top-1 {what})")
-    return common.target_ui(ranked, key="sbs_b_target")
+    return targets.target_ui(ranked, key="sbs_b_target")
 
 
 def _settings(cur_x: common.Current, block: int, target):

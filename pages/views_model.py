@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import streamlit as st
 
-from pages import cached, common
+from pages import cached, common, targets
 from vitviz import figures
 from vitviz.analysis.embeddings import token_norm_outliers
 from vitviz.capture.targets import Target
@@ -304,14 +304,14 @@ def text_relevance_from(cur: common.Current) -> int:
     this model's text tower (0 where it has none)."""
     ss = st.session_state
     ss.setdefault("text_relevance_from", 0)
-    if not 0 <= ss.text_relevance_from < max(common.text_blocks(cur.model), 1):
+    if not 0 <= ss.text_relevance_from < max(targets.text_blocks(cur.model), 1):
         ss.text_relevance_from = 0
     return ss.text_relevance_from
 
 
 def text_relevance_from_ui(cur: common.Current, container=st) -> int:
     """:func:`text_relevance_from` with its box (drawn where the model has text blocks)."""
-    first, n_text = text_relevance_from(cur), common.text_blocks(cur.model)
+    first, n_text = text_relevance_from(cur), targets.text_blocks(cur.model)
     if n_text:
         container.selectbox(
             "Prompt-word relevance runs through",
@@ -336,7 +336,7 @@ def explained(target: Target, name: str) -> str:
 
 def draw_prompt_words(cur: common.Current, target: Target, start_block: int = 0) -> None:
     """Each explained label's prompt, its tokens coloured by their relevance for that label's score."""
-    n_text = common.text_blocks(cur.model)
+    n_text = targets.text_blocks(cur.model)
     for i in (target.index, target.minus):
         if i is None:
             continue
