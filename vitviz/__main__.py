@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import sys
 from pathlib import Path
@@ -170,6 +171,10 @@ def _train_demo(args: argparse.Namespace) -> int:
         if not 0.0 <= args.label_smoothing < 1.0:
             raise UsageError(f"--label-smoothing must be in [0, 1), got {args.label_smoothing}")
         sizes["label_smoothing"] = args.label_smoothing
+    if args.lr is not None:
+        if not (math.isfinite(args.lr) and args.lr > 0):
+            raise UsageError(f"--lr must be a positive number, got {args.lr}")
+        sizes["lr"] = args.lr
     score = train(args.out or folder, seed=args.seed, steps=steps, batch_size=args.batch_size, **sizes)
     accuracy, in_box = _DEMO_GOALS[args.arch]
     return 0 if score.accuracy >= accuracy and score.peak_in_box >= in_box else 1
@@ -423,7 +428,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--label-smoothing",
         type=float,
         default=None,
-        help="vit only: the loss's label smoothing (default 0.1, the bundled demo's; 0: none)",
+        help="vit only: the loss's label smoothing (default 0, the bundled demo's)",
+    )
+    tr.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help="peak learning rate (default: the trainer's; vit 3e-4, swin and clip 1e-3)",
     )
     tr.set_defaults(func=_train_demo)
 

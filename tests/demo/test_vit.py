@@ -54,15 +54,20 @@ def test_train_demo_writes_a_loadable_checkpoint(tmp_path):
     loaded = load_model(str(tmp_path))
     assert loaded.patch_size == 8 and loaded.id2label[4] == "star"
     assert json.loads((tmp_path / "training.json").read_text())["steps"] == 2
-    assert json.loads((tmp_path / "training.json").read_text())["label_smoothing"] == 0.1  # the bundled demo's
+    recipe = json.loads((tmp_path / "training.json").read_text())
+    assert (recipe["label_smoothing"], recipe["lr"]) == (0.0, 3e-4)  # the bundled demo's recipe is the default
 
 
-def test_train_demo_label_smoothing_is_a_choice_recorded_and_checked(tmp_path, capsys):
+def test_train_demo_label_smoothing_and_lr_are_choices_recorded_and_checked(tmp_path, capsys):
     from vitviz.__main__ import main
 
     argv = ["train-demo", "--out", str(tmp_path), "--steps", "2", "--batch-size", "8", "--train-images", "32"]
-    assert main([*argv, "--held-out", "20", "--label-smoothing", "0"]) in (0, 1)  # 1: goals not met in 2 steps
-    assert json.loads((tmp_path / "training.json").read_text())["label_smoothing"] == 0.0
+    assert main([*argv, "--held-out", "20", "--label-smoothing", "0.1", "--lr", "1e-3"]) in (0, 1)  # 1: goals unmet
+    recipe = json.loads((tmp_path / "training.json").read_text())
+    assert (recipe["label_smoothing"], recipe["lr"]) == (0.1, 1e-3)
     for bad in (["--label-smoothing", "1.5"], ["--arch", "clip", "--label-smoothing", "0"]):
         assert main([*argv, *bad]) == 2
         assert "--label-smoothing" in capsys.readouterr().err
+    for bad in ("0", "-1e-3", "nan", "inf"):
+        assert main([*argv, f"--lr={bad}"]) == 2  # "=": argparse reads a lone "-1e-3" as an option
+        assert "--lr must be a positive number" in capsys.readouterr().err
