@@ -58,6 +58,13 @@ def test_train_demo_writes_a_loadable_checkpoint(tmp_path):
     assert (recipe["label_smoothing"], recipe["lr"]) == (0.0, 3e-4)  # the bundled demo's recipe is the default
 
 
+def test_the_bundled_demo_records_the_default_recipe():
+    """The shipped model was trained by ``train-demo``'s defaults (no label smoothing, lr 3e-4, seed 0)."""
+    recipe = json.loads((DEMO_DIR / "training.json").read_text())
+    assert (recipe["seed"], recipe["steps"], recipe["lr"], recipe["label_smoothing"]) == (0, 2000, 3e-4, 0.0)
+    assert recipe["held_out"]["accuracy"] >= 0.95 and recipe["held_out"]["peak_in_box"] >= 0.90
+
+
 def test_train_demo_label_smoothing_and_lr_are_choices_recorded_and_checked(tmp_path, capsys):
     from vitviz.__main__ import main
 

@@ -1,14 +1,11 @@
-"""Relevance on the demo model's squares: vitviz against an independent reference, and why it misses the square.
+"""Relevance on the demo model's squares: vitviz against an independent reference, and that it finds the square.
 
-The README (faithfulness section) reports that on the demo's *square* images relevance is near
-zero on the square itself. These tests show that this is the rule's output on this model, not a
-bug: vitviz's map equals a from-scratch Chefer et al. 2021 relevance (the class logit's gradient
-with respect to Hugging Face's own ``output_attentions``, read from the CLS row, class "square" by
-``id2label``) to float rounding; and that it comes from the model's saturation: the demo was
-trained with label smoothing 0.1, so every image sits at p = 0.92 with its logit pinned, the
-local gradient that the rule multiplies with the attention is near zero and negative on the
-square's tokens, while path methods (Integrated Gradients) put the evidence on the square, and
-the same rule at reduced contrast (the image 25 % of the way from its mean colour) does too.
+The demo shipped before (trained with label smoothing 0.1) put relevance beside the square on its
+square images, and the README told why (its logit pinned at p = 0.92, the local gradient near zero
+and negative there). The bundled demo, trained without it, is the model these tests read: vitviz's
+map equals a from-scratch Chefer et al. 2021 relevance (the class logit's gradient with respect to
+Hugging Face's own ``output_attentions``, read from the CLS row, class "square" by ``id2label``) to
+float rounding, and its top cells now lie on the square.
 """
 
 from __future__ import annotations
@@ -74,17 +71,25 @@ def test_relevance_on_squares_equals_an_independent_reference(demo, hf_model):
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-9)
 
 
-def test_relevance_misses_the_square_because_the_model_is_saturated(demo, hf_model):
-    rel, ig, low = [], [], []
+def _in_box(box) -> np.ndarray:
+    """``(12, 12)`` bool: the cells whose centre lies in the shape's box."""
+    x0, y0, x1, y1 = box
+    c = np.arange(12) * 8 + 4
+    return ((c[:, None] >= y0) & (c[:, None] < y1)) & ((c[None, :] >= x0) & (c[None, :] < x1))
+
+
+def test_relevance_finds_the_square(demo):
+    """The first 8 cells an insertion curve restores (relevance's top 8 of 144) lie in the square's box about half
+    the time, and its positive mass there exceeds the box's share of the cells (what a flat map gives). The
+    label-smoothed demo shipped before gave 0.02 and 0.06 (a share *below* the box's 0.17): README."""
+    top8, share, cells, ig = [], [], [], []
     for s in _squares(6):
-        with torch.no_grad():
-            p = hf_model(pixel_values=_pixels(s.image)).logits.softmax(-1)[0, SQUARE].item()
-        assert p == pytest.approx(0.92, abs=2e-3)  # label smoothing 0.1 over 5 classes: 0.9 + 0.1 / 5
-        rel.append(_box_share(explain(demo, s.image, "relevance", target=SQUARE).values, s.box))
+        values = explain(demo, s.image, "relevance", target=SQUARE).values
+        inside = _in_box(s.box)
+        top8.append(inside.ravel()[np.argsort(-values.ravel(), kind="stable")[:8]].mean())
+        share.append(_box_share(values, s.box))
+        cells.append(inside.mean())
         ig.append(_box_share(explain(demo, s.image, "integrated_gradients", target=SQUARE).values, s.box))
-        arr = np.asarray(s.image, dtype=np.float32)
-        mean = arr.reshape(-1, 3).mean(0)
-        low.append(_box_share(_reference_relevance(hf_model, _pixels(mean + 0.25 * (arr - mean)), SQUARE), s.box))
-    assert np.mean(rel) < 0.2  # measured 0.07 over the 48 squares of seeds 0..299
-    assert np.mean(ig) > 0.8  # measured 0.905
-    assert np.mean(low) > 0.5  # measured 0.77: at reduced contrast the same rule finds the square
+    assert np.mean(top8) > 0.35  # measured 0.52 (0.56 over the 48 squares of seeds 0..299)
+    assert np.mean(share) > np.mean(cells)  # measured 0.25 against 0.17
+    assert np.mean(ig) > 0.8  # measured 0.93: the path method agrees

@@ -28,9 +28,8 @@ Definitions (``ALGORITHMS.md``, "Faithfulness"). A map ``m`` on the first stage'
 
   The default, :data:`DEFAULT_INSERTION_START`, is ``mean``: on held-out demo images
   (colour is the evidence there) relevance and rollout insert faster than random under
-  it on more images than not (sign test, ``Results.versus``), and not under ``blur``;
-  relevance's *mean* area stays below random's, from the squares alone (README, "Which
-  map can you trust?").
+  it, on more images than not (sign test, ``Results.versus``) and by the mean area, and
+  not under ``blur`` (README, "Which map can you trust?").
 * **Area**: the trapezoid rule over the fraction ``k / N`` in [0, 1].
 * **Peak in box**: the cell with the largest value (ties: lowest index) has its centre
   inside the object's box ``(x0, y0, x1, y1)`` in pixels of the model input (x1, y1
