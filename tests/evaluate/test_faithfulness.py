@@ -20,6 +20,7 @@ from vitviz.evaluate.faithfulness import (
     peak_in_box,
     trapezoid_area,
 )
+from vitviz.insertion_starts import DEFAULT_INSERTION_START
 from vitviz.methods import explain, explain_many
 from vitviz.models.load import load_model
 
@@ -221,12 +222,14 @@ def test_images_no_map_changes_are_forwarded_once(tiny_models):
 
 
 def test_rollout_and_relevance_beat_random_on_the_demo(demo_model):
-    """Deletion areas on five shapes images (lower is better); measured numbers are in the report.
+    """Deletion and insertion areas on five shapes images; measured numbers are in the README.
 
-    Only the ordering of the means is asserted: rollout and relevance below the mean of
-    the random baseline over two seeds.
+    Only the ordering of the means is asserted: rollout and relevance delete faster (lower area) and insert
+    faster from the default start, the image's mean colour (higher area), than the mean of the random baseline
+    over two seeds (measured: insertion 0.983 and 0.983 against 0.948).
     """
     areas = {"rollout": [], "relevance": [], "random": []}
+    inserted = {"rollout": [], "relevance": [], "random": []}
     for i in range(5):
         s = make_sample(5000 + i)
         maps = explain_many(demo_model, s.image, ["rollout", "relevance"], class_index=s.label)
@@ -236,9 +239,15 @@ def test_rollout_and_relevance_beat_random_on_the_demo(demo_model):
         areas["rollout"].append(scored[0].deletion_area)
         areas["relevance"].append(scored[1].deletion_area)
         areas["random"].append(np.mean([f.deletion_area for f in scored[2:]]))
+        inserted["rollout"].append(scored[0].insertion_area)
+        inserted["relevance"].append(scored[1].insertion_area)
+        inserted["random"].append(np.mean([f.insertion_area for f in scored[2:]]))
+    assert {f.insertion_start for f in scored} == {DEFAULT_INSERTION_START} == {"mean"}
     means = {k: float(np.mean(v)) for k, v in areas.items()}
     print("demo deletion areas (mean of 5 images):", {k: round(v, 3) for k, v in means.items()})
     assert means["rollout"] < means["random"] and means["relevance"] < means["random"]
+    ins = {k: float(np.mean(v)) for k, v in inserted.items()}
+    assert ins["rollout"] > ins["random"] and ins["relevance"] > ins["random"], ins
 
 
 def test_evaluate_methods_scores_every_available_method(tiny_models):
