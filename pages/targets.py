@@ -26,8 +26,8 @@ def session_target(ranked: Classes):
 def target_ui(ranked: Classes, *, key: str, start=None):
     """The explained target: a class (or zero-shot label), optionally minus another; a ``Target``.
 
-    ``ranked``: :func:`classes` of the session's image; ``start``: the ``Target`` first shown (default: the
-    top-1 alone).
+    ``ranked``: :func:`pages.common.classes` of the image explained; ``start``: the ``Target`` first shown
+    (default: the top-1 alone).
     """
     from vitviz.capture.targets import Target
 
