@@ -30,6 +30,7 @@ from pages import click_chart
 from vitviz.cache import BoundedCache
 from vitviz.capture import run as vcapture
 from vitviz.capture.run import predictions_from_logits
+from vitviz.capture.targets import Target
 from vitviz.data.images import configure as configure_images
 from vitviz.data.images import read_image
 from vitviz.errors import VitvizError
@@ -356,6 +357,11 @@ class Classes:
 
     def prompt(self, index: int) -> str | None:
         return None if self.labels is None else self.labels.prompts[index]
+
+    def target(self, index: int, minus: int | None = None) -> Target:
+        """Class or label ``index`` (minus ``minus``) as the ``Target`` the methods explain: a label's score for a
+        zero-shot model, else a class logit."""
+        return Target.of_label(self.labels, index, minus) if self.labels else Target.of_class(index, minus)
 
     def rerank(self, logits: np.ndarray, id2label: dict[int, str] | None) -> tuple[Prediction, ...]:
         """The same classes ranked by other logits (after a knock-out), probabilities by the same rule."""

@@ -6,7 +6,7 @@ from pages import common, photo, targets, views, views_model
 from vitviz.analysis import maps
 from vitviz.analysis.blocks import global_query
 from vitviz.analysis.stats import SUMMARIES
-from vitviz.capture.targets import Target, targets_arrays
+from vitviz.capture.targets import targets_arrays
 from vitviz.errors import VitvizError
 from vitviz.figures.animation import view_stack
 from vitviz.tables import long_table
@@ -86,7 +86,7 @@ else:
             b1, b2 = st.columns(2)
             start = views_model.relevance_from_ui(cur, b1)
             minus = targets.minus_ui(cur, ranked, cls, b2)
-            target = Target.of_label(ranked.labels, cls, minus) if ranked.labels else Target.of_class(cls, minus)
+            target = ranked.target(cls, minus)
             name = target.name(cur.model.id2label)
             explained = views.RelevanceSettings(target, start)
             try:

@@ -3,7 +3,6 @@
 import streamlit as st
 
 from pages import common, targets, views_model
-from vitviz.capture.targets import Target
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
@@ -52,11 +51,7 @@ with right:
 views_model.draw_token_sequence(cur, key="sequence")
 
 if ranked is not None:
-    target = (
-        Target.of_label(ranked.labels, ss.class_index, minus)
-        if ranked.labels
-        else Target.of_class(ss.class_index, minus)
-    )
+    target = ranked.target(ss.class_index, minus)
     st.subheader(f"What the {'label' if ranked.labels else 'class'}'s score rests on: relevance")
     ss.setdefault("overview_relevance", True)
     shown = st.toggle(

@@ -15,7 +15,6 @@ from PIL import Image, ImageOps
 
 from pages import common, targets, views
 from vitviz import figures
-from vitviz.capture.targets import Target
 from vitviz.compare import depth_match, difference, token_of
 from vitviz.errors import VitvizError
 from vitviz.text import md_plain, plotly_plain
@@ -120,7 +119,7 @@ def _target(cur_x: common.Current, label_key: str | None, session: bool):
             format_func=lambda i: names[i],
             key=label_key,
         )
-        return Target.of_label(ranked.labels, pick)
+        return ranked.target(pick)
     if session:
         return targets.session_target(ranked)
     return _own_target(cur_x, ranked)

@@ -15,12 +15,10 @@ from vitviz.models.load import LoadedModel
 def session_target(ranked: Classes):
     """The session's target (class and "…minus" of Image & predictions) as a ``Target`` of ``ranked``: the class
     where ``ranked`` has it (else the top-1), the minus where it is another of ``ranked``'s (else none)."""
-    from vitviz.capture.targets import Target
-
     known = {p.index for p in ranked.ranked}
     cls = st.session_state.class_index if st.session_state.class_index in known else ranked.ranked[0].index
     minus = st.session_state.class_minus if st.session_state.class_minus in known - {cls} else None
-    return Target.of_label(ranked.labels, cls, minus) if ranked.labels else Target.of_class(cls, minus)
+    return ranked.target(cls, minus)
 
 
 def target_ui(ranked: Classes, *, key: str, start=None):
@@ -29,8 +27,6 @@ def target_ui(ranked: Classes, *, key: str, start=None):
     ``ranked``: :func:`pages.common.classes` of the image explained; ``start``: the ``Target`` first shown
     (default: the top-1 alone).
     """
-    from vitviz.capture.targets import Target
-
     names = {p.index: p.label for p in ranked.ranked}
     order = [p.index for p in ranked.ranked]
     first = start.index if start is not None and start.index in names else order[0]
@@ -47,11 +43,7 @@ def target_ui(ranked: Classes, *, key: str, start=None):
         key=f"{key}_minus",
         help=f"Explain the difference of two scores: {what.lower()} A's minus {what.lower()} B's (before softmax).",
     )
-    if minus == index:
-        minus = None
-    if ranked.labels is not None:
-        return Target.of_label(ranked.labels, index, minus)
-    return Target.of_class(index, minus)
+    return ranked.target(index, None if minus == index else minus)
 
 
 def labels_text(model: LoadedModel) -> tuple[str, str]:
