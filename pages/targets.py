@@ -90,13 +90,6 @@ def labels_ui(model: LoadedModel, *, key: str, sidebar: bool = False) -> None:
     )
 
 
-def text_blocks(model: LoadedModel) -> int:
-    """How many blocks the text tower of a zero-shot model has (0: none whose attention vitviz reads)."""
-    from vitviz.models.text_hooks import install_text_hooks
-
-    return install_text_hooks(model.model) if getattr(model, "zero_shot", False) else 0
-
-
 def forget_widgets_unless(owner, *keys: str) -> None:
     """Drop the widget state of ``keys`` when ``owner`` (what their values refer to: the model, its labels, the
     session's class) is no longer what it was when they were last drawn: class and label indices mean

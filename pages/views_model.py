@@ -28,11 +28,12 @@ from dataclasses import dataclass
 import numpy as np
 import streamlit as st
 
-from pages import cached, common, targets
+from pages import cached, common
 from vitviz import figures
 from vitviz.analysis.embeddings import token_norm_outliers
 from vitviz.capture.targets import Target
 from vitviz.errors import VitvizError
+from vitviz.models.load import LoadedModel
 from vitviz.tables import long_table
 from vitviz.text import md_plain, plotly_plain
 
@@ -299,19 +300,26 @@ def relevance_from_ui(cur: common.Current, container=st, label: str = "Relevance
     return ss.relevance_from
 
 
+def text_blocks(model: LoadedModel) -> int:
+    """How many blocks the text tower of a zero-shot model has (0: none whose attention vitviz reads)."""
+    from vitviz.models.text_hooks import install_text_hooks
+
+    return install_text_hooks(model.model) if getattr(model, "zero_shot", False) else 0
+
+
 def text_relevance_from(cur: common.Current) -> int:
     """The text blocks prompt-word relevance runs through: the session's ``text_relevance_from``, kept inside
     this model's text tower (0 where it has none)."""
     ss = st.session_state
     ss.setdefault("text_relevance_from", 0)
-    if not 0 <= ss.text_relevance_from < max(targets.text_blocks(cur.model), 1):
+    if not 0 <= ss.text_relevance_from < max(text_blocks(cur.model), 1):
         ss.text_relevance_from = 0
     return ss.text_relevance_from
 
 
 def text_relevance_from_ui(cur: common.Current, container=st) -> int:
     """:func:`text_relevance_from` with its box (drawn where the model has text blocks)."""
-    first, n_text = text_relevance_from(cur), targets.text_blocks(cur.model)
+    first, n_text = text_relevance_from(cur), text_blocks(cur.model)
     if n_text:
         container.selectbox(
             "Prompt-word relevance runs through",
@@ -336,7 +344,7 @@ def explained(target: Target, name: str) -> str:
 
 def draw_prompt_words(cur: common.Current, target: Target, start_block: int = 0) -> None:
     """Each explained label's prompt, its tokens coloured by their relevance for that label's score."""
-    n_text = targets.text_blocks(cur.model)
+    n_text = text_blocks(cur.model)
     for i in (target.index, target.minus):
         if i is None:
             continue
