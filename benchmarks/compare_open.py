@@ -3,7 +3,7 @@
 :func:`compare_first_open`: in a fresh interpreter per run, torch, transformers and the demo model
 are loaded first (the app has them before any page opens: *not* counted), one plain forward of
 the image is timed (``class_logits`` under ``inference_mode``, median of 5 after a warm-up), then
-what the page's first open computes (``pages.common.get_method_maps`` -> ``vitviz.methods.explain_many``
+what the page's first open computes (``ui.common.get_method_maps`` -> ``vitviz.methods.explain_many``
 with every method, the image's capture included) is timed from ``import vitviz.methods`` on:
 the first call in the process, so every lazy import and first-call cost is in it. Each method's
 seconds come from ``explain_many``'s progress callback. A second call on another image gives

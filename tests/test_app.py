@@ -535,7 +535,7 @@ def test_the_heads_query_box_sets_the_query_and_a_stale_box_does_not():
 def _stale_callback():
     import streamlit as st
 
-    from pages.common import pick_query
+    from ui.common import pick_query
 
     ss = st.session_state
     ss.update(query=1, query_stage=0, _query_drawn=(0, 1), query_pick_0_0=0, query_pick_0_1=5)

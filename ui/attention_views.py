@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import streamlit as st
 
-from pages import cached, common
+from ui import cached, common
 from vitviz import figures
 from vitviz.analysis.blocks import HeadMaps, global_query, head_maps, row_map, select, window_edges
 from vitviz.analysis.masks import mass_masks
