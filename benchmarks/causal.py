@@ -35,7 +35,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from vitviz.capture.causal import fast_estimate, head_importance  # noqa: E402
-from vitviz.capture.run import preprocess  # noqa: E402
+from vitviz.capture.forward import preprocess  # noqa: E402
 from vitviz.models.load import load_model  # noqa: E402
 
 __all__ = ["head_importance_cost", "one_run_views", "fast_vs_exact_rank_correlation", "spearman"]

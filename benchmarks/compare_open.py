@@ -52,7 +52,7 @@ import json, statistics, time
 import torch, transformers  # noqa: F401
 from vitviz.models.load import load_model
 from vitviz.data.shapes import make_sample
-from vitviz.capture.run import input_size_for, preprocess
+from vitviz.capture.forward import input_size_for, preprocess
 
 loaded = load_model("demo", device="cpu")
 image, other = make_sample(1).image, make_sample(2).image
@@ -94,7 +94,7 @@ from app_tools import APP, no_trouble
 from streamlit.testing.v1 import AppTest
 from vitviz.models.load import load_model
 from vitviz.data.shapes import make_sample
-from vitviz.capture.run import input_size_for, preprocess
+from vitviz.capture.forward import input_size_for, preprocess
 
 at = AppTest.from_file(APP, default_timeout=600)
 at.run()

@@ -252,7 +252,7 @@ def distinct_images(count: int, *, gap: float = 0.005, seed: int = 0) -> tuple[l
     """
     from PIL import Image
 
-    from vitviz.capture.run import capture
+    from vitviz.capture.forward import capture
     from vitviz.data.images import read_image
     from vitviz.data.shapes import make_sample
     from vitviz.models.load import load_model

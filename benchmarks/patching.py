@@ -35,8 +35,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from vitviz.analysis.patching import rank_correlation  # noqa: E402
+from vitviz.capture.forward import preprocess  # noqa: E402
 from vitviz.capture.patching import activation_patching  # noqa: E402
-from vitviz.capture.run import preprocess  # noqa: E402
 from vitviz.capture.session import clear_runs  # noqa: E402
 from vitviz.models.load import load_model  # noqa: E402
 

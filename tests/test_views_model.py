@@ -15,7 +15,7 @@ from streamlit.testing.v1 import AppTest
 from target_reference import relevance_by_hand
 from test_page_views import _array, _charts, _tiles
 
-from vitviz.capture.run import preprocess
+from vitviz.capture.forward import preprocess
 from vitviz.models.load import load_model
 
 ROOT = str(Path(__file__).resolve().parents[1])

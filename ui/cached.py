@@ -17,7 +17,7 @@ from ui import common
 from vitviz.analysis.embeddings import patch_components, position_similarity
 from vitviz.analysis.rollout import capture_rollout
 from vitviz.cache import BoundedCache
-from vitviz.capture import run as vcapture
+from vitviz.capture import forward as vcapture
 from vitviz.capture.gradients import explain_targets
 from vitviz.data.images import read_image
 from vitviz.models.load import LoadedModel

@@ -29,8 +29,8 @@ import streamlit as st
 from ui import click_chart
 from ui.navigation import leave_folder_mode
 from vitviz.cache import BoundedCache
-from vitviz.capture import run as vcapture
-from vitviz.capture.run import predictions_from_logits
+from vitviz.capture import forward as vcapture
+from vitviz.capture.forward import predictions_from_logits
 from vitviz.capture.targets import Target
 from vitviz.data.images import configure as configure_images
 from vitviz.data.images import read_image

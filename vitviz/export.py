@@ -15,7 +15,7 @@ from vitviz.analysis.embeddings import position_similarity
 from vitviz.analysis.rollout import capture_rollout
 from vitviz.analysis.stats import summary_table
 from vitviz.capture.causal import NotDefined, causal_arrays
-from vitviz.capture.run import Capture, capture_batch
+from vitviz.capture.forward import Capture, capture_batch
 from vitviz.capture.targets import Target, targets_arrays
 from vitviz.cli_checks import unique_targets
 from vitviz.data.images import load_image

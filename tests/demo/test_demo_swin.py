@@ -8,7 +8,7 @@ from PIL import Image
 
 from vitviz.__main__ import main
 from vitviz.analysis.rollout import capture_rollout
-from vitviz.capture.run import capture_batch
+from vitviz.capture.forward import capture_batch
 from vitviz.data import shapes as demo_data
 from vitviz.demo.swin import SWIN_DEMO_DIR
 from vitviz.demo.vit import peak_in_box

@@ -255,7 +255,7 @@ def test_relevance_from_a_later_block_in_evaluate(demo, demo_csv: Path, tmp_path
 def test_zero_shot_labels_are_the_classes(demo_csv: Path, tmp_path: Path, capsys) -> None:
     import torch
 
-    from vitviz.capture.run import input_size_for, preprocess
+    from vitviz.capture.forward import input_size_for, preprocess
 
     clip = load_model("demo-clip", device="cpu")
     names = ["circle", "square", "triangle", "cross", "star"]

@@ -15,7 +15,7 @@ import torch
 from conftest import FAMILY_KEYS, HIER_KEYS, MODERN_KEYS, TINY, random_image
 
 from vitviz.capture import causal as C
-from vitviz.capture.run import input_size_for, preprocess
+from vitviz.capture.forward import input_size_for, preprocess
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

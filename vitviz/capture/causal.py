@@ -137,7 +137,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitviz.capture.run import DEFAULT_BUDGET_BYTES, check_budget, input_size_for
+from vitviz.capture.forward import DEFAULT_BUDGET_BYTES, check_budget, input_size_for
 from vitviz.capture.session import NoScores, Run, Scorer, get_run, scorer_for
 from vitviz.errors import CaptureError, VitvizError
 from vitviz.models.families.base import ReadoutHead
@@ -931,11 +931,11 @@ def capture_knocked_out(
 ):
     """The capture of the image with ``heads`` knocked out, and the knock-out's logits against the clean ones.
 
-    One clean run (for the mean values), then :func:`vitviz.capture.run.capture` with the
+    One clean run (for the mean values), then :func:`vitviz.capture.forward.capture` with the
     knock-out in place, so every block after the first knocked-out one shows the attention
     the model computes without those heads. Returns ``(Capture, Knockout)``.
     """
-    from vitviz.capture.run import capture
+    from vitviz.capture.forward import capture
 
     _check_mode(mode)
     clean = _clean_run(loaded, image, size, budget_bytes, label_embeddings)

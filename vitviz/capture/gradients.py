@@ -25,7 +25,7 @@ import torch
 from PIL import Image
 
 from vitviz.analysis.relevance import Explanation, relevance_abar, relevance_row
-from vitviz.capture.run import (
+from vitviz.capture.forward import (
     DEFAULT_BUDGET_BYTES,
     BlockRecorder,
     build_stages,

@@ -66,7 +66,7 @@ from PIL import Image
 
 from vitviz.analysis.patching import head_estimate, residual_estimate
 from vitviz.capture.causal import NotDefined, causal_notes
-from vitviz.capture.run import DEFAULT_BUDGET_BYTES, check_budget, input_size_for, token_layout
+from vitviz.capture.forward import DEFAULT_BUDGET_BYTES, check_budget, input_size_for, token_layout
 from vitviz.capture.session import Activations, Run, get_activations, get_run
 from vitviz.capture.targets import Target, TargetError, resolve_target
 from vitviz.errors import VitvizError

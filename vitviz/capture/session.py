@@ -3,7 +3,7 @@
 One forward pass fills, at once:
 
 * ``capture``: the frozen record (:class:`~vitviz.record.Capture`) the Heads,
-  Rollout and Stats views read, exactly as :func:`vitviz.capture.run.capture` gives it;
+  Rollout and Stats views read, exactly as :func:`vitviz.capture.forward.capture` gives it;
 * every named point (:mod:`vitviz.models.points`): the residual stream at each
   block's input and output, each block's heads' outputs ``z`` (``blocks.{i}.attn.z``,
   ``(1, T, H * d)``), each MLP's output, the attention patterns;
@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitviz.capture.run import (
+from vitviz.capture.forward import (
     DEFAULT_BUDGET_BYTES,
     BlockRecorder,
     SummaryRecorder,

@@ -57,7 +57,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitviz.capture.run import (
+from vitviz.capture.forward import (
     DEFAULT_BUDGET_BYTES,
     check_budget,
     input_size_for,

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitviz.capture.run import BlockRecorder, capture, input_size_for, preprocess, run_forward, token_layout
+from vitviz.capture.forward import BlockRecorder, capture, input_size_for, preprocess, run_forward, token_layout
 from vitviz.capture.targets import BoundTarget, Target, TargetError, resolve_target
 from vitviz.errors import VitvizError
 from vitviz.models.families.base import Call

@@ -35,7 +35,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from vitviz.capture.run import BlockRecorder, preprocess, run_forward
+from vitviz.capture.forward import BlockRecorder, preprocess, run_forward
 from vitviz.capture.targets import BoundTarget
 from vitviz.errors import CaptureError
 from vitviz.methods.base import Inputs, Method
