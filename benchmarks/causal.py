@@ -54,7 +54,7 @@ def one_run_views(folder: str | Path, *, runs: int = 3) -> dict:
     from vitviz.analysis.rollout import capture_rollout
     from vitviz.capture.causal import direct_logit_attribution, logit_lens
     from vitviz.capture.gradients import explain_classes
-    from vitviz.capture.session import clear_runs, get_run
+    from vitviz.capture.run import clear_runs, get_run
 
     loaded = load_model(str(folder))
     rng = np.random.default_rng(0)

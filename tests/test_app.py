@@ -12,7 +12,7 @@ from app_tools import APP
 from streamlit.testing.v1 import AppTest
 
 import vitviz.capture.forward
-import vitviz.capture.session
+import vitviz.capture.run
 
 PAGES = [p for p in app_tools.PAGES if p != "pages/dataset.py"]  # the Data set page: tests/test_app_dataset.py
 
@@ -192,8 +192,8 @@ def test_changing_controls_runs_no_forward_pass(monkeypatch):
     calls = []
     real = vitviz.capture.forward.capture_batch
     monkeypatch.setattr(vitviz.capture.forward, "capture_batch", lambda *a, **k: calls.append(1) or real(*a, **k))
-    real_run = vitviz.capture.session._make_run  # the pages' capture is the image's Run's
-    monkeypatch.setattr(vitviz.capture.session, "_make_run", lambda *a, **k: calls.append(1) or real_run(*a, **k))
+    real_run = vitviz.capture.run._make_run  # the pages' capture is the image's Run's
+    monkeypatch.setattr(vitviz.capture.run, "_make_run", lambda *a, **k: calls.append(1) or real_run(*a, **k))
     at = _app("pages/heads.py")
     before = len(calls)
     at.slider(key="_w_layer").set_value(0).run()
@@ -336,8 +336,8 @@ def test_zero_shot_labels_change_without_a_new_capture(modern_dirs, monkeypatch)
     calls = []
     real = vitviz.capture.forward.capture_batch
     monkeypatch.setattr(vitviz.capture.forward, "capture_batch", lambda *a, **k: calls.append(1) or real(*a, **k))
-    real_run = vitviz.capture.session._make_run  # the pages' capture is the image's Run's
-    monkeypatch.setattr(vitviz.capture.session, "_make_run", lambda *a, **k: calls.append(1) or real_run(*a, **k))
+    real_run = vitviz.capture.run._make_run  # the pages' capture is the image's Run's
+    monkeypatch.setattr(vitviz.capture.run, "_make_run", lambda *a, **k: calls.append(1) or real_run(*a, **k))
     at = _app()
     _choose_model(at, str(modern_dirs["clip"]))
     _no_trouble(at)

@@ -168,7 +168,7 @@ def test_causal_export_runs_one_clean_forward_per_image(patch, shapes, demo_mode
     source of a patch adds one light forward (shared by every target)."""
     import vitviz.models.load as load
     from vitviz.capture.forward import capture
-    from vitviz.capture.session import clear_runs
+    from vitviz.capture.run import clear_runs
 
     target, source = shapes
     clear_runs()

@@ -155,7 +155,7 @@ def last_resort(exc: BaseException, where: str) -> str:
 @st.cache_resource(show_spinner=False)
 def model_cache() -> ModelCache:
     """Loaded models, bounded by the memory their parameters take; the least recently used go first."""
-    from vitviz.capture.session import clear_runs
+    from vitviz.capture.run import clear_runs
 
     # an evicted model's cached runs hold it (and their graphs): drop them so its memory really goes
     return ModelCache.from_settings(serve_settings(), on_evict=lambda loaded: clear_runs(loaded.model))
@@ -270,9 +270,9 @@ def get_capture(
 ) -> vcapture.Capture:
     """The capture of the session's image: one forward pass per (model, image, size), in the server's queue.
 
-    It is the capture of the image's Run (``vitviz.capture.session``), so the causal views and relevance of the
+    It is the capture of the image's Run (``vitviz.capture.run``), so the causal views and relevance of the
     same image read that forward instead of making their own."""
-    from vitviz.capture.session import get_run
+    from vitviz.capture.run import get_run
 
     def compute() -> vcapture.Capture:
         image = read_image(image_bytes, max_bytes=upload_limit()).image

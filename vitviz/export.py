@@ -297,9 +297,9 @@ def export_images(
 
 
 def _run_captures(loaded: LoadedModel, images, names, stems, size, label_embeddings, report: ExportReport):
-    """The capture of each image's :class:`~vitviz.capture.session.Run` (the one clean forward that the causal
+    """The capture of each image's :class:`~vitviz.capture.run.Run` (the one clean forward that the causal
     arrays, the per-patch lens and patching read too); images whose run fails are reported and left out."""
-    from vitviz.capture.session import NoScores, get_run
+    from vitviz.capture.run import NoScores, get_run
 
     kept: tuple[list, list, list, list] = ([], [], [], [])
     for image, name, stem in zip(images, names, stems, strict=True):

@@ -1,4 +1,4 @@
-"""The Run (vitviz.capture.session): one clean forward that Heads, Rollout, Relevance and Causal all read."""
+"""The Run (vitviz.capture.run): one clean forward that Heads, Rollout, Relevance and Causal all read."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import Counter, random_image
 
-from vitviz.capture import session as S
+from vitviz.capture import run as S
 from vitviz.capture.forward import capture, input_size_for, preprocess
 from vitviz.models.points import Edit
 

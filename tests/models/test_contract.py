@@ -74,7 +74,7 @@ def every_family(tiny_models, hier_dirs, modern_dirs, tmp_path_factory):
 
 @pytest.mark.parametrize("key", FAMILY_KEYS + HIER_KEYS + MODERN_KEYS + ZOO_KEYS)
 def test_every_family_keeps_the_contract(every_family, key):
-    from vitviz.capture.session import get_run
+    from vitviz.capture.run import get_run
     from vitviz.models.families.base import BlockParts
     from vitviz.models.hooks import installed_sites
     from vitviz.models.points import block_name, installed_points

@@ -7,7 +7,7 @@ once. As each block finishes, its float32 probabilities are reduced to what the
 record keeps: a float16 copy in native form for display, the float32 head mean
 (rollout reads it), and float32 per-head summaries (mean attention distance,
 entropy). The float32 weights of a block are released before the next block runs.
-A :class:`~vitviz.capture.session.Run` keeps them anyway (its graph holds them), so its
+A :class:`~vitviz.capture.run.Run` keeps them anyway (its graph holds them), so its
 summaries are computed when first read (:class:`~vitviz.record.Summaries`).
 """
 

@@ -151,7 +151,7 @@ class Inputs:
     @property
     def capture(self) -> Capture:
         if self._capture is None:  # the image's Run's, where a view made one (no second forward)
-            from vitviz.capture.session import peek_run
+            from vitviz.capture.run import peek_run
 
             run = peek_run(self.loaded, self.image, size=self.size)
             self._capture = (
