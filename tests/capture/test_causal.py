@@ -17,7 +17,7 @@ from conftest import TINY, random_image
 
 from vitviz.capture import causal as C
 from vitviz.capture.forward import capture, input_size_for, preprocess
-from vitviz.models.hooks import installed_sites
+from vitviz.models.hooks import current, installed_sites
 
 LABELS = {"id2label": {0: "zero", 1: "one", 2: "two"}, "label2id": {"zero": 0, "one": 1, "two": 2}}
 _PROJ_NAME = re.compile(r"attention\.(o_proj|output\.dense|proj)$")
@@ -517,8 +517,8 @@ def test_shared_model_unchanged_after_knockouts_and_failures(models):
     block = loaded.model.beit.layers[1]
 
     def fail_in_forward(module, args, kwargs):
-        plan = C._PLAN.get()
-        if plan is not None and plan.edits:
+        state = current()
+        if state is not None and state.points is not None and state.points.edits:
             raise RuntimeError("failure inside a knocked-out forward")
 
     handle = block.register_forward_pre_hook(fail_in_forward, with_kwargs=True)
@@ -528,7 +528,7 @@ def test_shared_model_unchanged_after_knockouts_and_failures(models):
                 C.knock_out(loaded, img, [(0, 1)], from_cache=from_cache)
     finally:
         handle.remove()
-    assert C._PLAN.get() is None
+    assert current() is None
     assert _hook_count(loaded.model) == hooks
     assert torch.equal(_state(loaded.model), state)
     np.testing.assert_array_equal(_model_logits(loaded, other), before)

@@ -76,8 +76,8 @@ def every_family(tiny_models, hier_dirs, modern_dirs, tmp_path_factory):
 def test_every_family_keeps_the_contract(every_family, key):
     from vitviz.capture.run import get_run
     from vitviz.models.families.base import BlockParts
-    from vitviz.models.hooks import installed_sites
-    from vitviz.models.points import block_name, installed_points
+    from vitviz.models.hooks import installed_points, installed_sites
+    from vitviz.models.points import block_name
 
     loaded = every_family[key]
     fam = loaded.family
@@ -177,7 +177,7 @@ def dinov2_pair(tmp_path_factory):
         layers[i] = new
     renamed.requires_grad_(False)
     gamma = dataclasses.replace(plain, model=renamed, name="dinov2-gamma")
-    install(renamed, gamma.family.sites(renamed))
+    install(renamed, gamma.family)
     C.install_causal_hooks(gamma)  # what load_model does after the attention sites
     return plain, gamma
 

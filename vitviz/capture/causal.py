@@ -141,9 +141,9 @@ from vitviz.capture.forward import DEFAULT_BUDGET_BYTES, check_budget, input_siz
 from vitviz.capture.run import NoScores, Run, Scorer, get_run, scorer_for
 from vitviz.errors import CaptureError, VitvizError
 from vitviz.models.families.base import ReadoutHead
-from vitviz.models.hooks import Site, installed_sites
+from vitviz.models.hooks import Site, active, installed_points, installed_sites
 from vitviz.models.load import LoadedModel
-from vitviz.models.points import _ACTIVE, Edit, active, block_name, install_points
+from vitviz.models.points import Edit, block_name
 from vitviz.record import frozen
 
 __all__ = [
@@ -298,15 +298,12 @@ class Attribution:
 
 # --- hooks: the named points of vitviz.models.points ----------------------------------------------
 
-_PLAN = _ACTIVE  # this context's point state (records and edits); None outside a call
 
 
 def install_causal_hooks(loaded: LoadedModel) -> tuple[torch.nn.Linear | None, ...]:
-    """Install the model's named hook points once (:func:`vitviz.models.points.install_points`) and return each
-    block's per-head output projection (None for blocks without one, or whose projection the forward never
-    calls as a module). Idle unless a call in the current context sets a state. Safe to call at load time
-    (recommended) or lazily (the first causal call does it)."""
-    points = install_points(loaded)
+    """Each block's per-head output projection (None for blocks without one, or whose projection the forward
+    never calls as a module), from the named points installed at load (:mod:`vitviz.models.hooks`)."""
+    points = installed_points(loaded.model)
     sites = installed_sites(loaded.model)
     out = []
     for site in sites:

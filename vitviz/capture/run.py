@@ -50,16 +50,16 @@ from vitviz.capture.forward import (
 )
 from vitviz.errors import BudgetError, CaptureError
 from vitviz.models.families.base import Call, ReadoutHead
-from vitviz.models.hooks import Site, installed_sites
+from vitviz.models.hooks import Site, active, installed_points, installed_sites
 from vitviz.models.load import LoadedModel
-from vitviz.models.points import Edit, Points, active, block_name, install_points
+from vitviz.models.points import Edit, Points, block_name
 from vitviz.record import Capture, Geometry
 
 __all__ = [
     "Run",
     "Activations",
     "get_activations",
-    "EditedScores",
+    "Edited",
     "Scorer",
     "NoScores",
     "get_run",
@@ -123,10 +123,13 @@ class _RunRecorder(SummaryRecorder):
 
 
 @dataclass(frozen=True)
-class EditedScores:
-    """Scores ``(k, C)`` float32 of k edited copies; the work in forward-equivalents; whether the prefix was reused."""
+class Edited:
+    """What an edited forward gave: scores ``(k, C)`` float32 of its k copies, the values at the points asked to
+    be recorded (``records``: name -> ``(k * n, ...)`` detached, as the edited forward used them), the work in
+    forward-equivalents, and whether it started from the clean run's residual (``replayed``)."""
 
     scores: torch.Tensor
+    records: Mapping[str, torch.Tensor]
     forward_equivalents: float
     replayed: bool
 
@@ -269,22 +272,48 @@ class Run:
     def num_heads_by_point(self) -> dict[str, int]:
         return {self.name(s.index, "attn.z"): g.num_heads for s, g in zip(self.sites, self.geometries, strict=True)}
 
-    def edited(self, edits: Sequence[Edit], *, batch: int = 1, reuse_prefix: bool = True) -> EditedScores:
-        """Scores ``(batch, C)`` of ``batch`` copies of the image with ``edits`` applied (``Edit.rows`` picks copies).
+    def _replay_start(self, edits: Sequence[Edit]) -> int:
+        """The first block an edited replay must run: the earliest edited block, or the block after it when the
+        edit is of that block's output (``blocks.{l}.out``: the replay starts at l + 1 with the edited residual)."""
+        start = self.num_blocks
+        for e in edits:
+            p = self.points.by_name.get(e.point)
+            if p is None:
+                raise ValueError(f"'{self.loaded.name}' has no hook point {e.point!r}")
+            site = 0 if p.site is None else p.site
+            position = next(i for i, s in enumerate(self.sites) if s.index == site)
+            start = min(start, position + 1 if p.kind == "out" else position)
+        return start
 
-        One-grid ViTs with a readout head start from the clean residual at the first edited block
-        (``reuse_prefix``); others run the whole (batched) forward.
+    def edited(
+        self,
+        edits: Sequence[Edit],
+        *,
+        batch: int = 1,
+        reuse_prefix: bool = True,
+        record: Sequence[str] = (),
+    ) -> Edited:
+        """``batch`` copies of the image with ``edits`` applied (``Edit.rows`` picks copies): their scores, and the
+        values at the points of ``record`` as the edited forward used them (:class:`Edited`).
+
+        One-grid ViTs with a readout head start from the clean residual (``reuse_prefix``): at the first edited
+        block, or after it when the edit is of a block's output; recorded points before that start are the clean
+        run's values (the edits cannot change them). Others run the whole (batched) forward.
         """
         edits = self.resolve(list(edits))
         if not edits:
             raise ValueError("no edits given")
-        start = min(self._site_of(e.point) for e in edits)
+        record = list(dict.fromkeys(record))
         heads = self.num_heads_by_point()
         loaded = self.loaded
-        with torch.inference_mode(), active(loaded, edits=edits, batch=batch, num_heads=heads):
+        call = Call(loaded.config, self.input_size, batch)
+        with (
+            torch.inference_mode(),
+            active(loaded, edits=edits, record=record, batch=batch, num_heads=heads, call=call) as state,
+        ):
             if reuse_prefix and self.replayable:
-                x = self.block_tokens(self.sites[start].index)[0]
-                scores = self._replay(start, x.expand(batch, *x.shape[1:]).contiguous())
+                start = self._replay_start(edits)
+                scores = self._replay_from(start, batch, state)
                 work = batch * (self.num_blocks - start) / self.num_blocks
                 replayed = True
             else:
@@ -294,7 +323,26 @@ class Run:
                     out = loaded.family.forward(loaded.model, inputs)
                 scores = self.scorer(out)
                 work, replayed = float(batch), False
-        return EditedScores(scores.float(), work, replayed)
+            records = dict(state.values)
+        for name in record:  # points before a replay's start: the clean run's values, one per copy
+            if name not in records and self.has(name):
+                x = self.activation(name)
+                records[name] = x.expand(batch * x.shape[0], *x.shape[1:]) if x.shape[0] == 1 else x
+        return Edited(scores.float(), records, work, replayed)
+
+    def _replay_from(self, start: int, batch: int, state) -> torch.Tensor:
+        """Scores of ``batch`` copies replayed from block ``start`` (inside the edited call's ``state``)."""
+        if start == 0:
+            x = self.block_tokens(self.sites[0].index)[0]
+        else:
+            x = self.block_tokens(self.sites[start - 1].index)[1]
+        x = x.expand(batch, *x.shape[1:]).contiguous()
+        if start > 0:  # an edit of the previous block's output: applied here, its block does not run again
+            out_name = self.name(self.sites[start - 1].index, "out")
+            if state.touches((out_name,)):
+                got = state.visit((out_name,), x)
+                x = x if got is None else got
+        return self._replay(start, x)
 
     def _replay(self, start: int, x: torch.Tensor) -> torch.Tensor:
         """Blocks ``start .. L-1`` on the residual ``x`` ``(k, T, D)`` with the clean run's arguments, then the readout."""
@@ -309,7 +357,6 @@ class Run:
                 out = site.block(*args, **kwargs)
                 x = out[0] if isinstance(out, (tuple, list)) else out
         return self.readout(x)
-
 
 # --- building a run ---------------------------------------------------------------------------------
 
@@ -342,7 +389,7 @@ def _make_run(
     gradients: bool,
 ) -> Run:
     scorer = scorer_for(loaded, label_embeddings)
-    points = install_points(loaded)
+    points = installed_points(loaded.model)
     sites = tuple(installed_sites(loaded.model))
     check_budget(loaded, hw, batch=1, gradients=False, budget=budget_bytes)
     if gradients:
@@ -454,7 +501,7 @@ def _make_activations(
     parts: tuple[str, ...],
 ) -> Activations:
     scorer = scorer_for(loaded, label_embeddings)
-    points = install_points(loaded)
+    points = installed_points(loaded.model)
     sites = tuple(installed_sites(loaded.model))
     check_budget(loaded, hw, batch=1, gradients=False, budget=budget_bytes)
     pixels, _ = preprocess(loaded, [image], hw)

@@ -24,7 +24,6 @@ from vitviz.errors import CaptureError, ModelLoadError
 from vitviz.models.bundled import bundled
 from vitviz.models.families import Family, family_for
 from vitviz.models.hooks import install
-from vitviz.models.points import install_points
 from vitviz.models.weights_index import INDEX, index_problem
 from vitviz.models.zeroshot import TextTower, text_tower, text_tower_note
 from vitviz.record import PositionInfo
@@ -481,8 +480,8 @@ def load_model(
     try:
         position = family.position_info(model)
         weights = family.patch_weight(model)
-        install(model, family.sites(model))  # once per loaded model; they record only inside a capture call
-    except (ValueError, RuntimeError, AttributeError) as exc:
+        install(model, family)  # once per loaded model: attention sites and named points, idle outside a call
+    except (ValueError, RuntimeError, AttributeError, CaptureError) as exc:
         raise ModelLoadError(f"'{name}' does not have the layout of a {family.name} model: {exc}") from None
     if weights is not None:
         weights.setflags(write=False)
@@ -509,8 +508,4 @@ def load_model(
         text=text,
         text_note=text_note,
     )
-    try:  # here, not lazily: never while others run the model
-        install_points(loaded)  # the named hook points (vitviz.models.points): idle outside a call
-    except (ValueError, RuntimeError, CaptureError) as exc:
-        raise ModelLoadError(f"'{name}' does not have the layout of a {family.name} model: {exc}") from None
     return loaded

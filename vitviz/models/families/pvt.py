@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from vitviz.models.families.base import Call, Family, centre_parents
+from vitviz.models.families.base import BlockLayout, Call, Family, centre_parents
 from vitviz.models.hooks import Site
 from vitviz.record import Geometry, PositionInfo, PositionTable
 
@@ -217,7 +217,16 @@ class Pvt(_Pyramid):
     """
 
     name = "PvT"
-    projection_paths = ("attention.output.dense",)
+    layout = BlockLayout(
+        projection=("attention.output.dense",),
+        q=("attention.self.query",),
+        k=("attention.self.key",),
+        v=("attention.self.value",),
+        pattern=("attention.self.dropout",),
+        mlp=("mlp",),
+        mlp_output=("mlp.dense2",),
+        norms=(("layer_norm_1",), ("layer_norm_2",)),
+    )
     model_types = ("pvt",)
 
     def _embed_conv(self, config, stage: int) -> tuple[int, int, int]:
@@ -290,7 +299,16 @@ class PvtV2(_Pyramid):
     """
 
     name = "PvT v2"
-    projection_paths = ("attention.proj",)
+    layout = BlockLayout(
+        projection=("attention.proj",),
+        q=("attention.query",),
+        k=("attention.key",),
+        v=("attention.value",),
+        pattern=("attention.attn_drop",),
+        mlp=("mlp",),
+        mlp_output=("mlp.dense2",),
+        norms=(("layer_norm_1",), ("layer_norm_2",)),
+    )
     model_types = ("pvt_v2",)
 
     def _embed_conv(self, config, stage: int) -> tuple[int, int, int]:

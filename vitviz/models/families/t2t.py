@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from vitviz.models.families.base import Call, Family, ReadoutHead, centre_parents
+from vitviz.models.families.base import BlockLayout, Call, Family, ReadoutHead, centre_parents
 from vitviz.models.hooks import Site
 from vitviz.record import Geometry, PositionInfo, PositionTable
 
@@ -74,6 +74,14 @@ class T2TViT(Family):
     """T2T-ViT and T2T-ViT_t (``T2TViTForImageClassification``)."""
 
     name = "T2T-ViT"
+    # qkv is one Linear (q, k, v); the performer's ``kqv`` orders them k, q, v. The backbone's and the token
+    # transformers' probabilities pass through ``attn.attn_drop``; the performer has none to edit.
+    layout = BlockLayout(
+        q=("attn.qkv#0/3", "kqv#1/3"),
+        k=("attn.qkv#1/3", "kqv#0/3"),
+        v=("attn.qkv#2/3", "kqv#2/3"),
+        pattern=("attn.attn_drop",),
+    )
     model_types = ("t2t",)
     hierarchical = True
 
