@@ -24,7 +24,7 @@ def fresh_cache():
 def _full_source_runs(monkeypatch):
     """The path before the light source: the source image got a full Run (attention, summaries, capture)."""
 
-    def full(loaded, image, *, size, label_embeddings, budget_bytes):
+    def full(loaded, image, *, size, label_embeddings, budget_bytes, parts=()):
         return S.get_run(
             loaded, image, size=size, label_embeddings=label_embeddings, budget_bytes=budget_bytes, gradients=False
         )

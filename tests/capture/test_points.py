@@ -9,9 +9,9 @@ import pytest
 import torch
 from conftest import random_image
 
+from vitviz.capture.forward import capture, input_size_for, preprocess
 from vitviz.models import hooks as H
 from vitviz.models import points as P
-from vitviz.capture.forward import capture, input_size_for, preprocess
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -299,7 +299,6 @@ class Attribution:
 # --- hooks: the named points of vitviz.models.points ----------------------------------------------
 
 
-
 def install_causal_hooks(loaded: LoadedModel) -> tuple[torch.nn.Linear | None, ...]:
     """Each block's per-head output projection (None for blocks without one, or whose projection the forward
     never calls as a module), from the named points installed at load (:mod:`vitviz.models.hooks`)."""

@@ -67,7 +67,7 @@ from PIL import Image
 from vitviz.analysis.patching import head_estimate, residual_estimate
 from vitviz.capture.causal import NotDefined, causal_notes
 from vitviz.capture.forward import DEFAULT_BUDGET_BYTES, check_budget, input_size_for, token_layout
-from vitviz.capture.run import Activations, Run, get_activations, get_run
+from vitviz.capture.run import SOURCE_PARTS, Activations, Run, get_activations, get_run
 from vitviz.capture.targets import Target, TargetError, resolve_target
 from vitviz.errors import VitvizError
 from vitviz.models.load import LoadedModel
@@ -140,6 +140,7 @@ def _runs(
     budget_bytes: int,
     label_embeddings: np.ndarray | None,
     gradients: bool,
+    parts: tuple[str, ...] = SOURCE_PARTS,
 ) -> tuple[Run, Run | Activations]:
     hw = input_size_for(loaded, size, target_image.size)
     clean = get_run(
@@ -148,7 +149,7 @@ def _runs(
     # The source only lends values at the points patched (head outputs, block outputs): its cached Run if the
     # page made one, else one inference-mode forward that keeps nothing else (no attention, no summaries).
     source = get_activations(
-        loaded, source_image, size=hw, label_embeddings=label_embeddings, budget_bytes=budget_bytes
+        loaded, source_image, size=hw, label_embeddings=label_embeddings, budget_bytes=budget_bytes, parts=parts
     )
     if source.input_size != clean.input_size:  # a family that follows each image's aspect ratio (SigLIP 2 NaFlex)
         raise NotDefined(

@@ -358,6 +358,7 @@ class Run:
                 x = out[0] if isinstance(out, (tuple, list)) else out
         return self.readout(x)
 
+
 # --- building a run ---------------------------------------------------------------------------------
 
 

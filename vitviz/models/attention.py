@@ -17,6 +17,8 @@ are the same numbers in float32 and at least as accurate in half precision).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from torch import nn
 
@@ -65,14 +67,13 @@ def _register() -> None:
     _registered = True
 
 
-def use_vitviz_attention(model: nn.Module) -> None:
-    """Make every attention module of ``model`` that reads its config's attention implementation run
-    :func:`attention_forward` (loaded models only: at load, before other threads run it)."""
+def use_vitviz_attention(callers: Iterable[nn.Module]) -> None:
+    """Make the attention modules ``callers`` (those whose pattern is a point) run :func:`attention_forward`: their
+    configs name vitviz's implementation (a two-tower model's text tower keeps its own). At load only, before other
+    threads run the model."""
     _register()
-    seen: set[int] = set()
-    for module in model.modules():
+    for module in callers:
         config = module.__dict__.get("config")
-        if config is None or id(config) in seen or not hasattr(config, "_attn_implementation"):
-            continue
-        seen.add(id(config))
+        if config is None or not hasattr(config, "_attn_implementation"):
+            raise RuntimeError(f"{type(module).__name__} reads no attention implementation from a config")
         config._attn_implementation = IMPLEMENTATION  # the private field: set_attn_implementation refuses custom names

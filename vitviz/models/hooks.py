@@ -288,7 +288,9 @@ def _declare(family, sites: list[Site]) -> tuple[list[Point], tuple[str, ...], d
                 "they are used (a hook sees them only after the forward has used them)"
             )
             points.append(
-                Point(f"{prefix}.attn.pattern", site.attention, "output", site.index, "pattern", editable=False, why=why)
+                Point(
+                    f"{prefix}.attn.pattern", site.attention, "output", site.index, "pattern", editable=False, why=why
+                )
             )
         proj = _callable_module(site, parts.projection)
         if proj is not None:
@@ -361,10 +363,11 @@ def install(model: torch.nn.Module, family) -> Registry:
         for site in sites:  # the recorder's hooks come last on each module: they see the edited values
             site.attention.register_forward_hook(_attention_hook(site), with_kwargs=True)
             site.block.register_forward_hook(_block_hook(site), with_kwargs=True)
-        if _PATTERN_CALLERS:
+        callers = [p.module for p in declared if p.kind == "pattern" and p.module in _PATTERN_CALLERS]
+        if callers:
             from vitviz.models.attention import use_vitviz_attention
 
-            use_vitviz_attention(model)
+            use_vitviz_attention(callers)
         registry = Registry(tuple(sites), Points({p.name: p for p in declared}, prefixes))
         _REGISTRY[model] = registry
         _LOCKS[model] = threading.Lock()

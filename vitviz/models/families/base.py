@@ -20,7 +20,18 @@ import torch
 from vitviz.models.hooks import Site
 from vitviz.record import Geometry, PositionInfo
 
-__all__ = ["Call", "Family", "ReadoutHead", "BlockParts", "BlockLayout", "FUNCTION", "to_native", "centre_parents", "declared", "ABSENT"]
+__all__ = [
+    "Call",
+    "Family",
+    "ReadoutHead",
+    "BlockParts",
+    "BlockLayout",
+    "FUNCTION",
+    "to_native",
+    "centre_parents",
+    "declared",
+    "ABSENT",
+]
 
 
 @dataclass
@@ -323,6 +334,8 @@ class Family:
         missing = []
         if not lay.mlp:
             unknown = f"the {self.name} adapter does not declare where a block's MLP output and layer scales sit"
+        elif not all(lay.norms):  # post-norm blocks (Swin V2): the residual stream is not a sum of branch updates
+            unknown = f"the {self.name} adapter declares no pre-norms: its blocks normalise after each branch"
         else:
             missing = [p for p, found in (("/".join(lay.projection), proj), ("/".join(lay.mlp), mlp)) if found is None]
             unknown = ""
@@ -331,13 +344,15 @@ class Family:
             scales = [declared(block, p, ABSENT) for p in lay.layer_scales]
             missing += [p for p, found in zip(lay.layer_scales, scales, strict=True) if found is ABSENT]
             scales = [None if found is ABSENT else found for found in scales]
+        norms = tuple(_first(block, paths)[0] for paths in lay.norms)
+        if lay.mlp and all(lay.norms):
+            missing += ["/".join(paths) for paths, n in zip(lay.norms, norms, strict=True) if n is None]
         if missing:
             unknown = (
                 f"the {self.name} adapter declares {', '.join(missing)} in each layer, and this "
                 f"{type(block).__name__} has no such part, so vitviz cannot tell where its "
                 f"{'layer scales' if set(missing) & set(lay.layer_scales or ()) else 'parts'} sit"
             )
-        norms = tuple(_first(block, paths)[0] for paths in lay.norms)
         return BlockParts(
             projection=proj,
             mlp=mlp,
