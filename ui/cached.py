@@ -95,7 +95,7 @@ def _labels_key(cur: common.Current) -> tuple[str, ...] | None:
 
 def get_knockout(cur: common.Current, heads: tuple[tuple[int, int], ...], mode: str):
     """``(Capture, Knockout)`` of the session's image with ``heads`` knocked out: one forward, cached, queued."""
-    from vitviz.capture.causal import capture_knocked_out
+    from vitviz.causal import capture_knocked_out
 
     def compute():
         image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
@@ -109,7 +109,7 @@ def get_knockout(cur: common.Current, heads: tuple[tuple[int, int], ...], mode: 
 
 def get_importance(cur: common.Current, class_index: int, mode: str, fast: bool, progress=None):
     """Head importance (exact, in batches) or the fast first-order estimate, for one class; cached, queued."""
-    from vitviz.capture.causal import fast_estimate, head_importance
+    from vitviz.causal import fast_estimate, head_importance
 
     def compute():
         image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
@@ -122,7 +122,7 @@ def get_importance(cur: common.Current, class_index: int, mode: str, fast: bool,
 
 
 def get_attribution(cur: common.Current, class_index: int):
-    from vitviz.capture.causal import direct_logit_attribution
+    from vitviz.causal import direct_logit_attribution
 
     def compute():
         image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
@@ -134,7 +134,7 @@ def get_attribution(cur: common.Current, class_index: int):
 
 
 def get_lens(cur: common.Current):
-    from vitviz.capture.causal import logit_lens
+    from vitviz.causal import logit_lens
 
     def compute():
         image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
@@ -158,14 +158,14 @@ def get_deformable(cur: common.Current) -> dict:
 @st.cache_resource(max_entries=16, show_spinner=False)
 def get_causal_notes(model_name: str) -> dict[str, str]:
     """Which causal analyses a model supports ("" where defined, else why not); no forward pass."""
-    from vitviz.capture.causal import causal_notes
+    from vitviz.causal import causal_notes
 
     return causal_notes(common.get_model(model_name))
 
 
 @st.cache_resource(max_entries=16, show_spinner=False)
 def get_knockable_blocks(model_name: str) -> tuple[int, ...]:
-    from vitviz.capture.causal import knockable_blocks
+    from vitviz.causal import knockable_blocks
 
     return knockable_blocks(common.get_model(model_name))
 

@@ -328,7 +328,7 @@ def draw_attribution(cur: common.Current, s: AttributionSettings, *, key: str):
 
 def patching(cur: common.Current, s: PatchingSettings, exact: bool, progress=None):
     """The estimate (instant) or the exact grids of the pane's image patched with the source; cached, queued."""
-    from vitviz.capture.patching import activation_patching
+    from vitviz.causal.patching import activation_patching
     from vitviz.data.images import read_image
 
     labels = cached.label_embeddings(cur)
@@ -426,7 +426,7 @@ def draw_patching(cur: common.Current, s: PatchingSettings, *, key: str, exact: 
 
 def patch_lens(cur: common.Current, target) -> np.ndarray:
     """The per-patch logit lens ``(L + 1, gh, gw)`` of the pane's image for ``target``; cached, queued."""
-    from vitviz.capture.patching import patch_lens as lens_of
+    from vitviz.causal import patch_lens as lens_of
     from vitviz.data.images import read_image
 
     def compute():

@@ -14,9 +14,9 @@ from vitviz.analysis.blocks import global_query, head_maps
 from vitviz.analysis.embeddings import position_similarity
 from vitviz.analysis.rollout import capture_rollout
 from vitviz.analysis.stats import summary_table
-from vitviz.capture.causal import NotDefined, causal_arrays
 from vitviz.capture.forward import Capture, capture_batch
 from vitviz.capture.targets import Target, targets_arrays
+from vitviz.causal import NotDefined, causal_arrays
 from vitviz.cli_checks import unique_targets
 from vitviz.data.images import load_image
 from vitviz.errors import VitvizError
@@ -205,7 +205,7 @@ def export_images(
     ``minus_index`` making it ``logit[class] - logit[minus_index]`` (or label minus label), and
     ``logit_lens_patches`` (L + 1, gh, gw): the target through the final norm and head at each patch token.
     ``patch_from`` (with ``causal``): a source image whose activations are patched into each image's run
-    (:func:`vitviz.capture.patching.activation_patching`): ``patching_class``, ``patching_residual`` (L, T),
+    (:func:`vitviz.causal.patching.activation_patching`): ``patching_class``, ``patching_residual`` (L, T),
     ``patching_heads`` (L, H), ``patching_clean_logit``, ``patching_source_logit``,
     ``patching_residual_estimate``, ``patching_heads_estimate``.
     ``gif``: also ``<stem>_<view>.gif``, the view stepping through the blocks
@@ -351,7 +351,7 @@ def _target_arrays(loaded, image, causal: dict, minus_index, scorer, size, sourc
 
     Keys a model lacks are named under ``"_notes"`` (key -> why), which the caller pops.
     """
-    from vitviz.capture.patching import activation_patching, patch_lens, patching_arrays
+    from vitviz.causal import activation_patching, patch_lens, patching_arrays
 
     c = int(causal["explained_class"])
     if scorer is None:

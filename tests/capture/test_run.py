@@ -47,8 +47,8 @@ def _reference_relevance(loaded, img, c):
 
 def test_heads_rollout_relevance_and_causal_share_one_forward(demo_model):
     from vitviz.analysis.rollout import capture_rollout
-    from vitviz.capture.causal import causal_arrays, fast_estimate
     from vitviz.capture.gradients import explain_classes
+    from vitviz.causal import causal_arrays, fast_estimate
     from vitviz.data.shapes import make_sample
 
     loaded = demo_model

@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import Counter, random_image
 
-from vitviz.capture import patching as P
 from vitviz.capture import run as S
+from vitviz.causal import patching as P
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import FAMILY_KEYS, HIER_KEYS, MODERN_KEYS, TINY, random_image
 
-from vitviz.capture import causal as C
+from vitviz import causal as C
 from vitviz.capture.forward import input_size_for, preprocess
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -178,7 +178,7 @@ def dinov2_pair(tmp_path_factory):
     renamed.requires_grad_(False)
     gamma = dataclasses.replace(plain, model=renamed, name="dinov2-gamma")
     install(renamed, gamma.family)
-    C.install_causal_hooks(gamma)  # what load_model does after the attention sites
+    C.head_projections(gamma)  # the projections from the points install() put on it
     return plain, gamma
 
 

@@ -270,7 +270,12 @@ class Run:
         return out
 
     def num_heads_by_point(self) -> dict[str, int]:
-        return {self.name(s.index, "attn.z"): g.num_heads for s, g in zip(self.sites, self.geometries, strict=True)}
+        """Heads of each headed point whose heads are column blocks (``attn.q``, ``attn.k``, ``attn.v``, ``attn.z``)."""
+        return {
+            self.name(s.index, f"attn.{part}"): g.num_heads
+            for s, g in zip(self.sites, self.geometries, strict=True)
+            for part in ("q", "k", "v", "z")
+        }
 
     def _replay_start(self, edits: Sequence[Edit]) -> int:
         """The first block an edited replay must run: the earliest edited block, or the block after it when the

@@ -49,6 +49,7 @@ from vitviz.capture.forward import DEFAULT_BUDGET_BYTES
 from vitviz.capture.run import Run
 from vitviz.capture.targets import Target
 from vitviz.causal.grid import CancelCheck, Job, Outcome, Progress, chunk_size, chunks, replay_cost, run_grid
+from vitviz.causal.notes import NotDefined, target_of, target_values
 from vitviz.errors import VitvizError
 from vitviz.models.load import LoadedModel
 from vitviz.models.points import Edit
@@ -92,8 +93,6 @@ def _point(run: Run, layer: int, part: str) -> str:
 
 
 def _need(run: Run, names: Sequence[str], what: str) -> None:
-    from vitviz.causal.notes import NotDefined
-
     missing = [n for n in names if not run.has(n)]
     if missing:
         raise NotDefined(
@@ -130,8 +129,6 @@ def _grid(
     receivers: tuple[Receiver, ...],
     notes: dict[str, str],
 ) -> HeadPatching:
-    from vitviz.capture.patching import _y
-
     if outcome.stopped == "capped":
         notes = {
             **notes,
@@ -145,8 +142,8 @@ def _grid(
         values=frozen(values.copy()),
         target=t,
         target_name=t.name(names),
-        clean=float(_y(t, run.scores[None])[0]),
-        source=float(_y(t, source.scores[None])[0]),
+        clean=float(target_values(t, run.scores[None])[0]),
+        source=float(target_values(t, source.scores[None])[0]),
         num_heads=run.num_heads,
         receivers=receivers,
         complete=outcome.complete,
@@ -156,10 +153,10 @@ def _grid(
 
 
 def _setup(loaded, target_image, source_image, target, size, budget_bytes, label_embeddings, parts):
-    from vitviz.capture.patching import _resolve, _runs
+    from vitviz.causal.patching import _runs
 
     run, source = _runs(loaded, target_image, source_image, size, budget_bytes, label_embeddings, False, parts)
-    t = _resolve(run, target, None, label_embeddings is not None)
+    t = target_of(run, target, labels=label_embeddings is not None)
     names = loaded.id2label if label_embeddings is None else None
     return run, source, t, names
 
@@ -185,8 +182,6 @@ def pattern_patching(
     run, source, t, names = _setup(
         loaded, target_image, source_image, target, size, budget_bytes, label_embeddings, ("attn.pattern",)
     )
-    from vitviz.causal.notes import NotDefined
-
     patterns = [_point(run, layer, "attn.pattern") for layer in range(run.num_blocks)]
     editable = [run.points.by_name[n].editable and source.has(n) for n in patterns]
     if not any(editable):
@@ -214,10 +209,8 @@ def pattern_patching(
 
 
 def _finish(kind, run, source, t, names, values, jobs, receivers, notes, progress, cancel, max_work, slot):
-    from vitviz.capture.patching import _y
-
     def store(job: Job, got) -> None:
-        ys = _y(t, got.scores)
+        ys = target_values(t, got.scores)
         for (layer, head), y in zip(job.cells, ys, strict=True):
             values[layer, head] = y
 
@@ -294,8 +287,6 @@ def path_patching(
 def _to_receivers(run, source, t, names, values, jobs, receivers, notes, progress, cancel, max_work, slot):
     """Each sender job: record the receivers' inputs in its frozen forward, then replay the clean run with only those
     receiver inputs replaced; ``y`` of that."""
-    from vitviz.capture.patching import _y
-
     points = {(m, k): _point(run, m, f"attn.{k}") for m, _, k in receivers}
     _need(run, list(points.values()), "Path patching to receivers")
     record = tuple(dict.fromkeys(points.values()))
@@ -317,7 +308,7 @@ def _to_receivers(run, source, t, names, values, jobs, receivers, notes, progres
         second.append(Job(job.cells, tuple(edits), estimate=replay_cost(run, first_receiver, job.batch)))
 
     def store(job: Job, got) -> None:
-        for (layer, head), y in zip(job.cells, _y(t, got.scores), strict=True):
+        for (layer, head), y in zip(job.cells, target_values(t, got.scores), strict=True):
             values[layer, head] = y
 
     more = run_grid(run, second, store, cancel=cancel, max_work=max_work, slot=slot, work=outcome.work)
