@@ -336,8 +336,9 @@ def patching(cur: common.Current, s: PatchingSettings, exact: bool, progress=Non
     def compute():
         image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
         source = read_image(s.source, max_bytes=common.upload_limit()).image
-        return common.in_queue(
-            lambda: activation_patching(
+
+        def run(**bounds):
+            return activation_patching(
                 cur.model,
                 image,
                 source,
@@ -347,8 +348,13 @@ def patching(cur: common.Current, s: PatchingSettings, exact: bool, progress=Non
                 estimate=not exact,
                 progress=progress,
                 label_embeddings=labels,
+                **bounds,
             )
-        )
+
+        if not exact:  # one forward and one backward: one turn in the queue
+            return common.in_queue(run)
+        # The exact grids: batch by batch in the queue (others' forwards run between), within the work bound
+        return run(max_work=common.patching_work_bound(), slot=common.batch_slot)
 
     key = ("patching", *cur.key, common.digest(s.source), s.target, exact, None if labels is None else labels.tobytes())
     return cached.results_cache().get_or_compute(key, compute)
@@ -420,6 +426,62 @@ def draw_patching(cur: common.Current, s: PatchingSettings, *, key: str, exact: 
         f"patching_{kind}",
         files_key or key,
         **{k: v for k, v in (("residual", res), ("heads", heads)) if v is not None},
+    )
+    return shown
+
+
+def head_paths(cur: common.Current, s: PatchingSettings, kind: str, progress=None):
+    """Attention-pattern patching (``kind`` "pattern") or path patching to the read-out ("path") of the pane's image
+    with the source, head by head; cached, run batch by batch in the queue, within the server's work bound."""
+    from vitviz.causal import path_patching, pattern_patching
+    from vitviz.data.images import read_image
+
+    labels = cached.label_embeddings(cur)
+    grid = pattern_patching if kind == "pattern" else path_patching
+
+    def compute():
+        image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
+        source = read_image(s.source, max_bytes=common.upload_limit()).image
+        return grid(
+            cur.model,
+            image,
+            source,
+            target=s.target,
+            size=cur.key[2],
+            progress=progress,
+            label_embeddings=labels,
+            max_work=common.patching_work_bound(),
+            slot=common.batch_slot,
+        )
+
+    key = (kind, *cur.key, common.digest(s.source), s.target, None if labels is None else labels.tobytes())
+    return cached.results_cache().get_or_compute(key, compute)
+
+
+def draw_head_paths(cur: common.Current, s: PatchingSettings, kind: str, *, key: str):
+    """The block x head grid of :func:`head_paths` (chart ``f"{key}_{kind}_grid"``) and its files."""
+    shown = head_paths(cur, s, kind)
+    what = "Attention-pattern patching" if kind == "pattern" else "Path patching to the read-out"
+    blocks, _ = _block_labels(cur)
+    common.chart(
+        patching_grid_figure(
+            shown.values,
+            clean=shown.clean,
+            source=shown.source,
+            title=f"{what}: block x head",
+            x_title="head",
+            row_labels=blocks,
+        ),
+        key=f"{key}_{kind}_grid",
+    )
+    for note in shown.notes.values():
+        st.info(note)
+    st.caption(f"{shown.forward_equivalents:g} forward-equivalents (passes of the model over one image).")
+    common.downloads(
+        f"patching_{kind}",
+        key,
+        csv=long_table(shown.values, ("block", "head"), f"{shown.target_name} after the patch (logit)"),
+        **{kind: shown.values},
     )
     return shown
 

@@ -207,7 +207,9 @@ def export_images(
     ``patch_from`` (with ``causal``): a source image whose activations are patched into each image's run
     (:func:`vitviz.causal.patching.activation_patching`): ``patching_class``, ``patching_residual`` (L, T),
     ``patching_heads`` (L, H), ``patching_clean_logit``, ``patching_source_logit``,
-    ``patching_residual_estimate``, ``patching_heads_estimate``.
+    ``patching_residual_estimate``, ``patching_heads_estimate``, ``patching_pattern`` (L, H: head h's attention
+    pattern in block l from the source, :func:`vitviz.causal.paths.pattern_patching`) and ``patching_path`` (L, H:
+    path patching from each head to the read-out, :func:`vitviz.causal.paths.path_patching`).
     ``gif``: also ``<stem>_<view>.gif``, the view stepping through the blocks
     (:func:`vitviz.figures.animation.view_stack`: ``head`` (``gif_head``), ``mean`` or
     ``rollout``; the query of ``query_xy`` where given), over the photo at most
@@ -343,6 +345,8 @@ _PATCHING_KEYS = (
     "patching_heads",
     "patching_residual_estimate",
     "patching_heads_estimate",
+    "patching_pattern",
+    "patching_path",
 )
 
 
@@ -351,7 +355,7 @@ def _target_arrays(loaded, image, causal: dict, minus_index, scorer, size, sourc
 
     Keys a model lacks are named under ``"_notes"`` (key -> why), which the caller pops.
     """
-    from vitviz.causal import activation_patching, patch_lens, patching_arrays
+    from vitviz.causal import activation_patching, patch_lens, patching_arrays, path_patching, pattern_patching
 
     c = int(causal["explained_class"])
     if scorer is None:
@@ -369,6 +373,12 @@ def _target_arrays(loaded, image, causal: dict, minus_index, scorer, size, sourc
         notes["logit_lens_patches"] = "The per-patch logit lens of zero-shot label scores is not defined."
     if source is not None:
         text = None if scorer is None else scorer.text
+        for key, grid in (("patching_pattern", pattern_patching), ("patching_path", path_patching)):
+            try:  # attention-pattern and path patching, head by head: (L, H) float32 each. Pattern patching first:
+                # its source forward keeps what the others read too, so the source costs one forward.
+                arrays[key] = grid(loaded, image, source, target=target, size=size, label_embeddings=text).values
+            except NotDefined as exc:
+                notes[key] = str(exc)
         try:
             p = activation_patching(loaded, image, source, target=target, size=size, label_embeddings=text)
         except NotDefined as exc:

@@ -100,6 +100,31 @@ def test_cache_is_keyed_and_bounded(tiny_models):
     assert S.peek_run(loaded, a) is None and S.peek_run(tiny_models["deit"], a) is other
 
 
+def test_runs_are_bounded_in_bytes_with_their_graphs_counted(tiny_models, monkeypatch):
+    """A Run's size counts what its autograd graph saved; the cache keeps runs within a byte bound (a Run over the
+    bound is returned and not kept), so wide uploads cannot fill the server's memory four at a time."""
+    from vitviz.cache import BoundedCache
+
+    loaded = tiny_models["vit"]
+    with_graph = S.get_run(loaded, random_image(21))
+    without = S.get_run(loaded, random_image(22), gradients=False)
+    held = sum(t.untyped_storage().nbytes() for t in with_graph._raw.values())
+    assert with_graph.has_graph and with_graph.graph_bytes > 0 and without.graph_bytes == 0
+    assert with_graph.nbytes > without.nbytes + held // 2  # the graph's saved activations are counted
+    assert with_graph.nbytes >= held + int(with_graph.capture.nbytes)
+    small = BoundedCache(max_entries=10, max_bytes=int(with_graph.nbytes * 1.5), size_of=lambda r: r.nbytes)
+    monkeypatch.setattr(S, "_RUNS", small)
+    a = S.get_run(loaded, random_image(23))
+    assert S.peek_run(loaded, random_image(23)) is a and small.nbytes == a.nbytes
+    b = S.get_run(loaded, random_image(24))
+    assert (
+        S.peek_run(loaded, random_image(23)) is None and S.peek_run(loaded, random_image(24)) is b
+    )  # bytes, not count
+    monkeypatch.setattr(S, "_RUNS", BoundedCache(max_entries=10, max_bytes=1024, size_of=lambda r: r.nbytes))
+    big = S.get_run(loaded, random_image(25))
+    assert big.has_graph and S.peek_run(loaded, random_image(25)) is None  # returned, not kept
+
+
 def test_concurrent_requests_for_one_image_make_one_forward(tiny_models):
     loaded = tiny_models["deit"]
     img = random_image(9)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -38,6 +37,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from vitviz.cache import BoundedCache
 from vitviz.capture.forward import (
     DEFAULT_BUDGET_BYTES,
     BlockRecorder,
@@ -161,6 +161,17 @@ class Run:
     _out: object = field(repr=False)  # the forward's output (graph)
     _graph_scores: torch.Tensor | None = field(repr=False)  # (1, C) in the graph
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    graph_bytes: int = 0  # what the autograd graph saved for the backward (storages not held otherwise)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory this Run holds: every tensor it keeps (points, probabilities, pixels; storages counted once), what
+        its autograd graph saved for the backward, and its capture's arrays."""
+        return (
+            _tensor_bytes([*self._values.values(), *self._raw.values(), self.pixels])
+            + self.graph_bytes
+            + int(self.capture.nbytes)
+        )
 
     # --- reading --------------------------------------------------------------------------------
     @property
@@ -367,6 +378,45 @@ class Run:
 # --- building a run ---------------------------------------------------------------------------------
 
 
+def _storages(tensors) -> dict[int, int]:
+    out = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            st = t.untyped_storage()
+            out[st.data_ptr()] = st.nbytes()
+    return out
+
+
+def _tensor_bytes(tensors) -> int:
+    """Bytes of the storages behind ``tensors``, each counted once (views share theirs)."""
+    return sum(_storages(tensors).values())
+
+
+class _SavedBytes:
+    """Counts the storages autograd saves for the backward during a forward (``saved_tensors_hooks``)."""
+
+    def __init__(self) -> None:
+        self.saved: dict[int, int] = {}
+
+    def counting(self, on: bool):
+        from contextlib import nullcontext
+
+        if not on:
+            return nullcontext()
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            st = t.untyped_storage()
+            self.saved[st.data_ptr()] = st.nbytes()
+            return t
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+
+    def bytes_beyond(self, kept) -> int:
+        """What the graph saved that the Run does not hold otherwise."""
+        held = _storages(kept)
+        return sum(n for ptr, n in self.saved.items() if ptr not in held)
+
+
 def _checked_readout(
     loaded: LoadedModel, last: torch.Tensor | None, logits: torch.Tensor
 ) -> tuple[ReadoutHead | None, str]:
@@ -414,7 +464,8 @@ def _make_run(
     # Every point but the patterns: the recorder already holds each block's live probabilities (``_raw``), and a
     # family's ``probs`` may compute them (T2T's performer), so they are not taken twice.
     record = [n for n, p in points.by_name.items() if p.kind != "pattern"]
-    with mode, active(loaded, record=record, grad=gradients) as state:
+    saved = _SavedBytes()
+    with mode, active(loaded, record=record, grad=gradients) as state, saved.counting(gradients):
         out = run_forward(loaded, pixels, rec)
         graph_scores = scorer(out)  # None for a backbone (no classifier, no label embeddings)
     cap = captures_from(loaded, rec, out, resized, hw, 5)[0]
@@ -447,6 +498,7 @@ def _make_run(
         _raw=dict(rec.raw),
         _out=out,
         _graph_scores=graph_scores if gradients else None,
+        graph_bytes=saved.bytes_beyond([*state.values.values(), *rec.raw.values(), pixels]),
     )
 
 
@@ -494,8 +546,14 @@ class Activations:
     def block_tokens(self, site: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         return self._blocks.get(site, (None, None))
 
+    @property
+    def nbytes(self) -> int:
+        """Memory the values and block tokens hold (storages counted once)."""
+        return _tensor_bytes([*self._values.values(), *(t for pair in self._blocks.values() for t in pair)])
+
 
 SOURCE_PARTS = ("attn.z", "out")  # what a patch reads from its source: head outputs and block outputs
+PATTERN_PARTS = (*SOURCE_PARTS, "attn.pattern")  # ... and the attention patterns (attention-pattern patching)
 
 
 def _make_activations(
@@ -528,9 +586,6 @@ def _make_activations(
     )
 
 
-_SOURCES: OrderedDict[tuple, Activations] = OrderedDict()
-
-
 def get_activations(
     loaded: LoadedModel,
     image: Image.Image,
@@ -546,21 +601,16 @@ def get_activations(
     same as the Run's (the same forward; recording changes nothing)."""
     hw = input_size_for(loaded, size, image.size)
     key = _key(loaded, image, hw, label_embeddings, budget_bytes)
-    with _CACHE_LOCK:
-        run = _CACHE.get(key)
-        if run is not None:
-            _CACHE.move_to_end(key)
-            return run
-        light = _SOURCES.get((*key, parts))
-        if light is not None:
-            _SOURCES.move_to_end((*key, parts))
-            return light
-    light = _make_activations(loaded, image, hw, label_embeddings, budget_bytes, parts)
-    with _CACHE_LOCK:
-        _SOURCES[(*key, parts)] = light
-        while len(_SOURCES) > CACHE_SIZE:
-            _SOURCES.popitem(last=False)
-    return light
+    run = _RUNS.peek(key)
+    if run is not None:
+        return run
+    if set(parts) < set(PATTERN_PARTS):  # a source kept for pattern patching has these too: no second forward
+        fuller = _SOURCES.peek((*key, PATTERN_PARTS))
+        if fuller is not None:
+            return fuller
+    return _SOURCES.get_or_compute(
+        (*key, parts), lambda: _make_activations(loaded, image, hw, label_embeddings, budget_bytes, parts)
+    )
 
 
 def _digest(image: Image.Image) -> str:
@@ -569,21 +619,23 @@ def _digest(image: Image.Image) -> str:
     return h.hexdigest()
 
 
-_CACHE: OrderedDict[tuple, Run] = OrderedDict()
-_CACHE_LOCK = threading.Lock()
-_KEY_LOCKS: dict[tuple, threading.Lock] = {}
-CACHE_SIZE = int(os.environ.get("VITVIZ_RUN_CACHE", "4"))  # runs kept (each may hold its autograd graph)
+CACHE_SIZE = int(os.environ.get("VITVIZ_RUN_CACHE", "4"))  # runs kept at most
+# ... and their bytes at most (activations, probabilities, what the graph saved, the capture): a wide upload's Run
+# can hold gigabytes, so a count alone does not bound the server's memory. Same bound for the light sources.
+CACHE_MB = float(os.environ.get("VITVIZ_RUN_CACHE_MB", "2048"))
+_RUNS: BoundedCache[Run] = BoundedCache(
+    max_entries=CACHE_SIZE, max_bytes=int(CACHE_MB * 2**20), size_of=lambda run: run.nbytes
+)
+_SOURCES: BoundedCache[Activations] = BoundedCache(
+    max_entries=CACHE_SIZE, max_bytes=int(CACHE_MB * 2**20), size_of=lambda light: light.nbytes
+)
 
 
 def clear_runs(model: torch.nn.Module | None = None) -> None:
     """Forget every cached run (of ``model`` only, when given: a run holds its model and its graph, so a
     server that evicts a model should drop its runs too)."""
-    with _CACHE_LOCK:
-        for key in [k for k, r in _CACHE.items() if model is None or r.loaded.model is model]:
-            del _CACHE[key]
-            _KEY_LOCKS.pop(key, None)
-        for key in [k for k, r in _SOURCES.items() if model is None or r.loaded.model is model]:
-            del _SOURCES[key]
+    for cache in (_RUNS, _SOURCES):
+        cache.discard(lambda _key, r: model is None or r.loaded.model is model)
 
 
 def _key(loaded: LoadedModel, image: Image.Image, hw, label_embeddings, budget_bytes: int) -> tuple:
@@ -601,11 +653,7 @@ def peek_run(
 ) -> Run | None:
     """The cached :class:`Run` of ``image`` if there is one (no forward), else None."""
     key = _key(loaded, image, input_size_for(loaded, size, image.size), label_embeddings, budget_bytes)
-    with _CACHE_LOCK:
-        run = _CACHE.get(key)
-        if run is not None:
-            _CACHE.move_to_end(key)
-        return run
+    return _RUNS.peek(key)
 
 
 def get_run(
@@ -617,7 +665,8 @@ def get_run(
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
     gradients: bool = True,
 ) -> Run:
-    """The clean :class:`Run` of ``image`` on ``loaded`` (cached: the last ``CACHE_SIZE`` runs).
+    """The clean :class:`Run` of ``image`` on ``loaded`` (cached: the last ``CACHE_SIZE`` runs, ``CACHE_MB`` in all;
+    a Run larger than that is returned and not kept).
 
     Keyed by the model, the image's pixels, the input size, the model's dtype, the label embeddings and
     the budget; ``gradients`` asks for the autograd graph (kept only within ``budget_bytes``; a cached run
@@ -625,22 +674,13 @@ def get_run(
     """
     hw = input_size_for(loaded, size, image.size)
     key = _key(loaded, image, hw, label_embeddings, budget_bytes)
-    with _CACHE_LOCK:
-        lock = _KEY_LOCKS.setdefault(key, threading.Lock())
-    with lock:  # one clean forward per key, even when several views ask at once
-        with _CACHE_LOCK:
-            run = _CACHE.get(key)
-            if run is not None and (run.has_graph or not gradients or not _graph_possible(loaded, hw, budget_bytes)):
-                _CACHE.move_to_end(key)
-                return run
-        run = _make_run(loaded, image, hw, label_embeddings, budget_bytes, gradients)
-        with _CACHE_LOCK:
-            _CACHE[key] = run
-            _CACHE.move_to_end(key)
-            while len(_CACHE) > CACHE_SIZE:
-                old, _ = _CACHE.popitem(last=False)
-                _KEY_LOCKS.pop(old, None)
-        return run
+
+    def enough(run: Run) -> bool:  # a cached run without its graph is rebuilt when a graph is asked for and fits
+        return run.has_graph or not gradients or not _graph_possible(loaded, hw, budget_bytes)
+
+    return _RUNS.get_or_compute(
+        key, lambda: _make_run(loaded, image, hw, label_embeddings, budget_bytes, gradients), accept=enough
+    )
 
 
 def _graph_possible(loaded: LoadedModel, hw: tuple[int, int], budget_bytes: int) -> bool:

@@ -54,9 +54,7 @@ shared model.
 
 from __future__ import annotations
 
-import threading
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -66,6 +64,7 @@ import torch
 from PIL import Image
 
 from vitviz.analysis.first_order import head_estimate, residual_estimate
+from vitviz.cache import BoundedCache
 from vitviz.capture.forward import DEFAULT_BUDGET_BYTES, input_size_for, token_layout
 from vitviz.capture.run import SOURCE_PARTS, Activations, Run, get_activations, get_run
 from vitviz.capture.targets import Target
@@ -204,31 +203,35 @@ def _residual_note(clean: Run) -> str:
 # --- attribution patching ------------------------------------------------------------------------
 
 
-_GRADS: OrderedDict[tuple, tuple[weakref.ref, list]] = OrderedDict()
-_GRADS_LOCK = threading.Lock()
 GRADS_KEPT = 4  # (run, target) gradient sets kept: another source image for the same target needs no backward
+GRADS_MB = 512  # ... and their bytes at most
+
+
+def _grads_bytes(entry: tuple[weakref.ref, list]) -> int:
+    return sum(g.untyped_storage().nbytes() for g in entry[1] if g is not None)
+
+
+_GRADS: BoundedCache[tuple[weakref.ref, list]] = BoundedCache(
+    max_entries=GRADS_KEPT, max_bytes=GRADS_MB * 2**20, size_of=_grads_bytes
+)
 
 
 def _target_gradients(clean: Run, t: Target, names: list[str]) -> tuple[list[torch.Tensor | None], bool]:
     """``d y / d x`` at each point of ``names`` in the target's clean run (one backward, kept for the next source
     image of the same run and target); and whether the backward ran now."""
     key = (id(clean), t, tuple(names))
-    with _GRADS_LOCK:
-        hit = _GRADS.get(key)
-        if hit is not None and hit[0]() is clean:
-            _GRADS.move_to_end(key)
-            return hit[1], False
+    ran = []
 
-    def y(out) -> torch.Tensor:
-        return t.select(clean.score_of(out))[0]
+    def compute() -> tuple[weakref.ref, list]:
+        def y(out) -> torch.Tensor:
+            return t.select(clean.score_of(out))[0]
 
-    grads = [None if g is None else g.detach() for g in clean.gradients(y, names)]
-    with _GRADS_LOCK:
-        _GRADS[key] = (weakref.ref(clean), grads)
-        _GRADS.move_to_end(key)
-        while len(_GRADS) > GRADS_KEPT:
-            _GRADS.popitem(last=False)
-    return grads, True
+        ran.append(True)
+        return weakref.ref(clean), [None if g is None else g.detach() for g in clean.gradients(y, names)]
+
+    # A kept entry of another Run that happened to get this one's id (the first was freed) is recomputed.
+    _, grads = _GRADS.get_or_compute(key, compute, accept=lambda entry: entry[0]() is clean)
+    return grads, bool(ran)
 
 
 def _estimates(

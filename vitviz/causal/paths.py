@@ -46,7 +46,7 @@ import numpy as np
 from PIL import Image
 
 from vitviz.capture.forward import DEFAULT_BUDGET_BYTES
-from vitviz.capture.run import Run
+from vitviz.capture.run import PATTERN_PARTS, SOURCE_PARTS, Run
 from vitviz.capture.targets import Target
 from vitviz.causal.grid import CancelCheck, Job, Outcome, Progress, chunk_size, chunks, replay_cost, run_grid
 from vitviz.causal.notes import NotDefined, target_of, target_values
@@ -180,7 +180,7 @@ def pattern_patching(
     docstring). ``max_work`` bounds the work (forward-equivalents x tokens; a capped grid says so), ``slot`` is
     held around each batch (a server's forward queue)."""
     run, source, t, names = _setup(
-        loaded, target_image, source_image, target, size, budget_bytes, label_embeddings, ("attn.pattern",)
+        loaded, target_image, source_image, target, size, budget_bytes, label_embeddings, PATTERN_PARTS
     )
     patterns = [_point(run, layer, "attn.pattern") for layer in range(run.num_blocks)]
     editable = [run.points.by_name[n].editable and source.has(n) for n in patterns]
@@ -250,7 +250,7 @@ def path_patching(
     """Path patching from each head to the read-out (``receivers`` empty), or to the given later heads' q, k or v
     inputs: an ``(L, H)`` grid of ``y`` (module docstring). Senders in or after the first receiver's block are NaN."""
     run, source, t, names = _setup(
-        loaded, target_image, source_image, target, size, budget_bytes, label_embeddings, ("attn.z",)
+        loaded, target_image, source_image, target, size, budget_bytes, label_embeddings, SOURCE_PARTS
     )
     receivers = _check_receivers(run, receivers)
     n = run.num_blocks
