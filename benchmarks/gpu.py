@@ -844,7 +844,8 @@ def step_memory(s: Session) -> dict:
 
 def _causal_parts(s: Session, device: str) -> dict[str, dict]:
     """Every causal analysis on demo on ``device``: each part's arrays (or its error)."""
-    from vitviz.capture.causal import (
+    from vitviz.causal import (
+        activation_patching,
         capture_knocked_out,
         causal_arrays,
         direct_logit_attribution,
@@ -852,8 +853,10 @@ def _causal_parts(s: Session, device: str) -> dict[str, dict]:
         head_importance,
         knock_out,
         logit_lens,
+        patch_lens,
+        path_patching,
+        pattern_patching,
     )
-    from vitviz.capture.patching import activation_patching, patch_lens
 
     loaded = s.model("demo", device)
     a, b = s.images["demo-circle.png"], s.images["demo-star.png"]
@@ -886,6 +889,9 @@ def _causal_parts(s: Session, device: str) -> dict[str, dict]:
         "capture_knocked_out": lambda: {"attention": capture_knocked_out(loaded, a, [(0, 0)])[0].attentions},
         "causal_arrays": arrays,
         "patch_lens": lambda: {"lens": patch_lens(loaded, a)},
+        "pattern_patching": lambda: {"values": pattern_patching(loaded, a, b).values},
+        "path_patching": lambda: {"values": path_patching(loaded, a, b).values},
+        "path_patching_to_q": lambda: {"values": path_patching(loaded, a, b, receivers=[(3, 0, "q")]).values},
     }
     out = {}
     for name, fn in parts.items():
@@ -906,7 +912,7 @@ def step_causal(s: Session) -> dict:
         got = _causal_parts(s, str(dev))
     release(dev)
     left = allocated(dev)
-    from vitviz.capture import patching
+    from vitviz.causal import patching
 
     grads_kept = len(patching._GRADS)  # gradients kept for the next source image: outlive clear_runs()
     patching._GRADS.clear()

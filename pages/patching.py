@@ -101,7 +101,7 @@ st.caption(
     "**Path patching** to the read-out: head h's output z is the source's on the direct path only: every later "
     "block reads the target's own activations (frozen), so only that head's output difference, through the output "
     "projection, reaches the read-out. Each cell is the measured score; the colour its change from the clean score. "
-    "Definitions: vitviz docs, Definitions > Attention-pattern patching, Path patching."
+    "Definition: vitviz docs, Definitions > Attention-pattern patching; and Definitions > Path patching."
 )
 want_paths = ("patching_paths", *cur.key, source_digest, target)
 if ss.get("patching_paths_wanted") != want_paths:

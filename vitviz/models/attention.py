@@ -17,7 +17,7 @@ are the same numbers in float32 and at least as accurate in half precision).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -26,6 +26,9 @@ __all__ = ["IMPLEMENTATION", "attention_forward", "use_vitviz_attention"]
 
 IMPLEMENTATION = "vitviz"
 _registered = False
+# The registry's pattern visitor (vitviz.models.hooks.visit_pattern), set when a model is installed: this module
+# imports nothing of the registry, which imports it.
+_visitor: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None
 
 
 def attention_forward(
@@ -39,8 +42,6 @@ def attention_forward(
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Eager attention ``(B, H, T, d)`` x3 -> output ``(B, T, H, d)`` and probabilities ``(B, H, Tq, Tk)``."""
-    from vitviz.models.hooks import visit_pattern
-
     if scaling is None:
         scaling = query.size(-1) ** -0.5
     weights = torch.matmul(query, key.transpose(-1, -2)) * scaling
@@ -48,7 +49,8 @@ def attention_forward(
         weights = weights + attention_mask[:, :, :, : key.shape[-2]]
     weights = nn.functional.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
     weights = nn.functional.dropout(weights, p=dropout, training=module.training)
-    weights = visit_pattern(module, weights)  # the call's records and edits of this block's pattern
+    if _visitor is not None:
+        weights = _visitor(module, weights)  # the call's records and edits of this block's pattern
     out = torch.matmul(weights, value)
     return out.transpose(1, 2).contiguous(), weights
 
@@ -67,11 +69,15 @@ def _register() -> None:
     _registered = True
 
 
-def use_vitviz_attention(callers: Iterable[nn.Module]) -> None:
-    """Make the attention modules ``callers`` (those whose pattern is a point) run :func:`attention_forward`: their
-    configs name vitviz's implementation (a two-tower model's text tower keeps its own). At load only, before other
-    threads run the model."""
+def use_vitviz_attention(
+    callers: Iterable[nn.Module], visitor: Callable[[nn.Module, torch.Tensor], torch.Tensor]
+) -> None:
+    """Make the attention modules ``callers`` (those whose pattern is a point) run :func:`attention_forward`, which
+    hands each block's probabilities to ``visitor`` (the registry's); their configs name vitviz's implementation (a
+    two-tower model's text tower keeps its own). At load only, before other threads run the model."""
+    global _visitor
     _register()
+    _visitor = visitor
     for module in callers:
         config = module.__dict__.get("config")
         if config is None or not hasattr(config, "_attn_implementation"):

@@ -34,7 +34,8 @@ from typing import Any, Protocol
 import torch
 
 from vitviz.errors import CaptureError
-from vitviz.models.points import Edit, Point, Points, PointState
+from vitviz.models.attention import use_vitviz_attention
+from vitviz.models.points import FUNCTION, Edit, Point, Points, PointState
 
 __all__ = [
     "Site",
@@ -258,8 +259,6 @@ def visit_pattern(module: torch.nn.Module, probs: torch.Tensor) -> torch.Tensor:
 
 def _declare(family, sites: list[Site]) -> tuple[list[Point], tuple[str, ...], dict[int, Any]]:
     """Every point the family's layout gives, each block's name prefix, and each block's parts."""
-    from vitviz.models.families.base import FUNCTION
-
     prefixes: list[str] = []
     within: dict[int, int] = {}
     points: list[Point] = []
@@ -365,9 +364,7 @@ def install(model: torch.nn.Module, family) -> Registry:
             site.block.register_forward_hook(_block_hook(site), with_kwargs=True)
         callers = [p.module for p in declared if p.kind == "pattern" and p.module in _PATTERN_CALLERS]
         if callers:
-            from vitviz.models.attention import use_vitviz_attention
-
-            use_vitviz_attention(callers)
+            use_vitviz_attention(callers, visit_pattern)
         registry = Registry(tuple(sites), Points({p.name: p for p in declared}, prefixes))
         _REGISTRY[model] = registry
         _LOCKS[model] = threading.Lock()
@@ -375,8 +372,6 @@ def install(model: torch.nn.Module, family) -> Registry:
 
 
 def _is_caller(family, site: Site, module: torch.nn.Module) -> bool:
-    from vitviz.models.families.base import FUNCTION
-
     parts = family.block_parts(site)
     return parts.pattern == FUNCTION and parts.caller is module
 

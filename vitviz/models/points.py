@@ -76,6 +76,7 @@ __all__ = [
     "Edit",
     "EditOp",
     "EDIT_OPS",
+    "FUNCTION",
     "Point",
     "Points",
     "PointState",
@@ -83,6 +84,8 @@ __all__ = [
     "block_name",
     "TRANSFORMER_LENS_NAMES",
 ]
+
+FUNCTION = "function"  # a layout's pattern: the family's attention runs through vitviz's attention function
 
 EditOp = Literal["replace", "zero", "mean", "patch", "add", "scale", "fn"]
 EDIT_OPS: tuple[str, ...] = ("replace", "zero", "mean", "patch", "add", "scale", "fn")

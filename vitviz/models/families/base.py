@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from vitviz.models.hooks import Site
+from vitviz.models.points import FUNCTION
 from vitviz.record import Geometry, PositionInfo
 
 __all__ = [
@@ -103,9 +104,6 @@ class BlockLayout:
     mlp_output: tuple[str, ...] = ()
     norms: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
     layer_scales: tuple[str, str] | None = None
-
-
-FUNCTION = "function"  # BlockLayout.pattern: the family's attention runs through vitviz's attention function
 
 
 @dataclass(frozen=True, eq=False)
