@@ -392,29 +392,37 @@ def _tensor_bytes(tensors) -> int:
     return sum(_storages(tensors).values())
 
 
-class _SavedBytes:
-    """Counts the storages autograd saves for the backward during a forward (``saved_tensors_hooks``)."""
+def _graph_storages(roots) -> dict[int, int]:
+    """The storages the autograd graph behind ``roots`` saved for its backward, by walking its nodes once.
 
-    def __init__(self) -> None:
-        self.saved: dict[int, int] = {}
+    (A ``saved_tensors_hooks`` pack hook that returns the tensor would be simpler, but it ties every saved output
+    to its own node in a reference cycle, so a dropped Run's GPU memory waited for the garbage collector.)"""
+    seen: set[int] = set()
+    stack = [r.grad_fn for r in roots if isinstance(r, torch.Tensor) and r.grad_fn is not None]
+    out: dict[int, int] = {}
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        for name in dir(node):
+            if name.startswith("_saved_"):
+                try:
+                    value = getattr(node, name)
+                except RuntimeError:  # freed, or not a tensor a Python object can show
+                    continue
+                for t in value if isinstance(value, (tuple, list)) else (value,):
+                    if isinstance(t, torch.Tensor):
+                        st = t.untyped_storage()
+                        out[st.data_ptr()] = st.nbytes()
+        stack.extend(n for n, _ in node.next_functions)
+    return out
 
-    def counting(self, on: bool):
-        from contextlib import nullcontext
 
-        if not on:
-            return nullcontext()
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            st = t.untyped_storage()
-            self.saved[st.data_ptr()] = st.nbytes()
-            return t
-
-        return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
-
-    def bytes_beyond(self, kept) -> int:
-        """What the graph saved that the Run does not hold otherwise."""
-        held = _storages(kept)
-        return sum(n for ptr, n in self.saved.items() if ptr not in held)
+def _graph_bytes(roots, kept) -> int:
+    """What the graph behind ``roots`` saved that the Run does not hold otherwise (``kept``)."""
+    held = _storages(kept)
+    return sum(n for ptr, n in _graph_storages(roots).items() if ptr not in held)
 
 
 def _checked_readout(
@@ -464,8 +472,7 @@ def _make_run(
     # Every point but the patterns: the recorder already holds each block's live probabilities (``_raw``), and a
     # family's ``probs`` may compute them (T2T's performer), so they are not taken twice.
     record = [n for n, p in points.by_name.items() if p.kind != "pattern"]
-    saved = _SavedBytes()
-    with mode, active(loaded, record=record, grad=gradients) as state, saved.counting(gradients):
+    with mode, active(loaded, record=record, grad=gradients) as state:
         out = run_forward(loaded, pixels, rec)
         graph_scores = scorer(out)  # None for a backbone (no classifier, no label embeddings)
     cap = captures_from(loaded, rec, out, resized, hw, 5)[0]
@@ -498,7 +505,9 @@ def _make_run(
         _raw=dict(rec.raw),
         _out=out,
         _graph_scores=graph_scores if gradients else None,
-        graph_bytes=saved.bytes_beyond([*state.values.values(), *rec.raw.values(), pixels]),
+        graph_bytes=_graph_bytes([graph_scores], [*state.values.values(), *rec.raw.values(), pixels])
+        if gradients
+        else 0,
     )
 
 

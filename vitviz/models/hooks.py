@@ -277,7 +277,8 @@ def _declare(family, sites: list[Site]) -> tuple[list[Point], tuple[str, ...], d
             found = getattr(parts, kind)
             if found is not None:
                 points.append(Point(f"{prefix}.attn.{kind}", found[0], "output", site.index, kind, columns=found[1]))
-        if parts.pattern == FUNCTION:
+        config = parts.caller.__dict__.get("config") if parts.pattern == FUNCTION else None
+        if parts.pattern == FUNCTION and hasattr(config, "_attn_implementation"):
             points.append(Point(f"{prefix}.attn.pattern", parts.caller, "output", site.index, "pattern"))
         elif isinstance(parts.pattern, torch.nn.Module):
             points.append(Point(f"{prefix}.attn.pattern", parts.pattern, "output", site.index, "pattern"))
