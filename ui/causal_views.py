@@ -479,7 +479,7 @@ def draw_head_paths(cur: common.Current, s: PatchingSettings, kind: str, *, key:
     st.caption(f"{shown.forward_equivalents:g} forward-equivalents (passes of the model over one image).")
     common.downloads(
         f"patching_{kind}",
-        key,
+        f"{key}_{kind}",
         csv=long_table(shown.values, ("block", "head"), f"{shown.target_name} after the patch (logit)"),
         **{kind: shown.values},
     )
