@@ -53,6 +53,7 @@ from vitviz.models.families.base import Call, ReadoutHead
 from vitviz.models.hooks import Site, installed_sites
 from vitviz.models.load import LoadedModel
 from vitviz.models.points import Edit, Points, active, block_name, install_points
+from vitviz.models.zeroshot import Labels
 from vitviz.record import Capture, Geometry
 
 __all__ = [
@@ -158,6 +159,10 @@ class Run:
     _out: object = field(repr=False)  # the forward's output (graph)
     _graph_scores: torch.Tensor | None = field(repr=False)  # (1, C) in the graph
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # The zero-shot labels (names, prompts, template) whose embeddings ``label_embeddings`` are, for display;
+    # ``vitviz.run`` sets it on its copy of the cached run (``dataclasses.replace``). None: class logits, or
+    # label embeddings given without their names.
+    labels: Labels | None = field(default=None, repr=False)
 
     # --- reading --------------------------------------------------------------------------------
     @property

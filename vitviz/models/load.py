@@ -141,11 +141,18 @@ def parse_model_name(name: str) -> str:
         raise ModelLoadError("No model given: type a Hugging Face model id (owner/name), a local folder, or 'demo'.")
     if text in bundled() or _is_dir(text):
         return text
+    names = ", ".join(bundled())
+    near = [n for n in bundled() if n.lower() == text.lower()]
+    if near:  # "Demo" would otherwise be looked up on the hub, with no word of the bundled names
+        raise ModelLoadError(
+            f"'{text[:120]}' is not a model vitviz knows: did you mean '{near[0]}'? The bundled "
+            f"models are {names} (names are lower case)."
+        )
     if _HUB_ID.match(text) and ".." not in text:
         return text
     raise ModelLoadError(
         f"'{text[:120]}' is neither an existing local folder nor a Hugging Face model id like "
-        "'google/vit-base-patch16-224'. Check the spelling, or use the bundled 'demo' model."
+        f"'google/vit-base-patch16-224'. Check the spelling, or use a bundled model: {names}."
     )
 
 
@@ -257,16 +264,29 @@ def _refuse_remote_code(name: str, files: list[Path]) -> None:
 
 @contextlib.contextmanager
 def _quiet_transformers():
-    """transformers' own load report (coloured, many lines) off while loading: vitviz says what matters itself
-    (:func:`_refuse_incomplete`). Process-wide; two loads at once may leave it at errors only."""
+    """transformers' own load report (coloured, many lines) and its "Loading weights" bar off while loading:
+    vitviz says what matters itself (:func:`_refuse_incomplete`), and the bar is noise on every command and, in
+    a notebook, a TqdmWarning (the weights of a ViT load in a second or two). The hub's download bars stay as they
+    were: a download is the long part of a load. Process-wide; two loads at once may leave it at errors only and
+    the bar off."""
+    from huggingface_hub import utils as hub_utils
     from transformers.utils import logging as hf_logging
 
     before = hf_logging.get_verbosity()
+    bar = hf_logging.is_progress_bar_enabled()
+    downloads = not hub_utils.are_progress_bars_disabled()
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # transformers' bar, and the hub's with it:
+    if downloads:
+        hub_utils.enable_progress_bars()  # the download bars come back
     try:
         yield
     finally:
         hf_logging.set_verbosity(before)
+        if bar:
+            hf_logging.enable_progress_bar()  # the hub's too:
+            if not downloads:
+                hub_utils.disable_progress_bars()  # as they were
 
 
 _SHOWN = 3  # keys named in a message
@@ -446,7 +466,7 @@ def load_model(
                 raise ModelLoadError(
                     f"'{source}' is not in the local Hugging Face cache and the hub cannot be reached. "
                     f"Fix: download it where there is a network (hf download {source}) and copy the cache, "
-                    "give the path of a local folder written by save_pretrained, or use the bundled 'demo' model."
+                    f"give the path of a local folder written by save_pretrained, or use a bundled model: {', '.join(bundled())}."
                 ) from None
     try:
         _refuse_remote_code(name, _config_files(source, local, hub_kwargs))
