@@ -409,7 +409,7 @@ def _heads(
             need = -(-max(exc.nbytes, limit + 1) // 1_000_000) * 1_000_000
             problem = (
                 f"{exc}. vitviz.show(run, max_bytes={need:_}) sends it anyway (the notebook file keeps the page), "
-                "or run at a smaller size="
+                "or give vitviz.run a smaller size="
             )
         except ValueError as exc:
             problem = str(exc)
