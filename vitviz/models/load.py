@@ -9,6 +9,7 @@ message that says how to fix it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import socket
@@ -61,6 +62,10 @@ class LoadedModel:
     patch_weights: np.ndarray | None = field(repr=False)  # (D, C, k, k) first convolution
     text: TextTower | None = field(default=None, repr=False)  # two-tower models: labels a user types
     text_note: str = ""  # a text tower without its tokenizer: why there are no zero-shot labels
+    # (crop side, shortest edge) where the folder asks for its original's centre crop (``vitviz.json``:
+    # ``"center_crop": true``, as vitviz's converters write): the short side is resized to ``shortest edge`` and
+    # the centre ``crop side`` square kept (scaled alike at other input sizes). None: the whole image, resized.
+    center_crop: tuple[int, int] | None = None
 
     @property
     def config(self):
@@ -374,6 +379,7 @@ class _Preprocessing:
     rescale: float = 1 / 255
     resample: int = 2  # bilinear
     channel_order: tuple[int, int, int] = (0, 1, 2)
+    center_crop: tuple[int, int] | None = None  # (crop side, shortest edge): see LoadedModel
 
 
 def _processor_settings(source: str, config, hub_kwargs: dict) -> _Preprocessing:
@@ -410,6 +416,7 @@ def _processor_settings(source: str, config, hub_kwargs: dict) -> _Preprocessing
     rescale = float(getattr(proc, "rescale_factor", default.rescale) or default.rescale)
     res = getattr(proc, "resample", default.resample)
     return _Preprocessing(
+        center_crop=_center_crop(source, proc, crop),
         size=crop or _hw(getattr(proc, "size", None)) or default.size,
         mean=mean,
         std=std,
@@ -417,6 +424,29 @@ def _processor_settings(source: str, config, hub_kwargs: dict) -> _Preprocessing
         resample=int(getattr(res, "value", res) if res is not None else default.resample),
         channel_order=(2, 1, 0) if getattr(proc, "do_flip_channel_order", False) else (0, 1, 2),
     )
+
+
+def _center_crop(source: str, proc, crop: tuple[int, int] | None) -> tuple[int, int] | None:
+    """(crop side, shortest edge) when the folder's ``vitviz.json`` asks for its processor's centre crop, else None.
+
+    vitviz shows the whole image unless a folder asks (its maps then cover the crop only): a converted checkpoint
+    scores like its original only with the original's crop. The processor must resize the shortest edge and crop
+    a square (CLIP's and timm's evaluation); anything else is refused rather than approximated.
+    """
+    path = Path(source) / "vitviz.json"
+    try:
+        wanted = path.is_file() and json.loads(path.read_text(encoding="utf-8")).get("center_crop") is True
+    except (OSError, ValueError, AttributeError):
+        wanted = False
+    if not wanted:
+        return None
+    size = dict(getattr(proc, "size", None) or {})
+    if crop is None or crop[0] != crop[1] or "shortest_edge" not in size or int(size["shortest_edge"]) < crop[0]:
+        raise ModelLoadError(
+            f"'{source}' asks for a centre crop (vitviz.json), but its preprocessor_config.json does not resize the "
+            "shortest edge and crop a square of at most that side (do_center_crop, size.shortest_edge, crop_size)."
+        )
+    return int(crop[0]), int(size["shortest_edge"])
 
 
 def load_model(
@@ -523,6 +553,7 @@ def load_model(
         rescale_factor=prep.rescale,
         resample=prep.resample,
         channel_order=prep.channel_order,
+        center_crop=prep.center_crop,
         id2label=labels,
         position=position,
         patch_weights=weights,
