@@ -293,7 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--methods",
         default=None,
         metavar="M1,M2",
-        help="also write method_<name>: explanation maps on the patch grid (e.g. attnlrp,rollout,relevance)",
+        help="also write method_<name>: explanation maps on the patch grid (e.g. attnlrp,rollout,relevance); "
+        "attnlrp is the paper's rules (the default AttnLRP), attnlrp_cp CP-LRP inside attention (lxt's ViT recipe)",
     )
     ex.add_argument(
         "--class-minus",
@@ -361,7 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="M1,M2",
         help="comma-separated methods (default: all that apply): attention, rollout, relevance, "
-        "gradcam, integrated_gradients, attnlrp, random",
+        "gradcam, integrated_gradients, attnlrp (the paper's rules), random; also attnlrp_cp (AttnLRP with "
+        "CP-LRP inside attention, lxt's ViT recipe; not among the defaults)",
     )
     ev.add_argument("--limit", type=int, default=None, metavar="N", help="evaluate the first N images only")
     ev.add_argument("--size", type=int, nargs="+", metavar="PX", help="input size: one number (square) or H W")

@@ -14,6 +14,12 @@ curves (:mod:`vitviz.evaluate.faithfulness`). One module per method:
 ``random``                i.i.d. uniform values from a seeded generator (the floor)
 ========================  ==================================================================
 
+Named variants (:data:`VARIANTS`) are methods with other settings under a name of their own:
+``attnlrp_cp`` is AttnLRP with CP-LRP inside attention (the attention matrix a constant, as
+``lxt`` explains vision transformers), beside ``attnlrp``, the paper's rules (the default).
+They are offered where methods are chosen by name (``--methods``, the app's Compare page) and
+are not among the defaults (:data:`METHODS`, what applies when no method is named).
+
 Rollout and relevance are undefined for MobileViT (``Family.rollout_note``); class-
 specific methods need a classifier. :func:`available_methods` lists what applies,
 :func:`why_unavailable` says why not, and :func:`explain` raises :class:`MethodError`
@@ -39,6 +45,7 @@ from vitviz.models.load import LoadedModel
 
 __all__ = [
     "METHODS",
+    "VARIANTS",
     "Method",
     "MethodMap",
     "MethodError",
@@ -59,14 +66,22 @@ METHODS: dict[str, Method] = {
 }
 
 
+# name -> (the method it varies, its constructor's settings): see the module docstring
+VARIANTS: dict[str, tuple[str, dict]] = {"attnlrp_cp": ("attnlrp", {"variant": "cp"})}
+
+
 def get_method(method: str | Method, **options) -> Method:
-    """A method by name (with ``options`` for its constructor, e.g. ``n_steps=64``), or the instance given."""
+    """A method by name (:data:`METHODS` or :data:`VARIANTS`; with ``options`` for its constructor, e.g.
+    ``n_steps=64``), or the instance given."""
     if isinstance(method, Method):
         if options:
             raise ValueError("options apply to a method given by name; configure an instance yourself")
         return method
+    if method in VARIANTS:
+        base, fixed = VARIANTS[method]
+        return type(METHODS[base])(**fixed, **options)
     if method not in METHODS:
-        raise MethodError(f"unknown explanation method {method!r}; choose one of {', '.join(METHODS)}")
+        raise MethodError(f"unknown explanation method {method!r}; choose one of {', '.join([*METHODS, *VARIANTS])}")
     return type(METHODS[method])(**options) if options else METHODS[method]
 
 
