@@ -467,7 +467,7 @@ def draw_rollout(
     if cur.cap.is_hierarchical:
         st.caption(
             f"On stage {m.stage + 1}'s grid: windows undone, reduced keys spread over the tokens they came from, "
-            "merged tokens averaged (ALGORITHMS.md). The row sums to 1."
+            "merged tokens averaged. The row sums to 1. Definition: vitviz docs, Definitions > Rollout through stages."
         )
     return m
 

@@ -118,7 +118,7 @@ def run(
 
     Raises:
         VitvizError: ``ModelLoadError``, ``ImageError``, ``UsageError`` (size), ``ZeroShotError`` (labels),
-        ``BudgetError`` ..., each with a message saying what to do.
+            ``BudgetError`` ..., each with a message saying what to do.
     """
     with warnings.catch_warnings():
         # tqdm.auto, imported by transformers and the hub, warns in a kernel without ipywidgets that its bars

@@ -1,6 +1,6 @@
 """Activation patching between two images, attribution patching, and the per-patch logit lens.
 
-Definitions (``ALGORITHMS.md``, "Causal views"; Meng et al. 2022, Heimersheim & Nanda
+Definitions (``docs/definitions.md#activation-patching``; Meng et al. 2022, Heimersheim & Nanda
 2024). Two images, the **target** and the **source**, each resized to the same model
 input. The measured scalar ``y`` is a :class:`~vitviz.capture.targets.Target` of the
 target's scores (default: the logit of the target's top-1 class; a zero-shot label's
