@@ -68,6 +68,7 @@ class MethodMapsSettings:
 
     target: object
     scale: str = SCALES[0]  # vitviz.analysis.scales.SCALES
+    attnlrp: str = "attnlrp"  # AttnLRP's rules: "attnlrp" (the paper's, the default) or "attnlrp_cp" (ATTNLRP)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class CurvesSettings:
 
     target: object
     start: str = "mean"
+    attnlrp: str = "attnlrp"  # as MethodMapsSettings
 
 
 @dataclass(frozen=True)
@@ -129,15 +131,23 @@ def _block_labels(cur: common.Current) -> tuple[list[str], list[int] | None]:
 # --- Compare ------------------------------------------------------------------------------------------
 
 
-def target_maps(cur: common.Current, target, progress=None) -> dict:
-    """Every method's map for ``target`` by method name (``cached.get_target_maps``), cached."""
-    return cached.get_target_maps(cur, target, _labels(cur), progress=progress)
+# AttnLRP's rules on the Compare page: the paper's (the default) or CP-LRP inside attention, as lxt explains ViTs
+ATTNLRP = {
+    "attnlrp": "the paper's rules (AttnLRP, the default)",
+    "attnlrp_cp": "CP-LRP inside attention (lxt's ViT recipe)",
+}
+
+
+def target_maps(cur: common.Current, target, progress=None, attnlrp: str = "attnlrp") -> dict:
+    """Every method's map for ``target`` by method name (``cached.get_target_maps``), cached; AttnLRP by the rules
+    ``attnlrp`` names (:data:`ATTNLRP`)."""
+    return cached.get_target_maps(cur, target, _labels(cur), progress=progress, attnlrp=attnlrp)
 
 
 def draw_method_maps(cur: common.Current, s: MethodMapsSettings, *, key: str) -> dict:
     """Every method's map for ``s.target``, one tile each on ``s.scale`` (chart ``f"{key}_maps"``), each tile titled
     with its raw range. Returns the maps by method (``vitviz.methods`` results); raises what computing them raises."""
-    maps = target_maps(cur, s.target)
+    maps = target_maps(cur, s.target, attnlrp=s.attnlrp)
     names = list(maps)
     scaled = scale_maps(np.stack([np.asarray(maps[m].values, np.float64) for m in names]), s.scale)
     fig = figures.small_multiples_figure(
@@ -157,7 +167,9 @@ def draw_method_maps(cur: common.Current, s: MethodMapsSettings, *, key: str) ->
 
 def curves(cur: common.Current, s: CurvesSettings, progress=None) -> list:
     """Deletion and insertion results of every method (``cached.get_target_curves``), cached."""
-    return cached.get_target_curves(cur, s.target, progress=progress, labels=_labels(cur), insertion_start=s.start)
+    return cached.get_target_curves(
+        cur, s.target, progress=progress, labels=_labels(cur), insertion_start=s.start, attnlrp=s.attnlrp
+    )
 
 
 def draw_curves(cur: common.Current, s: CurvesSettings, *, key: str) -> list:

@@ -142,8 +142,31 @@ __all__ = [
 ]
 
 
+def _version() -> str:
+    """The installed distribution's version (its metadata: one source, ``pyproject.toml``'s at build time); from
+    a source checkout that is not installed, ``pyproject.toml``'s own; ``"0+unknown"`` when neither is found."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("vitviz")
+    except metadata.PackageNotFoundError:
+        pass
+    import tomllib
+    from pathlib import Path
+
+    try:
+        with (Path(__file__).resolve().parents[1] / "pyproject.toml").open("rb") as f:
+            project = tomllib.load(f).get("project", {})
+    except (OSError, ValueError):
+        return "0+unknown"
+    return str(project.get("version", "0+unknown")) if project.get("name") == "vitviz" else "0+unknown"
+
+
 def __getattr__(name: str) -> Any:
-    """Import the module behind a public name on first use, and keep the name here."""
+    """Import the module behind a public name on first use, and keep the name here (``__version__`` too)."""
+    if name == "__version__":
+        globals()[name] = value = _version()
+        return value
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'vitviz' has no attribute {name!r}")
@@ -153,4 +176,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+    return sorted({*globals(), *__all__, "__version__"})

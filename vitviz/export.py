@@ -14,7 +14,7 @@ from vitviz.analysis.blocks import global_query, head_maps
 from vitviz.analysis.embeddings import position_similarity
 from vitviz.analysis.rollout import capture_rollout
 from vitviz.analysis.stats import summary_table
-from vitviz.capture.forward import Capture, capture_batch
+from vitviz.capture.forward import Capture, capture_batch, seen_part
 from vitviz.capture.targets import Target, targets_arrays
 from vitviz.causal import NotDefined, causal_arrays
 from vitviz.cli_checks import unique_targets
@@ -193,7 +193,8 @@ def export_images(
 
     The PNG is the map over the photo at the photo's own size, scaled down to at most
     2048 px on its long side (:func:`vitviz.figures.overlay.fit_photo`), bilinear, 60 %
-    opacity, the map on its own min..max.
+    opacity, the map on its own min..max; for a model that sees a centre crop (a converted
+    checkpoint, :func:`vitviz.capture.forward.seen_part`), over that crop of the photo.
 
     Unreadable images are reported in ``failed`` and skipped; everything written
     before a failure stays. ``progress(n)`` is called after each ``n`` images.
@@ -277,13 +278,15 @@ def export_images(
             target = out / f"{stem}.npz"
             _write_npz(target, arrays)
             name, grid_map = overlay_map(cap, arrays)
-            photo = fit_photo(images[names.index(path)])  # the photo's own size, at most 2048 px on its long side
+            # the photo's own size, at most 2048 px on its long side; the part the model saw (its crop, if any)
+            seen = seen_part(loaded, images[names.index(path)], cap.input_size)
+            photo = fit_photo(seen)
             overlay(photo, grid_map).save(out / f"{stem}_{name}.png")
             if gif is not None:
                 _write_gif(
                     out / f"{stem}_{gif}.gif",
                     cap,
-                    images[names.index(path)],
+                    seen,
                     report,
                     gif,
                     gif_head,

@@ -102,17 +102,57 @@ def check_budget(loaded: LoadedModel, hw: tuple[int, int], *, batch: int, gradie
         )
 
 
+def crop_box(loaded: LoadedModel, size: tuple[int, int], hw: tuple[int, int]) -> tuple[int, int, int, int, int, int]:
+    """Where a ``size`` = (w, h) image goes for an input ``hw`` = (h, w): ``(W, H, left, top, right, bottom)``, the
+    size it is resized to and the box of that kept.
+
+    Without :attr:`~vitviz.models.load.LoadedModel.center_crop`: the whole image, resized to ``hw``. With
+    (crop side ``C``, shortest edge ``S``): resized, aspect kept, to cover ``(h * S // C, w * S // C)`` (for a
+    square input, the short side becomes ``h * S // C`` and the long one ``int(short * long / short_side)``, as
+    torchvision's ``Resize(int)``), then the centre ``hw`` kept (torchvision's ``CenterCrop`` rounding): at the
+    folder's own size, the original's ``Resize(S)`` + ``CenterCrop(C)`` exactly.
+    """
+    h, w = hw
+    if loaded.center_crop is None:
+        return w, h, 0, 0, w, h
+    c, s = loaded.center_crop
+    th, tw = h * s // c, w * s // c
+    iw, ih = size
+    if tw / iw >= th / ih:  # the width binds
+        nw, nh = tw, max(th, int(tw * ih / iw))
+    else:
+        nw, nh = max(tw, int(th * iw / ih)), th
+    left, top = round((nw - w) / 2.0), round((nh - h) / 2.0)  # round half to even, as torchvision's int(round())
+    return nw, nh, left, top, left + w, top + h
+
+
+def seen_part(loaded: LoadedModel, photo: Image.Image, hw: tuple[int, int]) -> Image.Image:
+    """The part of ``photo`` the model sees at input ``hw``, at the photo's own resolution: the photo itself, or
+    its centre crop (:func:`crop_box`), for drawing maps over the photo where they belong."""
+    if loaded.center_crop is None:
+        return photo
+    nw, nh, left, top, right, bottom = crop_box(loaded, photo.size, hw)
+    sx, sy = photo.width / nw, photo.height / nh
+    return photo.crop((round(left * sx), round(top * sy), round(right * sx), round(bottom * sy)))
+
+
+def _model_view(loaded: LoadedModel, img: Image.Image, hw: tuple[int, int]) -> np.ndarray:
+    rgb = img.convert("RGB")
+    nw, nh, left, top, right, bottom = crop_box(loaded, rgb.size, hw)
+    return np.asarray(rgb.resize((nw, nh), loaded.resample).crop((left, top, right, bottom)))
+
+
 def preprocess(
     loaded: LoadedModel, images: Sequence[Image.Image], hw: tuple[int, int]
 ) -> tuple[torch.Tensor, np.ndarray]:
     """Resize to ``hw`` and normalise as the model's image processor does.
 
-    No centre crop: the model sees the whole image, so maps overlay it exactly.
-    Returns pixel values ``(B, 3, h, w)`` on the model's device and the resized
-    uint8 images ``(B, h, w, 3)``.
+    No centre crop, unless the model's folder asks for it (:attr:`~vitviz.models.load.LoadedModel.center_crop`,
+    vitviz's converted checkpoints): the model sees the whole image, so maps overlay it exactly; with the crop,
+    maps cover the crop (:func:`seen_part` of the photo). Returns pixel values ``(B, 3, h, w)`` on the model's
+    device and the resized (and cropped) uint8 images ``(B, h, w, 3)``, what the model saw.
     """
-    h, w = hw
-    resized = np.stack([np.asarray(img.convert("RGB").resize((w, h), loaded.resample)) for img in images])
+    resized = np.stack([_model_view(loaded, img, hw) for img in images])
     x = (unnormalised(loaded, resized) - np.asarray(loaded.image_mean, np.float32)) / np.asarray(
         loaded.image_std, np.float32
     )

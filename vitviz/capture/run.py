@@ -53,6 +53,7 @@ from vitviz.models.families.base import Call, ReadoutHead
 from vitviz.models.hooks import Site, active, installed_points, installed_sites
 from vitviz.models.load import LoadedModel
 from vitviz.models.points import Edit, Points, block_name
+from vitviz.models.zeroshot import Labels
 from vitviz.record import Capture, Geometry
 
 __all__ = [
@@ -172,6 +173,10 @@ class Run:
             + self.graph_bytes
             + int(self.capture.nbytes)
         )
+    # The zero-shot labels (names, prompts, template) whose embeddings ``label_embeddings`` are, for display;
+    # ``vitviz.run`` sets it on its copy of the cached run (``dataclasses.replace``). None: class logits, or
+    # label embeddings given without their names.
+    labels: Labels | None = field(default=None, repr=False)
 
     # --- reading --------------------------------------------------------------------------------
     @property

@@ -14,6 +14,12 @@ curves (:mod:`vitviz.evaluate.faithfulness`). One module per method:
 ``random``                i.i.d. uniform values from a seeded generator (the floor)
 ========================  ==================================================================
 
+Named variants (:data:`VARIANTS`) are methods with other settings under a name of their own:
+``attnlrp_cp`` is AttnLRP with CP-LRP inside attention (the attention matrix a constant, as
+``lxt`` explains vision transformers), beside ``attnlrp``, the paper's rules (the default).
+They are offered where methods are chosen by name (``--methods``, the app's Compare page) and
+are not among the defaults (:data:`METHODS`, what applies when no method is named).
+
 Rollout and relevance are undefined for MobileViT (``Family.rollout_note``); class-
 specific methods need a classifier. :func:`available_methods` lists what applies,
 :func:`why_unavailable` says why not, and :func:`explain` raises :class:`MethodError`
@@ -40,6 +46,7 @@ from vitviz.models.load import LoadedModel
 
 __all__ = [
     "METHODS",
+    "VARIANTS",
     "Method",
     "MethodMap",
     "MethodError",
@@ -80,18 +87,28 @@ def register_method(method: Method, *, replace: bool = False) -> None:
         raise ValueError(f"{type(method).__name__} has no name: set the class attribute `name`")
     if name in METHODS and METHODS[name] is not method and not replace:
         raise ValueError(f"an explanation method named {name!r} exists; pass replace=True to take its place")
+    if name in VARIANTS and not replace:
+        raise ValueError(f"{name!r} names a variant of {VARIANTS[name][0]!r}; pass replace=True to take its place")
     METHODS[name] = method
 
 
+# name -> (the method it varies, its constructor's settings): see the module docstring
+VARIANTS: dict[str, tuple[str, dict]] = {"attnlrp_cp": ("attnlrp", {"variant": "cp"})}
+
+
 def get_method(method: str | Method, **options) -> Method:
-    """A method by name (with ``options`` for its constructor, e.g. ``n_steps=64``), or the instance given."""
+    """A method by name (:data:`METHODS` or :data:`VARIANTS`; with ``options`` for its constructor, e.g.
+    ``n_steps=64``), or the instance given."""
     if isinstance(method, Method):
         if options:
             raise ValueError("options apply to a method given by name; configure an instance yourself")
         return method
-    if method not in METHODS:
-        raise MethodError(f"unknown explanation method {method!r}; choose one of {', '.join(METHODS)}")
-    return type(METHODS[method])(**options) if options else METHODS[method]
+    if method in METHODS:  # first: a method registered in a variant's place (replace=True) takes it
+        return type(METHODS[method])(**options) if options else METHODS[method]
+    if method in VARIANTS:
+        base, fixed = VARIANTS[method]
+        return type(METHODS[base])(**fixed, **options)
+    raise MethodError(f"unknown explanation method {method!r}; choose one of {', '.join([*METHODS, *VARIANTS])}")
 
 
 def why_unavailable(loaded: LoadedModel, method: str | Method, target: Target | None = None) -> str:

@@ -405,6 +405,7 @@ CONVERTERS: dict[str, Converter] = {
         classifier_key="head.weight",
         image_size=(spec[-1], spec[-1]),
         notes={"tokens_type": spec[0], "dataset": "imagenet"},
+        shortest_edge=math.floor(spec[-1] / 0.9),  # the authors' timm default_cfg: crop_pct 0.9, bicubic
     )
     for name, spec in _SIZES.items()
 }
