@@ -173,6 +173,7 @@ class Run:
             + self.graph_bytes
             + int(self.capture.nbytes)
         )
+
     # The zero-shot labels (names, prompts, template) whose embeddings ``label_embeddings`` are, for display;
     # ``vitviz.run`` sets it on its copy of the cached run (``dataclasses.replace``). None: class logits, or
     # label embeddings given without their names.
