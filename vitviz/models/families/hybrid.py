@@ -54,8 +54,9 @@ class HybridViT(PlainViT):
         s = total_stride(config)
         if not config.has_resnet:
             return (
-                f"No CNN: as in the ViT paper, the image is cut into {s} x {s} px patches, each flattened and "
-                "linearly projected, with CLS in front (the JAX code's layout, kept for its representation layer)."
+                f"No CNN: the tokens are pixel patches, as in the ViT paper: the image is cut into {s} x {s} px "
+                "patches, each flattened and linearly projected, with CLS in front (the JAX code's layout, kept "
+                "for its representation layer)."
             )
         depths = config.resnet_depths
         stages = f"{len(depths)} stage{'s' if len(depths) != 1 else ''} ({', '.join(map(str, depths))} units)"
