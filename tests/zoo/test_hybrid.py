@@ -332,7 +332,7 @@ def test_the_filters_are_the_standardised_root_convolution(tiny):
 
 def test_the_token_note_says_tokens_are_cnn_cells(tiny):
     note = tiny.family.token_note(tiny.config)
-    assert "not pixel patches" in note and "stride 8" in note and "43 x 43 px receptive field" in note
-    assert "2 stages (1, 2 units)" in note and "1 x 1 projection" in note
+    assert "not pixel patches" in note and "at stride 8 px" in note and "43 x 43 px receptive field" in note
+    assert "2 stages (1, 2 units)" in note and "1 x 1 projection embeds each of its cells" in note
     cap = capture(tiny, random_image(10))
     assert cap.token_kinds == ("CLS",) + ("patch",) * 16

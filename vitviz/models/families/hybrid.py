@@ -30,7 +30,7 @@ import torch
 from vitviz.models.families.base import BlockParts, Family, ReadoutHead
 from vitviz.models.families.vit import PlainViT
 from vitviz.record import Geometry, PositionInfo, PositionTable
-from vitviz.zoo.hybrid import receptive_field, standardised_weight, token_grid, total_stride
+from vitviz.zoo.hybrid import cnn_stride, receptive_field, standardised_weight, token_grid, total_stride
 
 __all__ = ["HybridViT", "FAMILIES"]
 
@@ -60,19 +60,19 @@ class HybridViT(PlainViT):
             )
         depths = config.resnet_depths
         stages = f"{len(depths)} stage{'s' if len(depths) != 1 else ''} ({', '.join(map(str, depths))} units)"
-        where = f"the ResNet's root and {stages}" if depths else "the ResNet's root alone"
+        where = f"the ResNet's root and {stages} make" if depths else "the ResNet's root alone makes"
+        p = config.patch_size
         embed = (
-            "a 1 x 1 projection"
-            if config.patch_size == 1
-            else f"a {config.patch_size} x {config.patch_size} projection of {config.patch_size} x "
-            f"{config.patch_size} cells"
+            "a 1 x 1 projection embeds each of its cells as a token"
+            if p == 1
+            else f"a {p} x {p} projection embeds each {p} x {p} block of its cells as a token (stride {s} px)"
         )
+        rf = receptive_field(config)
         return (
-            f"Hybrid ViT: the tokens are not pixel patches but the cells of a CNN feature map ({where}, stride {s}), "
-            f"each embedded by {embed}, with CLS in front. Each token is drawn on the {s} x {s} px cell it strides "
-            f"over, but its embedding depends on a {receptive_field(config)} x {receptive_field(config)} px "
-            "receptive field around it: attention, rollout and relevance maps place each CNN cell on its stride "
-            "cell, not on everything it saw."
+            f"Hybrid ViT: the tokens are not pixel patches but cells of a CNN feature map: {where} a map at stride "
+            f"{cnn_stride(config)} px, and {embed}, with CLS in front. Each token is drawn on the {s} x {s} px cell "
+            f"it strides over, but its embedding depends on a {rf} x {rf} px receptive field around it: attention, "
+            "rollout and relevance maps place each CNN cell on its stride cell, not on everything it saw."
         )
 
     def position_table(self, model: torch.nn.Module) -> torch.Tensor | None:
