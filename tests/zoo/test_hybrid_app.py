@@ -46,3 +46,6 @@ def test_every_page_opens_on_a_hybrid(hybrid_dir):
     at.switch_page("pages/layers.py").run()
     titles = _titles(at)
     assert "Rollout of" in titles and "Relevance for" in titles
+    for page in ("pages/patching.py", "pages/side_by_side.py"):  # pages beyond the navigation's main ones
+        at.switch_page(page).run()
+        no_trouble(at, page)
