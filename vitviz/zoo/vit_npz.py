@@ -27,7 +27,9 @@ fine-tunes, whose tables the authors resized before fine-tuning).
 Where the weights go:
 
 * a plain ViT with a head and no representation layer -> ``transformers``' ``ViTForImageClassification``
-  (tanh-approximate GELU, ``hidden_act="gelu_pytorch_tanh"``, and LayerNorm eps 1e-6, as flax);
+  (tanh-approximate GELU, ``hidden_act="gelu_pytorch_tanh"``, and LayerNorm eps 1e-6, as flax; at an input
+  size other than the checkpoint's, ``transformers`` resizes its position grid bicubically, where the paper's
+  code resizes bilinearly with aligned corners: the logits at the checkpoint's own size are the paper's);
 * a hybrid, or a ViT with ``pre_logits`` (which HF's ViT has no place for: dropping it would change
   every logit) -> vitviz's own :mod:`vitviz.zoo.hybrid` class, which keeps it; without a head -> its
   ``HybridViTModel``.
