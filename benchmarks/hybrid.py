@@ -72,7 +72,7 @@ def _overhead(folder: Path, runs: int, device: str | None) -> dict:
     from vitviz.models.load import load_model
 
     loaded = load_model(str(folder), device=device)
-    plain = type(loaded.model).from_pretrained(folder, attn_implementation="sdpa").eval()
+    plain = type(loaded.model).from_pretrained(folder, attn_implementation="sdpa", trust_remote_code=False).eval()
     plain.requires_grad_(False).to(loaded.device)
     rng = np.random.default_rng(0)
     image = Image.fromarray(rng.integers(0, 256, (480, 640, 3), dtype=np.uint8))
