@@ -1,22 +1,28 @@
 """vitviz: upload a photo and see how a Vision Transformer reads it.
 
 Run with ``streamlit run app.py``. This file holds the sidebar (model, image,
-input size) shared by every page and the navigation; the pages live in ``pages/``.
+input size) shared by every page and the navigation; the pages live in ``pages/``, their library in ``ui/``.
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
-from pages import common, targets
-from vitviz.data.images import read_image
-from vitviz.errors import VitvizError
-from vitviz.models.zeroshot import parse_labels, vocabulary_warning
-from vitviz.presets import DEMO_NOTES
-from vitviz.text import md_plain
+from ui.navigation import leave_folder_mode, navigation
 
-common.leave_folder_mode()
+leave_folder_mode()
 st.set_page_config(page_title="vitviz", page_icon=":material/visibility:", layout="wide")
+# The navigation is drawn before the engine is imported (torch takes seconds on a cold start): a first visit
+# sees the app's own pages at once. The page itself runs at the end, after the sidebar.
+page = navigation()
+
+from ui import common, target_boxes  # noqa: E402
+from vitviz.data.images import read_image  # noqa: E402
+from vitviz.errors import VitvizError  # noqa: E402
+from vitviz.models.zeroshot import parse_labels, vocabulary_warning  # noqa: E402
+from vitviz.presets import DEMO_NOTES  # noqa: E402
+from vitviz.text import md_plain  # noqa: E402
+
 common.init_state()
 ss = st.session_state
 
@@ -104,9 +110,9 @@ def labels_ui() -> None:
     if not model.zero_shot:
         return
     st.subheader("Labels (zero-shot)")
-    targets.labels_ui(model, key=ss.model_name, sidebar=True)  # the same session state as the pages' boxes
+    target_boxes.labels_ui(model, key=ss.model_name, sidebar=True)  # the same session state as the pages' boxes
     try:
-        labels = parse_labels(*targets.labels_text(model))
+        labels = parse_labels(*target_boxes.labels_text(model))
     except VitvizError as exc:
         st.error(f"{exc} The views wait for labels that parse.")
         return
@@ -191,19 +197,6 @@ with st.sidebar:
             f"Something went wrong in the sidebar ({common.last_resort(exc, 'sidebar')}). Your image and model are kept."
         )
 
-pages = [
-    st.Page("pages/overview.py", title="Image & predictions", icon=":material/image:", default=True),
-    st.Page("pages/heads.py", title="Heads", icon=":material/grid_view:"),
-    st.Page("pages/layers.py", title="Layers & rollout", icon=":material/layers:"),
-    st.Page("pages/importance.py", title="Head importance", icon=":material/science:"),
-    st.Page("pages/patching.py", title="Activation patching", icon=":material/swap_horiz:"),
-    st.Page("pages/compare.py", title="Compare explanations", icon=":material/compare:"),
-    st.Page("pages/side_by_side.py", title="Side by side", icon=":material/splitscreen:"),
-    st.Page("pages/dataset.py", title="Data set", icon=":material/dataset:"),
-    st.Page("pages/positions.py", title="Position embeddings", icon=":material/explore:"),
-    st.Page("pages/embedding.py", title="Patch embedding & norms", icon=":material/extension:"),
-]
-page = st.navigation(pages)
 try:
     page.run()
 except Exception as exc:  # last line of defence: a readable message, never a traceback

@@ -35,7 +35,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from vitviz.capture.causal import fast_estimate, head_importance  # noqa: E402
-from vitviz.capture.run import preprocess  # noqa: E402
+from vitviz.capture.forward import preprocess  # noqa: E402
 from vitviz.models.load import load_model  # noqa: E402
 
 __all__ = ["head_importance_cost", "one_run_views", "fast_vs_exact_rank_correlation", "spearman"]
@@ -54,7 +54,7 @@ def one_run_views(folder: str | Path, *, runs: int = 3) -> dict:
     from vitviz.analysis.rollout import capture_rollout
     from vitviz.capture.causal import direct_logit_attribution, logit_lens
     from vitviz.capture.gradients import explain_classes
-    from vitviz.capture.session import clear_runs, get_run
+    from vitviz.capture.run import clear_runs, get_run
 
     loaded = load_model(str(folder))
     rng = np.random.default_rng(0)

@@ -24,7 +24,7 @@ from vitviz.analysis.blocks import global_query, head_maps  # noqa: E402
 from vitviz.analysis.embeddings import position_similarity  # noqa: E402
 from vitviz.analysis.rollout import capture_rollout  # noqa: E402
 from vitviz.analysis.stats import summary_table  # noqa: E402
-from vitviz.capture.run import capture, preprocess  # noqa: E402
+from vitviz.capture.forward import capture, preprocess  # noqa: E402
 from vitviz.models.load import load_model  # noqa: E402
 
 __all__ = ["MODELS", "full_analysis", "make_model", "median_time", "overhead"]

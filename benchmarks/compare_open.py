@@ -3,7 +3,7 @@
 :func:`compare_first_open`: in a fresh interpreter per run, torch, transformers and the demo model
 are loaded first (the app has them before any page opens: *not* counted), one plain forward of
 the image is timed (``class_logits`` under ``inference_mode``, median of 5 after a warm-up), then
-what the page's first open computes (``pages.common.get_method_maps`` -> ``vitviz.methods.explain_many``
+what the page's first open computes (``ui.common.get_method_maps`` -> ``vitviz.methods.explain_many``
 with every method, the image's capture included) is timed from ``import vitviz.methods`` on:
 the first call in the process, so every lazy import and first-call cost is in it. Each method's
 seconds come from ``explain_many``'s progress callback. A second call on another image gives
@@ -52,7 +52,7 @@ import json, statistics, time
 import torch, transformers  # noqa: F401
 from vitviz.models.load import load_model
 from vitviz.data.shapes import make_sample
-from vitviz.capture.run import input_size_for, preprocess
+from vitviz.capture.forward import input_size_for, preprocess
 
 loaded = load_model("demo", device="cpu")
 image, other = make_sample(1).image, make_sample(2).image
@@ -94,7 +94,7 @@ from app_tools import APP, no_trouble
 from streamlit.testing.v1 import AppTest
 from vitviz.models.load import load_model
 from vitviz.data.shapes import make_sample
-from vitviz.capture.run import input_size_for, preprocess
+from vitviz.capture.forward import input_size_for, preprocess
 
 at = AppTest.from_file(APP, default_timeout=600)
 at.run()

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from vitviz.capture.run import preprocess  # noqa: E402
+from vitviz.capture.forward import preprocess  # noqa: E402
 from vitviz.evaluate.faithfulness import Perturbations  # noqa: E402
 from vitviz.methods.base import class_logits  # noqa: E402
 from vitviz.models.load import load_model  # noqa: E402

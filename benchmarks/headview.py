@@ -44,7 +44,7 @@ CHANGE_JS = """async ([kind, value]) => {
 def _html(folder: Path) -> tuple[str, float]:
     from PIL import Image
 
-    from vitviz.capture.run import capture
+    from vitviz.capture.forward import capture
     from vitviz.figures.headview import head_view_data, head_view_html
     from vitviz.models.load import load_model
 
@@ -99,7 +99,7 @@ def show_vs_app(vit_folder: Path, runs: int = 3) -> dict:
     import vitviz
     from vitviz import figures
     from vitviz.analysis.blocks import global_query, head_maps
-    from vitviz.capture.run import capture
+    from vitviz.capture.forward import capture
     from vitviz.models.load import load_model
 
     loaded = load_model(str(vit_folder), device="cpu")

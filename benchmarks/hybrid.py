@@ -67,8 +67,8 @@ def _save(model: torch.nn.Module, folder: Path, side: int) -> Path:
 
 
 def _overhead(folder: Path, runs: int, device: str | None) -> dict:
-    from vitviz.capture.run import preprocess
-    from vitviz.capture.session import clear_runs, get_run
+    from vitviz.capture.forward import preprocess
+    from vitviz.capture.run import clear_runs, get_run
     from vitviz.models.load import load_model
 
     loaded = load_model(str(folder), device=device)

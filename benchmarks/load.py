@@ -93,7 +93,7 @@ MAP_TOLERANCE = 2e-3  # attention is stored as float16 (about 3 significant digi
 
 
 def _figure_bytes(msg, data: bytes) -> bytes:
-    """Where a delta's figure titles are: the frame itself, or for a clickable map (``pages/click_chart.py``, a
+    """Where a delta's figure titles are: the frame itself, or for a clickable map (``ui/click_chart.py``, a
     custom component) the figure's JSON, which its data holds as a string (quoted inside the data's JSON)."""
     el = msg.delta.new_element
     if el.WhichOneof("type") == "bidi_component" and el.bidi_component.component_name == "vitviz_click_chart":
@@ -252,7 +252,7 @@ def distinct_images(count: int, *, gap: float = 0.005, seed: int = 0) -> tuple[l
     """
     from PIL import Image
 
-    from vitviz.capture.run import capture
+    from vitviz.capture.forward import capture
     from vitviz.data.images import read_image
     from vitviz.data.shapes import make_sample
     from vitviz.models.load import load_model

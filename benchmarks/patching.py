@@ -35,9 +35,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from vitviz.analysis.patching import rank_correlation  # noqa: E402
+from vitviz.capture.forward import preprocess  # noqa: E402
 from vitviz.capture.patching import activation_patching  # noqa: E402
-from vitviz.capture.run import preprocess  # noqa: E402
-from vitviz.capture.session import clear_runs  # noqa: E402
+from vitviz.capture.run import clear_runs  # noqa: E402
 from vitviz.models.load import load_model  # noqa: E402
 
 __all__ = ["patching_cost", "estimate_cost", "estimate_vs_exact"]
@@ -144,7 +144,7 @@ def estimate_cost(folder: str | Path, *, runs: int = 5, side: int | None = None)
     the estimate for another source image of the same target (the gradients are kept: no backward). ``side``: the
     input size in px (default: the model's; larger inputs make the full Run's attention summaries weigh more)."""
     import vitviz.capture.patching as P
-    from vitviz.capture.session import get_activations, get_run
+    from vitviz.capture.run import get_activations, get_run
 
     loaded = load_model(str(folder))
     size = loaded.default_size if side is None else (side, side)

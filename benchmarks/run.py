@@ -49,7 +49,7 @@ import resource, sys, numpy as np, torch
 from PIL import Image
 sys.path.insert(0, {root!r})
 from vitviz.models.load import load_model
-from vitviz.capture.run import capture, preprocess
+from vitviz.capture.forward import capture, preprocess
 loaded = load_model({folder!r})
 image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8))
 pixels, _ = preprocess(loaded, [image], loaded.default_size)

@@ -59,7 +59,7 @@ def _png(seed: int) -> bytes:
 
 def _titles(at) -> list[str]:
     """The title of every Plotly figure on the page, in order: ``st.plotly_chart``'s and the clickable maps'
-    (``pages/click_chart.py``, a custom component whose data holds the figure's JSON as ``spec``)."""
+    (``ui/click_chart.py``, a custom component whose data holds the figure's JSON as ``spec``)."""
     specs = [
         el.proto.spec if el.type == "plotly_chart" else json.loads(el.proto.json)[0]["spec"]
         for el in at._tree
@@ -116,7 +116,7 @@ def side_by_side(runs: int = 7, model_a: str = "demo", model_b: str = "demo-swin
         import hashlib
 
         data = _png(seed)
-        at.session_state["image_bytes"] = data  # what pages.common.set_image stores for an upload
+        at.session_state["image_bytes"] = data  # what ui.common.set_image stores for an upload
         at.session_state["image_name"] = f"bench{seed}.png"
         at.session_state["image_digest"] = hashlib.sha256(data).hexdigest()
         at.session_state["image_wh"] = (160, 120)

@@ -3,7 +3,7 @@
 import numpy as np
 import streamlit as st
 
-from pages import cached, common, photo, targets, views_causal
+from ui import cached, causal_views, common, photo, target_boxes
 from vitviz.analysis.scales import SCALES
 from vitviz.errors import VitvizError
 from vitviz.methods import METHODS, why_unavailable
@@ -15,7 +15,7 @@ cap, ss = cur.cap, st.session_state
 st.header("Which map can you trust?")
 if cur.model.zero_shot:
     with st.expander("Labels (zero-shot): edit them here or in the sidebar"):
-        targets.labels_ui(cur.model, key="compare")
+        target_boxes.labels_ui(cur.model, key="compare")
 ranked = common.classes(cur)
 if ranked is None:
     st.info(
@@ -27,11 +27,11 @@ if ranked is None:
 labels = ranked.labels  # zero-shot: every method explains the label's score, and the curves follow its probability
 # the boxes start from the session's target (class and "…minus" of Image & predictions) and follow it when it, the
 # model or the labels change
-start = targets.session_target(ranked)
-targets.forget_widgets_unless(
+start = target_boxes.session_target(ranked)
+target_boxes.forget_widgets_unless(
     (cur.key, start, None if labels is None else labels.prompts), "compare_target_index", "compare_target_minus"
 )
-target = targets.target_ui(ranked, key="compare_target", start=start)
+target = target_boxes.target_ui(ranked, key="compare_target", start=start)
 cls = target.index
 name = target.name(cur.model.id2label)
 what = "label" if labels else "class"
@@ -67,7 +67,7 @@ def _method_progress(done: int, total: int, name: str) -> None:
 
 
 try:
-    views_causal.target_maps(cur, target, progress=_method_progress)
+    causal_views.target_maps(cur, target, progress=_method_progress)
 except (VitvizError, ValueError) as exc:
     maps_bar.empty()
     st.error(str(exc))
@@ -82,7 +82,7 @@ how = st.radio(
     "contrast); per map: each map stretched from its min to its max (small differences look large); shared: "
     "one raw range for the whole panel.",
 )
-maps = views_causal.draw_method_maps(cur, views_causal.MethodMapsSettings(target, how), key="method")
+maps = causal_views.draw_method_maps(cur, causal_views.MethodMapsSettings(target, how), key="method")
 names = list(maps)
 photo.photo_panel(
     "method",
@@ -98,7 +98,7 @@ with st.expander("How each map is defined"):
         st.markdown(f"**{m}**: {maps[m].definition}")
 
 st.subheader("Deletion and insertion")
-STARTS = views_causal.STARTS
+STARTS = causal_views.STARTS
 start = st.radio(
     "Insertion starts from",
     list(STARTS),
@@ -134,9 +134,9 @@ else:
             st.stop()
         bar.progress(done / max(total, 1), text=f"{done} of {total} images")
 
-    settings = views_causal.CurvesSettings(target, start)
+    settings = causal_views.CurvesSettings(target, start)
     try:
-        views_causal.curves(cur, settings, progress=_curves_progress)
+        causal_views.curves(cur, settings, progress=_curves_progress)
     except (VitvizError, ValueError) as exc:
         bar.empty()
         stop.empty()
@@ -144,4 +144,4 @@ else:
     else:
         bar.empty()
         stop.empty()
-        views_causal.draw_curves(cur, settings, key="curves")
+        causal_views.draw_curves(cur, settings, key="curves")

@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import streamlit as st
 
-from pages import common
+from ui import common
+from ui.navigation import leave_folder_mode
 from vitviz import figures
 from vitviz.cache import BoundedCache
 from vitviz.errors import VitvizError
@@ -15,7 +16,7 @@ from vitviz.evaluate.results import Results, Versus, read_results, versus_column
 from vitviz.insertion_starts import INSERTION_START_MEANINGS, INSERTION_START_NAMES
 from vitviz.text import md_plain, plotly_plain
 
-common.leave_folder_mode()
+leave_folder_mode()
 ss = st.session_state
 if ss.pop("open_compare", False):
     st.switch_page("pages/compare.py")

@@ -2,13 +2,13 @@
 
 import streamlit as st
 
-from pages import common, views_model
+from ui import common, model_views
 
 cur = common.require_current()
 cap = cur.cap
 
 st.header("Patch embedding and token norms")
-views_model.draw_components(cur, key="components")
+model_views.draw_components(cur, key="components")
 
 s = 0
 if len(cap.stages) > 1:
@@ -19,4 +19,4 @@ if len(cap.stages) > 1:
         key="norm_stage",
         format_func=lambda i: f"{i + 1} ({cap.stages[i].grid[0]} x {cap.stages[i].grid[1]})",
     )
-views_model.draw_token_norms(cur, views_model.NormsSettings(s), key="norms")
+model_views.draw_token_norms(cur, model_views.NormsSettings(s), key="norms")

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from pages import cached, common, instant, photo, views
+from ui import attention_views, cached, common, instant, photo
 from vitviz.figures.animation import view_stack
 from vitviz.record import POOLED
 
@@ -57,14 +57,14 @@ with c3:
         args=(block.stage, query, pick),
     )
 
-shown = views.HeadSettings(
+shown = attention_views.HeadSettings(
     block=ss.layer,
     query=query,
     head=ss.head,
     looking=ss.direction == common.DIRECTIONS[0],
     windows=g.kind == "window" and ss.show_windows,
 )
-looking, what = views.head_looks(cur, shown), views.head_what(cur, shown)
+looking, what = attention_views.head_looks(cur, shown), attention_views.head_what(cur, shown)
 if (
     cur.model.family.name == "T2T-ViT"
     and getattr(cur.model.config, "tokens_type", "") == "performer"
@@ -85,7 +85,7 @@ elif looking and ss.direction == common.DIRECTIONS[1]:
 big, side = st.columns([3, 2])
 head = ss.head
 with side:
-    maps = views.draw_head_grid(cur, shown, key="head", cols=4, tile_px=110)
+    maps = attention_views.draw_head_grid(cur, shown, key="head", cols=4, tile_px=110)
     st.caption(
         f"{cap.block_label(ss.layer)}: maps on the {maps.grid[0]} x {maps.grid[1]} "
         f"{'key grid' if maps.grid != g.grid else 'token grid'}; all heads share one colour scale; click a head to "
@@ -98,11 +98,11 @@ with side:
         horizontal=True,
         format_func=lambda h: f"head {h}",
     )
-    views.draw_head_side(cur, shown, key="heads")
+    attention_views.draw_head_side(cur, shown, key="heads")
 with big:
     if g.kind == "window":
         st.checkbox("Show the windows (shifted blocks show shifted windows)", **common.keep("show_windows"))
-    views.draw_head_map(cur, shown, key="head", config=photo.camera_config("head_map"), height=440)
+    attention_views.draw_head_map(cur, shown, key="head", config=photo.camera_config("head_map"), height=440)
     photo.photo_panel(
         "head",
         list(maps.values),
@@ -115,7 +115,7 @@ with big:
         gif_key=(head, query, block.stage),
     )
     if cur.model.family.name == "DAT" and looking:
-        views.draw_deformable(cur, shown, key="deformable")
+        attention_views.draw_deformable(cur, shown, key="deformable")
     if g.kind == "window":
         st.caption(
             f"Window {g.window} x {g.window}, shift {g.shift}, grid {g.grid[0]} x {g.grid[1]} padded to "
@@ -155,4 +155,6 @@ else:
     )
     if ss.knockout:
         heads = tuple(sorted(map(tuple, ss.knockout)))
-        views.draw_knockout(cur, views.KnockoutSettings(heads, ss.knockout_mode, ss.class_index, shown), key="knockout")
+        attention_views.draw_knockout(
+            cur, attention_views.KnockoutSettings(heads, ss.knockout_mode, ss.class_index, shown), key="knockout"
+        )

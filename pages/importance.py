@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from pages import cached, common, views_causal
+from ui import cached, causal_views, common
 from vitviz.errors import VitvizError
 from vitviz.evaluate.head_estimate import trust_note
 from vitviz.text import md_plain
@@ -74,9 +74,9 @@ with left:
             help="Stops the computation; nothing partial is kept.",
         )
         bar = st.progress(0.0, text="Knocking out heads…")
-        settings = views_causal.ImportanceSettings(cls, ss.knockout_mode, fast, marked=(ss.layer, ss.head))
+        settings = causal_views.ImportanceSettings(cls, ss.knockout_mode, fast, marked=(ss.layer, ss.head))
         try:
-            views_causal.importance(
+            causal_views.importance(
                 cur,
                 settings,
                 progress=lambda done, total: bar.progress(done / max(total, 1), text=f"{done} of {total} heads"),
@@ -98,8 +98,8 @@ with left:
                     on_click=lambda: ss.update(importance_method=EXACT, importance_wanted=exact_key),
                     help="One knock-out per head, in batches; replaces the estimate on this page.",
                 )
-            views_causal.draw_importance(cur, settings, key="importance")
+            causal_views.draw_importance(cur, settings, key="importance")
 with right:
-    views_causal.draw_attribution(
-        cur, views_causal.AttributionSettings(cls, marked=(ss.layer, ss.head)), key="attribution"
+    causal_views.draw_attribution(
+        cur, causal_views.AttributionSettings(cls, marked=(ss.layer, ss.head)), key="attribution"
     )

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from pages import common, photo, targets, views, views_model
+from ui import attention_views, common, model_views, photo, target_boxes
 from vitviz.analysis import maps
 from vitviz.analysis.blocks import global_query
 from vitviz.analysis.stats import SUMMARIES
@@ -36,8 +36,8 @@ c2.caption(f"Query token: **{cap.token_label(ss.query, ss.query_stage)}** (pick 
 # Blocks side by side: one row of tiles per stage (each stage has its own grid)
 precision = "float32 mean" if ss.fusion == "mean" else cap.attention_precision
 for stage in cap.stages:
-    views.draw_blocks(
-        cur, views.BlocksSettings(stage.index, common.query_at(cap, stage.index), ss.fusion), key="layer_grid"
+    attention_views.draw_blocks(
+        cur, attention_views.BlocksSettings(stage.index, common.query_at(cap, stage.index), ss.fusion), key="layer_grid"
     )
 
 # Rollout and relevance
@@ -54,13 +54,13 @@ else:
     )
     r2.slider("Discard ratio (smallest entries zeroed per block)", 0.0, 0.95, step=0.05, **common.keep("discard"))
     start, end = ss.rollout_range
-    rolled = views.RolloutSettings(
+    rolled = attention_views.RolloutSettings(
         start, end, query=common.query_at(cap, cap.blocks[end].stage), fusion=ss.fusion, discard=ss.discard
     )
     left, right = st.columns(2)
     with left:
         try:
-            roll = views.draw_rollout(cur, rolled, key="rollout", config=photo.camera_config("rollout"))
+            roll = attention_views.draw_rollout(cur, rolled, key="rollout", config=photo.camera_config("rollout"))
         except (VitvizError, ValueError) as exc:
             st.error(str(exc))
             st.stop()
@@ -70,7 +70,7 @@ else:
             "rollout",
             csv=long_table(roll.values, ("row", "col"), f"rollout weight (raw, {precision})"),
             rollout=roll.values,
-            row=views.rollout_row(cur, rolled)[0],
+            row=attention_views.rollout_row(cur, rolled)[0],
         )
     with right:
         ranked = common.classes(cur)
@@ -82,22 +82,22 @@ else:
                 or "Class-specific relevance needs a classifier; this checkpoint is a backbone."
             )
         else:
-            cls = targets.session_target(ranked).index
+            cls = target_boxes.session_target(ranked).index
             b1, b2 = st.columns(2)
-            start = views_model.relevance_from_ui(cur, b1)
-            minus = targets.minus_ui(cur, ranked, cls, b2)
+            start = model_views.relevance_from_ui(cur, b1)
+            minus = target_boxes.minus_ui(cur, ranked, cls, b2)
             target = ranked.target(cls, minus)
             name = target.name(cur.model.id2label)
-            explained = views.RelevanceSettings(target, start)
+            explained = attention_views.RelevanceSettings(target, start)
             try:
-                exp = views.relevance(cur, explained)
+                exp = attention_views.relevance(cur, explained)
             except VitvizError as exc:
                 st.error(str(exc))
             else:
-                views.draw_relevance(cur, explained, key="relevance", config=photo.camera_config("relevance"))
-                through = views_model.through(exp.start_block, views_model.image_blocks(cur))
+                attention_views.draw_relevance(cur, explained, key="relevance", config=photo.camera_config("relevance"))
+                through = model_views.through(exp.start_block, model_views.image_blocks(cur))
                 st.caption(
-                    f"Explained: {views_model.explained(target, name)}. Chefer et al.'s rule, the {exp.readout} "
+                    f"Explained: {model_views.explained(target, name)}. Chefer et al.'s rule, the {exp.readout} "
                     f"row of R, through {through}. The {'label' if ranked.labels else 'class'} is chosen on the "
                     "*Image & predictions* page; the minus here or there (one choice)."
                 )
@@ -117,7 +117,7 @@ else:
                     set_name="one map",
                 )
                 if ranked.labels:  # the prompt words run through the text blocks chosen on the Overview
-                    views_model.draw_prompt_words(cur, target, views_model.text_relevance_from(cur))
+                    model_views.draw_prompt_words(cur, target, model_views.text_relevance_from(cur))
     photo.photo_panel(
         "rollout",
         [roll.values],
@@ -134,13 +134,15 @@ last = cap.blocks[-1]
 gq = global_query(last)
 st.subheader(f"DINO attention masks (last block, {cap.token_label(gq, last.stage)})")
 st.slider("Kept attention mass (tau)", 0.1, 1.0, step=0.05, **common.keep("tau"))
-views.draw_masks(cur, views.MasksSettings(ss.tau), key="masks")
+attention_views.draw_masks(cur, attention_views.MasksSettings(ss.tau), key="masks")
 
 # Per-head summaries
 st.subheader("Per-head summaries")
 st.radio("Metric", list(SUMMARIES), format_func=SUMMARIES.get, **common.keep("metric"), horizontal=True)
-views.draw_summaries(cur, views.SummarySettings(ss.metric, marked=(ss.layer, ss.head)), key="summaries")
+attention_views.draw_summaries(
+    cur, attention_views.SummarySettings(ss.metric, marked=(ss.layer, ss.head)), key="summaries"
+)
 
 # Logit lens
 st.subheader("Logit lens")
-views.draw_lens(cur, views.LensSettings(), key="lens")
+attention_views.draw_lens(cur, attention_views.LensSettings(), key="lens")

@@ -2,21 +2,21 @@
 
 import streamlit as st
 
-from pages import common, targets, views_model
+from ui import common, model_views, target_boxes
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
 
 st.header("How the ViT reads the image")
-views_model.draw_model_summary(cur)
+model_views.draw_model_summary(cur)
 left, right = st.columns([3, 2])
 with left:
-    views_model.draw_patch_grid(cur, key="patch_grid")
+    model_views.draw_patch_grid(cur, key="patch_grid")
 with right:
     if cur.model.zero_shot:
         with st.expander("Labels (zero-shot): edit them here or in the sidebar"):
-            targets.labels_ui(cur.model, key="overview")
-    ranked = views_model.draw_predictions(cur, key="predictions")
+            target_boxes.labels_ui(cur.model, key="overview")
+    ranked = model_views.draw_predictions(cur, key="predictions")
     if ranked is not None:
         names = {p.index: f"{p.label} ({p.probability:.1%})" for p in ranked.ranked}
         if ss.class_index not in names:
@@ -29,7 +29,7 @@ with right:
             format_func=names.get,
             **common.keep("class_index"),
         )
-        minus = targets.minus_ui(
+        minus = target_boxes.minus_ui(
             cur,
             ranked,
             ss.class_index,
@@ -48,7 +48,7 @@ with right:
         st.info(
             f"{cap.model_name} is a backbone without a classifier: no predictions, and no class-specific relevance."
         )
-views_model.draw_token_sequence(cur, key="sequence")
+model_views.draw_token_sequence(cur, key="sequence")
 
 if ranked is not None:
     target = ranked.target(ss.class_index, minus)
@@ -64,10 +64,10 @@ if ranked is not None:
         st.info(cap.rollout_note)
     elif shown:
         b1, b2 = st.columns(2)
-        start = views_model.relevance_from_ui(cur, b1, "Image relevance runs through")
-        text_start = views_model.text_relevance_from_ui(cur, b2) if ranked.labels else 0
-        views_model.draw_target_relevance(
+        start = model_views.relevance_from_ui(cur, b1, "Image relevance runs through")
+        text_start = model_views.text_relevance_from_ui(cur, b2) if ranked.labels else 0
+        model_views.draw_target_relevance(
             cur,
-            views_model.TargetRelevanceSettings(target, start, text_start),
+            model_views.TargetRelevanceSettings(target, start, text_start),
             key="overview_relevance",
         )

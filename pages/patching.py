@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from pages import common, photo, targets, views_causal
+from ui import causal_views, common, photo, target_boxes
 from vitviz.data.images import read_image
 from vitviz.errors import VitvizError
 from vitviz.figures.animation import view_stack
@@ -23,7 +23,7 @@ st.caption(
 )
 if cur.model.zero_shot:
     with st.expander("Labels (zero-shot): edit them here or in the sidebar"):
-        targets.labels_ui(cur.model, key="patching")
+        target_boxes.labels_ui(cur.model, key="patching")
 ranked = common.classes(cur)
 if ranked is None:
     st.info("Patching measures a class score: it needs a classifier, or labels for a zero-shot model.")
@@ -55,19 +55,19 @@ if upload is not None:
 source_digest = common.digest(source_bytes)
 # The boxes start from the session's target (class and "…minus" of Image & predictions; the target image's top-1
 # unless pinned) and follow it when it, the model or the labels change (indices then mean other things).
-start = targets.session_target(ranked)
-targets.forget_widgets_unless(
+start = target_boxes.session_target(ranked)
+target_boxes.forget_widgets_unless(
     (cur.key[0], start, None if ranked.labels is None else ranked.labels.prompts),
     "patch_target_index",
     "patch_target_minus",
 )
-target = targets.target_ui(ranked, key="patch_target", start=start)
+target = target_boxes.target_ui(ranked, key="patch_target", start=start)
 st.caption(f"Source: **{md_plain(source_name)}**; measured: **{md_plain(target.name(cur.model.id2label))}**.")
 
 
-settings = views_causal.PatchingSettings(target, source_bytes)
+settings = causal_views.PatchingSettings(target, source_bytes)
 try:
-    views_causal.patching(cur, settings, False)
+    causal_views.patching(cur, settings, False)
 except (VitvizError, ValueError) as exc:
     st.error(str(exc))
     st.stop()
@@ -81,7 +81,7 @@ else:
     st.button("Stop", on_click=lambda: ss.update(patching_wanted=None), help="Stops it; nothing partial is kept.")
     bar = st.progress(0.0, text="Patching…")
     try:
-        views_causal.patching(
+        causal_views.patching(
             cur,
             settings,
             True,
@@ -91,7 +91,7 @@ else:
     except (VitvizError, ValueError) as exc:
         st.error(str(exc))
     bar.empty()
-views_causal.draw_patching(cur, settings, key="patch", exact=exact, files_key="patching")
+causal_views.draw_patching(cur, settings, key="patch", exact=exact, files_key="patching")
 
 # --- the per-patch logit lens --------------------------------------------------------------------------
 st.subheader("Logit lens per patch")
@@ -99,7 +99,7 @@ st.caption(
     "Each patch token's residual (row 0: the embeddings; row l: block l's output) through the model's own final "
     "norm and head, as if the head read that token: the measured score, per patch."
 )
-drawn = views_causal.draw_patch_lens(cur, target, key="patch")
+drawn = causal_views.draw_patch_lens(cur, target, key="patch")
 if drawn is not None:
     lens, layer, rows = drawn
     photo.photo_panel(

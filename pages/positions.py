@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from pages import common, views_model
+from ui import common, model_views
 
 cur = common.require_current()
 cap, ss = cur.cap, st.session_state
@@ -35,16 +35,16 @@ if info.tables:
     )
     left, right = st.columns([3, 2])
     with left:
-        views_model.draw_position_grid(cur, views_model.PositionSettings(t, ss.position), key="position")
+        model_views.draw_position_grid(cur, model_views.PositionSettings(t, ss.position), key="position")
     with right:
         st.number_input("Position (row-major index)", 0, g[0] * g[1] - 1, **common.keep("position"))
-        views_model.draw_position_tile(
-            cur, views_model.PositionSettings(t, ss.position), key="position", files="positions"
+        model_views.draw_position_tile(
+            cur, model_views.PositionSettings(t, ss.position), key="position", files="positions"
         )
 
 if info.biases:
     st.subheader("Relative position bias")
     b = st.selectbox("Block", range(len(info.biases)), format_func=lambda i: info.biases[i].name, key="bias_block")
-    views_model.draw_bias(cur, views_model.BiasSettings(b), key="bias")
+    model_views.draw_bias(cur, model_views.BiasSettings(b), key="bias")
 if info.note:
     st.caption(info.note)

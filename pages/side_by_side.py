@@ -2,7 +2,7 @@
 
 Pane A is the sidebar's model and image. One choice says what differs in pane B (the rest is
 shared). The rules that keep the panes in step are :mod:`vitviz.compare`'s. Each pane is drawn by the
-view the Heads and Layers pages draw (:mod:`pages.views`), called once per pane with that pane's state.
+view the Heads and Layers pages draw (:mod:`ui.attention_views`), called once per pane with that pane's state.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import streamlit as st
 from PIL import Image, ImageOps
 
-from pages import common, targets, views
+from ui import attention_views, common, target_boxes
 from vitviz import figures
 from vitviz.compare import depth_match, difference, token_of
 from vitviz.errors import VitvizError
@@ -121,7 +121,7 @@ def _target(cur_x: common.Current, label_key: str | None, session: bool):
         )
         return ranked.target(pick)
     if session:
-        return targets.session_target(ranked)
+        return target_boxes.session_target(ranked)
     return _own_target(cur_x, ranked)
 
 
@@ -130,10 +130,10 @@ def _own_target(cur_x: common.Current, ranked: common.Classes):
     starting from its top-1; what was chosen is forgotten with pane B's model, image or labels (indices mean other
     things then)."""
     owner = (cur_x.key, None if ranked.labels is None else ranked.labels.prompts)
-    targets.forget_widgets_unless(owner, "sbs_b_target_index", "sbs_b_target_minus")
+    target_boxes.forget_widgets_unless(owner, "sbs_b_target_index", "sbs_b_target_minus")
     what = "label" if ranked.labels is not None else "class"
     st.markdown(f"**Target of pane B** (its model has other classes; starts from its top-1 {what})")
-    return targets.target_ui(ranked, key="sbs_b_target")
+    return target_boxes.target_ui(ranked, key="sbs_b_target")
 
 
 def _settings(cur_x: common.Current, block: int, target):
@@ -142,25 +142,27 @@ def _settings(cur_x: common.Current, block: int, target):
     if view == "relevance":
         if target is None:
             raise ValueError("relevance needs a classifier or zero-shot labels")
-        return views.RelevanceSettings(target)
+        return attention_views.RelevanceSettings(target)
     if view == "rollout":  # through every block, of the clicked token (else of what the model reads)
-        return views.RolloutSettings(query=None if point is None else token_of(cap, cap.blocks[-1].stage, point))
+        return attention_views.RolloutSettings(
+            query=None if point is None else token_of(cap, cap.blocks[-1].stage, point)
+        )
     b = cap.blocks[block]
     one = min(max(int(head), 0), b.num_heads - 1) if view == "head" else None
-    return views.HeadSettings(block, token_of(cap, b.stage, point), head=one)
+    return attention_views.HeadSettings(block, token_of(cap, b.stage, point), head=one)
 
 
 MAP_OF = {
-    "head": views.head_map,
-    "mean": views.head_map,
-    "rollout": views.rollout_map,
-    "relevance": views.relevance_map,
+    "head": attention_views.head_map,
+    "mean": attention_views.head_map,
+    "rollout": attention_views.rollout_map,
+    "relevance": attention_views.relevance_map,
 }
 DRAW = {
-    "head": views.draw_head_map,
-    "mean": views.draw_head_map,
-    "rollout": views.draw_rollout,
-    "relevance": views.draw_relevance,
+    "head": attention_views.draw_head_map,
+    "mean": attention_views.draw_head_map,
+    "rollout": attention_views.draw_rollout,
+    "relevance": attention_views.draw_relevance,
 }
 
 labels_differ = differs == "labels"

@@ -35,7 +35,7 @@ def open_folder(folder: str | Path, timeout: float = 180) -> AppTest:
 
 
 class ClickChart:
-    """A clickable map (``pages/click_chart.py``, a custom component) read like ``st.plotly_chart``'s element:
+    """A clickable map (``ui/click_chart.py``, a custom component) read like ``st.plotly_chart``'s element:
     ``.proto.spec`` (the figure's JSON), ``.proto.id``, ``.proto.selection_mode`` and ``.proto.config``."""
 
     def __init__(self, element) -> None:

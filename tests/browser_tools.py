@@ -32,7 +32,7 @@ FLAGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-# st.plotly_chart's figures and the clickable maps (pages/click_chart.py: a custom component in the page's DOM)
+# st.plotly_chart's figures and the clickable maps (ui/click_chart.py: a custom component in the page's DOM)
 PLOTS = "[data-testid='stPlotlyChart'] .js-plotly-plot, .stBidiComponent .js-plotly-plot"
 
 # Title and heatmap data of every Plotly figure on the page, read from the DOM.

@@ -11,8 +11,8 @@ import pytest
 from app_tools import APP
 from streamlit.testing.v1 import AppTest
 
+import vitviz.capture.forward
 import vitviz.capture.run
-import vitviz.capture.session
 
 PAGES = [p for p in app_tools.PAGES if p != "pages/dataset.py"]  # the Data set page: tests/test_app_dataset.py
 
@@ -190,10 +190,10 @@ def test_state_persists_across_pages():
 
 def test_changing_controls_runs_no_forward_pass(monkeypatch):
     calls = []
-    real = vitviz.capture.run.capture_batch
-    monkeypatch.setattr(vitviz.capture.run, "capture_batch", lambda *a, **k: calls.append(1) or real(*a, **k))
-    real_run = vitviz.capture.session._make_run  # the pages' capture is the image's Run's
-    monkeypatch.setattr(vitviz.capture.session, "_make_run", lambda *a, **k: calls.append(1) or real_run(*a, **k))
+    real = vitviz.capture.forward.capture_batch
+    monkeypatch.setattr(vitviz.capture.forward, "capture_batch", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real_run = vitviz.capture.run._make_run  # the pages' capture is the image's Run's
+    monkeypatch.setattr(vitviz.capture.run, "_make_run", lambda *a, **k: calls.append(1) or real_run(*a, **k))
     at = _app("pages/heads.py")
     before = len(calls)
     at.slider(key="_w_layer").set_value(0).run()
@@ -334,10 +334,10 @@ def test_every_page_on_the_modern_vits(modern_dirs, key):
 
 def test_zero_shot_labels_change_without_a_new_capture(modern_dirs, monkeypatch):
     calls = []
-    real = vitviz.capture.run.capture_batch
-    monkeypatch.setattr(vitviz.capture.run, "capture_batch", lambda *a, **k: calls.append(1) or real(*a, **k))
-    real_run = vitviz.capture.session._make_run  # the pages' capture is the image's Run's
-    monkeypatch.setattr(vitviz.capture.session, "_make_run", lambda *a, **k: calls.append(1) or real_run(*a, **k))
+    real = vitviz.capture.forward.capture_batch
+    monkeypatch.setattr(vitviz.capture.forward, "capture_batch", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real_run = vitviz.capture.run._make_run  # the pages' capture is the image's Run's
+    monkeypatch.setattr(vitviz.capture.run, "_make_run", lambda *a, **k: calls.append(1) or real_run(*a, **k))
     at = _app()
     _choose_model(at, str(modern_dirs["clip"]))
     _no_trouble(at)
@@ -486,7 +486,7 @@ def test_compare_explanations_with_zero_shot_labels(modern_dirs):
     import torch
     from PIL import Image
 
-    from vitviz.capture.run import input_size_for, preprocess
+    from vitviz.capture.forward import input_size_for, preprocess
     from vitviz.models.load import load_model
 
     at = _app()
@@ -535,7 +535,7 @@ def test_the_heads_query_box_sets_the_query_and_a_stale_box_does_not():
 def _stale_callback():
     import streamlit as st
 
-    from pages.common import pick_query
+    from ui.common import pick_query
 
     ss = st.session_state
     ss.update(query=1, query_stage=0, _query_drawn=(0, 1), query_pick_0_0=0, query_pick_0_1=5)

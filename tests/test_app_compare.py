@@ -99,7 +99,7 @@ def test_curves_withdrawn_mid_computation_leave_no_bar(monkeypatch):
     batch, removes its bar and stops instead of drawing "20 of 238 images" on the new model's page."""
     import streamlit as st
 
-    from pages import cached
+    from ui import cached
 
     calls = []
 

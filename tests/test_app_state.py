@@ -7,7 +7,7 @@ import pytest
 from app_tools import APP, charts, no_trouble
 from streamlit.testing.v1 import AppTest
 
-from vitviz.capture.run import capture
+from vitviz.capture.forward import capture
 from vitviz.data.images import load_image
 
 EXAMPLES = "assets/examples"

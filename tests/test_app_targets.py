@@ -41,7 +41,7 @@ def _z(trace) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def star_pixels(demo_model):
-    from vitviz.capture.run import preprocess
+    from vitviz.capture.forward import preprocess
 
     image = Image.open(STAR).convert("RGB")
     return preprocess(demo_model, [image], (96, 96))[0]
@@ -70,7 +70,7 @@ def _demo_clip_pair(page: str) -> tuple[AppTest, int, int]:
 
 def _clip_star_pixels():
     """demo-clip and the star example's pixels at 96 px."""
-    from vitviz.capture.run import preprocess
+    from vitviz.capture.forward import preprocess
     from vitviz.models.load import load_model
 
     clip = load_model("demo-clip", device="cpu")
@@ -306,7 +306,7 @@ def test_prompt_words_have_their_own_start_block():
 
     clip = load_model("demo-clip", device="cpu")
     image = Image.open(STAR).convert("RGB")
-    from vitviz.capture.run import preprocess
+    from vitviz.capture.forward import preprocess
 
     pixels = preprocess(clip, [image], (96, 96))[0]
     with torch.no_grad():

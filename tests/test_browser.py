@@ -112,7 +112,7 @@ def test_upload_layer_change_and_patch_click(server, browser, tmp_path):
 
 
 def test_several_sessions_at_once_each_see_their_own_image(server, browser):
-    from vitviz.capture.run import capture
+    from vitviz.capture.forward import capture
     from vitviz.data.images import load_image
     from vitviz.models.load import load_model
 

@@ -23,7 +23,7 @@ from browser_tools import (
     wait_for_title,
 )
 
-from pages.click_chart import PLOTLY_DIR, PLOTLY_JS
+from ui.click_chart import PLOTLY_DIR, PLOTLY_JS
 
 require_chromium()
 OUTPUT = ROOT / "test-output"
@@ -159,13 +159,13 @@ def test_quick_clicks_on_the_heads_map_the_last_click_wins(server, browser):
         wanted = [f"patch ({r}, {c})" for _, (r, c) in pairs]
         assert all(w in t for w, t in zip(wanted, ends, strict=True)), list(zip(wanted, ends, strict=True))
         assert len(loads) == 1, loads
-        # ... and it is the installed plotly package's own file, served by Streamlit (pages/click_chart.py)
+        # ... and it is the installed plotly package's own file, served by Streamlit (ui/click_chart.py)
         assert urllib.request.urlopen(loads[0], timeout=30).read() == (PLOTLY_DIR / PLOTLY_JS).read_bytes()
     finally:
         page.close()
 
 
-# The clickable map's graph: its size, its element's width, the camera button's options (pages/click_chart.py).
+# The clickable map's graph: its size, its element's width, the camera button's options (ui/click_chart.py).
 CLICK_MAP_JS = f"""(words) => {{
     const el = Array.from(document.querySelectorAll("{PLOTS}"))
         .find(el => ((el.layout.title || {{}}).text || "").includes(words));

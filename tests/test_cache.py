@@ -6,7 +6,7 @@ import pytest
 from conftest import random_image
 
 from vitviz.cache import BoundedCache
-from vitviz.capture.run import capture
+from vitviz.capture.forward import capture
 
 
 def _cache(entries=3, nbytes=100):

@@ -68,6 +68,7 @@ def test_every_hf_loading_call_passes_trust_remote_code_false():
         ROOT / "app.py",
         *ROOT.glob("vitviz/**/*.py"),
         *ROOT.glob("pages/**/*.py"),
+        *ROOT.glob("ui/**/*.py"),
         *ROOT.glob("benchmarks/**/*.py"),
     ]
     assert len(files) > 20

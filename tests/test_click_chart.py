@@ -1,4 +1,4 @@
-"""The clickable maps (pages/click_chart.py): one element across reruns, the figure as built, every click counted.
+"""The clickable maps (ui/click_chart.py): one element across reruns, the figure as built, every click counted.
 
 What the browser does with them (quick clicks, the last one wins) is in tests/test_browser_pages.py.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 from app_tools import APP, charts, no_trouble
 from streamlit.testing.v1 import AppTest
 
-from pages import click_chart
+from ui import click_chart
 
 
 def _heads() -> AppTest:
@@ -49,7 +49,7 @@ def test_a_click_redraws_the_map_in_the_same_element_and_sends_the_figure_as_bui
     assert config["doubleClickDelay"] == 60 and config["displaylogo"] is False
     assert config["toImageButtonOptions"]["format"] == "png"  # the modebar's camera button, at the photo's size
     data = json.loads(after.element.proto.json)[0]
-    assert data["plotly"] == f"/component/pages.click_chart.plotly_js/{click_chart.PLOTLY_JS}"
+    assert data["plotly"] == f"/component/ui.click_chart.plotly_js/{click_chart.PLOTLY_JS}"
     assert (click_chart.PLOTLY_DIR / click_chart.PLOTLY_JS).stat().st_size > 1_000_000  # plotly.js, not a stub
 
 
@@ -83,7 +83,7 @@ at = AppTest.from_string('''
 import sys
 import plotly.graph_objects as go
 import streamlit as st
-from pages import click_chart
+from ui import click_chart
 click_chart.clickable_chart(go.Figure(go.Heatmap(z=[[1, 2]], customdata=[[[0], [1]]])), key="m")
 st.session_state["pandas"] = "pandas" in sys.modules
 ''')

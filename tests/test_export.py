@@ -9,7 +9,7 @@ from PIL import Image
 from vitviz.analysis.embeddings import position_similarity
 from vitviz.analysis.rollout import rollout_matrix
 from vitviz.analysis.stats import attention_entropy, mean_attention_distance
-from vitviz.capture.run import capture
+from vitviz.capture.forward import capture
 from vitviz.export import capture_arrays, export_images
 from vitviz.figures.overlay import photo_overlay
 
@@ -194,7 +194,7 @@ def test_cli_query_xy_on_a_cvt(hier_dirs, image_files, tmp_path):
 def test_labels_give_the_models_own_logits_per_image(modern_dirs, image_files, tmp_path):
     import torch
 
-    from vitviz.capture.run import input_size_for, preprocess
+    from vitviz.capture.forward import input_size_for, preprocess
     from vitviz.models.load import load_model
 
     out = tmp_path / "zs"
@@ -234,7 +234,7 @@ def test_labels_give_the_models_own_logits_per_image(modern_dirs, image_files, t
         assert tokens.dtype.kind == "U" and tokens.shape == rel.shape and tokens.shape[0] == 3
         assert tokens[0].tolist() == ["<bos>", "a", "photo", "of", "a", "cat", ".", "<eos>"]
         assert np.isfinite(rel).all() and (rel >= 0).all()  # three prompts of one length: no padding
-    from vitviz.capture.run import capture
+    from vitviz.capture.forward import capture
     from vitviz.models.prompt_relevance import prompt_relevance
     from vitviz.models.zeroshot import parse_labels
 

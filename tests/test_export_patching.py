@@ -167,8 +167,8 @@ def test_causal_export_runs_one_clean_forward_per_image(patch, shapes, demo_mode
     """The attention arrays, the causal arrays, the per-patch lens and patching read one Run per image; the
     source of a patch adds one light forward (shared by every target)."""
     import vitviz.models.load as load
-    from vitviz.capture.run import capture
-    from vitviz.capture.session import clear_runs
+    from vitviz.capture.forward import capture
+    from vitviz.capture.run import clear_runs
 
     target, source = shapes
     clear_runs()

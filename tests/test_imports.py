@@ -87,7 +87,7 @@ def import_edges(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, 
 
 
 def subpackage(module: str) -> str:
-    """``vitviz.capture.run`` -> ``vitviz.capture``; ``vitviz.errors`` -> itself; ``vitviz`` -> itself."""
+    """``vitviz.capture.forward`` -> ``vitviz.capture``; ``vitviz.errors`` -> itself; ``vitviz`` -> itself."""
     return ".".join(module.split(".")[:2])
 
 

@@ -22,5 +22,36 @@ def test_vitviz_never_imports_streamlit():
 def test_no_remote_code_anywhere():
     remote_code = re.compile(r"trust_remote_code\s*=\s*True")
     root = ENGINE.parent
-    for path in [*root.glob("*.py"), *ENGINE.rglob("*.py"), *(root / "pages").glob("*.py")]:
+    for path in [
+        *root.glob("*.py"),
+        *ENGINE.rglob("*.py"),
+        *(root / "pages").glob("*.py"),
+        *(root / "ui").glob("*.py"),
+    ]:
         assert not remote_code.search(path.read_text()), path
+
+
+def test_pages_holds_the_page_scripts_only():
+    """Streamlit lists every file of ``pages/`` as a page until the app's navigation runs: nothing else lives there,
+    and every script there is a page of the navigation (the app's library is ``ui/``)."""
+    from ui.navigation import PAGES
+
+    root = ENGINE.parent
+    on_disk = {f"pages/{p.name}" for p in (root / "pages").iterdir() if p.name != "__pycache__"}
+    assert on_disk == {p.script for p in PAGES}
+
+
+def test_the_navigation_comes_before_the_engine_in_app_py():
+    """app.py draws the navigation before importing anything heavy, so a first visit after a server start shows
+    the app's own pages while torch is still being imported."""
+    tree = ast.parse((ENGINE.parent / "app.py").read_text())
+    order = []
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            order += [("import", m) for m in mods]
+        elif "navigation()" in ast.unparse(node):
+            order.append(("navigation", ""))
+    nav = order.index(("navigation", ""))
+    before = [m for kind, m in order[:nav] if kind == "import"]
+    assert before and all(m == "streamlit" or m.startswith(("ui.navigation", "__future__")) for m in before), before

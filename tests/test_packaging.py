@@ -33,7 +33,7 @@ def _pyproject() -> dict:
 def test_every_subpackage_of_vitviz_is_packaged():
     listed = set(_pyproject()["tool"]["setuptools"]["packages"])
     on_disk = {"vitviz", "vitviz_app"}
-    for top, name in (("vitviz", "vitviz"), ("pages", "vitviz_app.pages")):
+    for top, name in (("vitviz", "vitviz"), ("pages", "vitviz_app.pages"), ("ui", "vitviz_app.ui")):
         for p in [ROOT / top, *(ROOT / top).rglob("*")]:
             if p.is_dir() and p.name != "__pycache__" and any(p.glob("*.py")):
                 on_disk.add(".".join((name, *p.relative_to(ROOT / top).parts)))

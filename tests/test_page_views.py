@@ -17,8 +17,8 @@ from vitviz.analysis.masks import mass_masks
 from vitviz.analysis.rollout import capture_rollout
 from vitviz.analysis.stats import summary_table
 from vitviz.capture.causal import capture_knocked_out, logit_lens
+from vitviz.capture.forward import capture
 from vitviz.capture.gradients import explain_classes
-from vitviz.capture.run import capture
 from vitviz.compare import depth_match, token_of
 from vitviz.models.load import load_model
 
@@ -36,7 +36,7 @@ def _current_of_script(root: str, state) -> None:
         sys.path.insert(0, root)
     import streamlit as st
 
-    from pages import common
+    from ui import common
 
     def seen(cur):
         labels = None if cur.labels is None else cur.labels.names
@@ -50,7 +50,7 @@ def _current_of_script(root: str, state) -> None:
 
 
 def test_current_of_reads_no_session_state():
-    from pages.common import PaneState, digest
+    from ui.common import PaneState, digest
 
     data = (EXAMPLES / "demo-circle.png").read_bytes()
     state = PaneState("demo-clip", data, digest(data), (64, 64), "circle, star, square", "a {} on a background.")
@@ -67,7 +67,7 @@ def test_current_of_reads_no_session_state():
 
 
 def _twice_script(root: str, states: tuple, block: int, head: int, point: tuple[float, float]) -> None:
-    """One script draws every view of pages/views.py twice: once per pane state.
+    """One script draws every view of ui/attention_views.py twice: once per pane state.
 
     Nothing is put in the session first, so a view that read the sidebar's state there would raise.
     """
@@ -75,29 +75,33 @@ def _twice_script(root: str, states: tuple, block: int, head: int, point: tuple[
 
     if root not in sys.path:
         sys.path.insert(0, root)
-    from pages import common, views
+    from ui import attention_views, common
     from vitviz.capture.targets import Target
     from vitviz.compare import token_of
 
     for who, state in zip("AB", states, strict=True):
         cur = common.current_of(state)
         query = token_of(cur.cap, cur.cap.blocks[block].stage, point)
-        one = views.HeadSettings(block, query, head=head)
-        views.draw_blocks(cur, views.BlocksSettings(0, query, "max"), key=f"{who}_blocks")
-        views.draw_head_grid(cur, one, key=f"{who}_head")
-        views.draw_masks(cur, views.MasksSettings(tau=0.5), key=f"{who}_masks")
-        views.draw_summaries(cur, views.SummarySettings("entropy", marked=(block, head)), key=f"{who}_summaries")
-        views.draw_head_map(cur, one, key=f"{who}_head", title_prefix=f"{who}. ")
-        views.draw_head_side(cur, one, key=f"{who}_head")
-        knocked = views.KnockoutSettings(((1, 0), (1, 2)), "zero", after=one)
-        views.draw_knockout(cur, knocked, key=f"{who}_knockout")
-        mean = views.HeadSettings(block, query, head=None)
-        views.draw_head_map(cur, mean, key=f"{who}_mean", title_prefix=f"{who}. ")
-        views.draw_rollout(cur, views.RolloutSettings(), key=f"{who}_rollout", title_prefix=f"{who}. ")
-        views.draw_lens(cur, views.LensSettings(top=3), key=f"{who}_lens")
+        one = attention_views.HeadSettings(block, query, head=head)
+        attention_views.draw_blocks(cur, attention_views.BlocksSettings(0, query, "max"), key=f"{who}_blocks")
+        attention_views.draw_head_grid(cur, one, key=f"{who}_head")
+        attention_views.draw_masks(cur, attention_views.MasksSettings(tau=0.5), key=f"{who}_masks")
+        attention_views.draw_summaries(
+            cur, attention_views.SummarySettings("entropy", marked=(block, head)), key=f"{who}_summaries"
+        )
+        attention_views.draw_head_map(cur, one, key=f"{who}_head", title_prefix=f"{who}. ")
+        attention_views.draw_head_side(cur, one, key=f"{who}_head")
+        knocked = attention_views.KnockoutSettings(((1, 0), (1, 2)), "zero", after=one)
+        attention_views.draw_knockout(cur, knocked, key=f"{who}_knockout")
+        mean = attention_views.HeadSettings(block, query, head=None)
+        attention_views.draw_head_map(cur, mean, key=f"{who}_mean", title_prefix=f"{who}. ")
+        attention_views.draw_rollout(
+            cur, attention_views.RolloutSettings(), key=f"{who}_rollout", title_prefix=f"{who}. "
+        )
+        attention_views.draw_lens(cur, attention_views.LensSettings(top=3), key=f"{who}_lens")
         top = common.classes(cur).ranked[0]
-        explained = views.RelevanceSettings(Target.of_class(top.index), start_block=1)
-        views.draw_relevance(cur, explained, key=f"{who}_relevance", title_prefix=f"{who}. ")
+        explained = attention_views.RelevanceSettings(Target.of_class(top.index), start_block=1)
+        attention_views.draw_relevance(cur, explained, key=f"{who}_relevance", title_prefix=f"{who}. ")
 
 
 def _array(z) -> np.ndarray:
@@ -127,7 +131,7 @@ def _tiles(z: np.ndarray, k: int, grid: tuple[int, int], cols: int = 6) -> np.nd
 
 
 def test_one_view_drawn_twice_with_two_states_shows_each_states_own_numbers():
-    from pages.common import PaneState, digest
+    from ui.common import PaneState, digest
 
     names = ("demo-star.png", "demo-circle.png")
     states = []

@@ -16,7 +16,7 @@ OTHER = "other (Hugging Face model id)…"
 
 
 def _reset_server_caches() -> None:
-    from pages import common
+    from ui import common
 
     for fn in (
         common.serve_settings,
@@ -34,7 +34,7 @@ def public(monkeypatch, tmp_path):
     monkeypatch.setenv("VITVIZ_UPLOADS_PER_MINUTE", "2")
     monkeypatch.setenv("VITVIZ_MODEL_CHANGES_PER_MINUTE", "3")
     monkeypatch.chdir(tmp_path)  # no vitviz.toml here
-    from pages import common
+    from ui import common
 
     monkeypatch.setattr(common, "hub_online", lambda: True)  # typed ids are offered only with the hub in reach
     _reset_server_caches()

@@ -13,7 +13,7 @@ from streamlit.testing.v1 import AppTest
 
 from vitviz.analysis.blocks import head_maps
 from vitviz.analysis.rollout import capture_rollout
-from vitviz.capture.run import capture
+from vitviz.capture.forward import capture
 from vitviz.compare import depth_match, difference, pane_map, point_of, token_of
 from vitviz.models.load import load_model
 
@@ -147,7 +147,7 @@ def test_relevance_explains_the_sessions_target_in_both_panes_of_one_model():
     from PIL import Image
     from target_reference import relevance_by_hand
 
-    from vitviz.capture.run import preprocess
+    from vitviz.capture.forward import preprocess
     from vitviz.models.load import load_model
 
     demo = load_model("demo")
@@ -188,7 +188,7 @@ def test_pane_b_of_a_model_with_other_classes_has_a_target_box_of_its_own():
     from PIL import Image
     from target_reference import clip_relevance_by_hand
 
-    from vitviz.capture.run import preprocess
+    from vitviz.capture.forward import preprocess
 
     at = _page()
     at.radio(key="sbs_view").set_value("relevance").run()

@@ -1,4 +1,4 @@
-"""The views of pages/views_causal.py are functions of their state: each drawn twice with two panes shows each
+"""The views of ui/causal_views.py are functions of their state: each drawn twice with two panes shows each
 pane's own numbers, computed here by vitviz outside the app for each image on its own."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _twice_script(root: str, states: tuple, sources: tuple) -> None:
-    """Every view of pages/views_causal.py, once per pane state; nothing is put in the session first, so a view
+    """Every view of ui/causal_views.py, once per pane state; nothing is put in the session first, so a view
     that read the sidebar's state would raise."""
     import sys
 
@@ -35,8 +35,8 @@ def _twice_script(root: str, states: tuple, sources: tuple) -> None:
         sys.path.insert(0, root)
     import streamlit as st
 
-    from pages import common
-    from pages import views_causal as vc
+    from ui import causal_views as vc
+    from ui import common
     from vitviz.capture.targets import Target
 
     tops = []
@@ -63,7 +63,7 @@ def _twice_script(root: str, states: tuple, sources: tuple) -> None:
 
 
 def _states():
-    from pages.common import PaneState, digest
+    from ui.common import PaneState, digest
 
     data = [(EXAMPLES / name).read_bytes() for name in NAMES]
     return tuple(PaneState("demo", d, digest(d)) for d in data), (data[1], data[0])

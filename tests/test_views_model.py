@@ -1,4 +1,4 @@
-"""The views of pages/views_model.py are functions of their state: drawn twice with two pane states, each shows
+"""The views of ui/model_views.py are functions of their state: drawn twice with two pane states, each shows
 its own model's and image's numbers, checked against references computed outside the app."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from streamlit.testing.v1 import AppTest
 from target_reference import relevance_by_hand
 from test_page_views import _array, _charts, _tiles
 
-from vitviz.capture.run import preprocess
+from vitviz.capture.forward import preprocess
 from vitviz.models.load import load_model
 
 ROOT = str(Path(__file__).resolve().parents[1])
@@ -26,28 +26,28 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _twice_script(root: str, states: tuple, positions: tuple, targets: tuple) -> None:
-    """Every view of pages/views_model.py drawn once per pane state; nothing in the session first."""
+    """Every view of ui/model_views.py drawn once per pane state; nothing in the session first."""
     import sys
 
     if root not in sys.path:
         sys.path.insert(0, root)
     import streamlit as st
 
-    from pages import common, views_model
+    from ui import common, model_views
     from vitviz.capture.targets import Target
 
     drawn = {}
     for who, state, position, (index, minus, start) in zip("AB", states, positions, targets, strict=True):
         cur = common.current_of(state)
-        at = views_model.PositionSettings(0, position)
-        views_model.draw_position_grid(cur, at, key=f"{who}_position")
-        tile = views_model.draw_position_tile(cur, at, key=f"{who}_position")
-        views_model.draw_components(cur, key=f"{who}_components")
-        views_model.draw_token_norms(cur, views_model.NormsSettings(0), key=f"{who}_norms")
-        ranked = views_model.draw_predictions(cur, key=f"{who}_predictions")
+        at = model_views.PositionSettings(0, position)
+        model_views.draw_position_grid(cur, at, key=f"{who}_position")
+        tile = model_views.draw_position_tile(cur, at, key=f"{who}_position")
+        model_views.draw_components(cur, key=f"{who}_components")
+        model_views.draw_token_norms(cur, model_views.NormsSettings(0), key=f"{who}_norms")
+        ranked = model_views.draw_predictions(cur, key=f"{who}_predictions")
         target = Target.of_label(ranked.labels, index, minus) if ranked.labels else Target.of_class(index, minus)
-        settings = views_model.TargetRelevanceSettings(target, start_block=start)
-        rel = views_model.draw_target_relevance(cur, settings, key=f"{who}_relevance")
+        settings = model_views.TargetRelevanceSettings(target, start_block=start)
+        rel = model_views.draw_target_relevance(cur, settings, key=f"{who}_relevance")
         drawn[who] = tile, rel
     st.session_state.drawn = drawn
 
@@ -58,7 +58,7 @@ def _cosine(table: np.ndarray) -> np.ndarray:
 
 
 def test_model_views_drawn_twice_with_two_states_show_each_states_own_numbers():
-    from pages.common import PaneState, digest
+    from ui.common import PaneState, digest
 
     star, circle = ((EXAMPLES / n).read_bytes() for n in ("demo-star.png", "demo-circle.png"))
     states = (
@@ -154,14 +154,14 @@ def _bias_script(root: str, states: tuple, block: int) -> None:
 
     if root not in sys.path:
         sys.path.insert(0, root)
-    from pages import common, views_model
+    from ui import common, model_views
 
     for who, state in zip("AB", states, strict=True):
-        views_model.draw_bias(common.current_of(state), views_model.BiasSettings(block), key=f"{who}_bias")
+        model_views.draw_bias(common.current_of(state), model_views.BiasSettings(block), key=f"{who}_bias")
 
 
 def test_bias_view_drawn_twice_shows_each_models_own_table(hier_dirs):
-    from pages.common import PaneState, digest
+    from ui.common import PaneState, digest
 
     star = (EXAMPLES / "demo-star.png").read_bytes()
     names = ("demo-swin", str(hier_dirs["swin"]))
@@ -189,13 +189,13 @@ def _reads_script(root: str, states: tuple) -> None:
 
     if root not in sys.path:
         sys.path.insert(0, root)
-    from pages import common, views_model
+    from ui import common, model_views
 
     for who, state in zip("AB", states, strict=True):
         cur = common.current_of(state)
-        views_model.draw_model_summary(cur)
-        views_model.draw_patch_grid(cur, key=f"{who}_patch_grid")
-        views_model.draw_token_sequence(cur, key=f"{who}_sequence")
+        model_views.draw_model_summary(cur)
+        model_views.draw_patch_grid(cur, key=f"{who}_patch_grid")
+        model_views.draw_token_sequence(cur, key=f"{who}_sequence")
 
 
 def _picture(source: str) -> np.ndarray:
@@ -207,7 +207,7 @@ def _picture(source: str) -> np.ndarray:
 
 
 def test_how_the_model_reads_the_image_drawn_twice_shows_each_models_own_grid():
-    from pages.common import PaneState, digest
+    from ui.common import PaneState, digest
 
     star, circle = ((EXAMPLES / n).read_bytes() for n in ("demo-star.png", "demo-circle.png"))
     states = (PaneState("demo", star, digest(star)), PaneState("demo-swin", circle, digest(circle)))

@@ -1,9 +1,9 @@
 """vitviz: look inside Vision Transformers.
 
 The engine behind the app, free of any UI: load a ViT-family model
-(:func:`load_model`), capture one forward pass (``vitviz.capture.run.capture``), and
+(:func:`load_model`), capture one forward pass (``vitviz.capture.forward.capture``), and
 analyse the record with pure functions (``vitviz.analysis.rollout.rollout``, relevance,
-maps, masks, summaries). Sub-packages group modules by concern: ``vitviz.capture.run`` and
+maps, masks, summaries). Sub-packages group modules by concern: ``vitviz.capture.forward`` and
 ``vitviz.analysis.rollout`` are modules, not the functions inside them.
 References: Dosovitskiy et al. 2020 (ViT), Abnar & Zuidema 2020 (rollout),
 Chefer et al. 2021 (relevance), Caron et al. 2021 (DINO masks).
@@ -27,7 +27,7 @@ _LAZY = {
     "UnsupportedModelError": "vitviz.errors",
     "VitvizError": "vitviz.errors",
     "attention_entropy": "vitviz.analysis.stats",
-    "capture_batch": "vitviz.capture.run",
+    "capture_batch": "vitviz.capture.forward",
     "chefer_relevance": "vitviz.analysis.relevance",
     "dino_masks": "vitviz.analysis.masks",
     "explain_classes": "vitviz.capture.gradients",
@@ -53,8 +53,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs only; at run time the names come
     from vitviz.analysis.relevance import chefer_relevance
     from vitviz.analysis.rollout import rollout_matrix
     from vitviz.analysis.stats import attention_entropy, mean_attention_distance
+    from vitviz.capture.forward import capture_batch
     from vitviz.capture.gradients import explain_classes
-    from vitviz.capture.run import capture_batch
     from vitviz.data.images import load_image, read_image
     from vitviz.errors import (
         BudgetError,

@@ -15,7 +15,7 @@ from vitviz.analysis.embeddings import position_similarity
 from vitviz.analysis.rollout import capture_rollout
 from vitviz.analysis.stats import summary_table
 from vitviz.capture.causal import NotDefined, causal_arrays
-from vitviz.capture.run import Capture, capture_batch
+from vitviz.capture.forward import Capture, capture_batch
 from vitviz.capture.targets import Target, targets_arrays
 from vitviz.cli_checks import unique_targets
 from vitviz.data.images import load_image
@@ -297,9 +297,9 @@ def export_images(
 
 
 def _run_captures(loaded: LoadedModel, images, names, stems, size, label_embeddings, report: ExportReport):
-    """The capture of each image's :class:`~vitviz.capture.session.Run` (the one clean forward that the causal
+    """The capture of each image's :class:`~vitviz.capture.run.Run` (the one clean forward that the causal
     arrays, the per-patch lens and patching read too); images whose run fails are reported and left out."""
-    from vitviz.capture.session import NoScores, get_run
+    from vitviz.capture.run import NoScores, get_run
 
     kept: tuple[list, list, list, list] = ([], [], [], [])
     for image, name, stem in zip(images, names, stems, strict=True):

@@ -89,7 +89,7 @@ def run(
     """
     from PIL import Image as PILImage
 
-    from vitviz.capture.run import capture
+    from vitviz.capture.forward import capture
     from vitviz.data.images import load_image
 
     loaded = _model(model, device) if isinstance(model, str) else model

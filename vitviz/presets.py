@@ -1,6 +1,6 @@
 """The app's presets as data: the models offered in the sidebar and what the app says about the demo models.
 
-No Streamlit and no torch: the app (``pages/common.py``), a notebook or a test read the same lists.
+No Streamlit and no torch: the app (``ui/common.py``), a notebook or a test read the same lists.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ import torch
 from conftest import random_image
 
 from vitviz.analysis.relevance import chefer_relevance
+from vitviz.capture.forward import input_size_for, preprocess
 from vitviz.capture.gradients import explain_classes
-from vitviz.capture.run import input_size_for, preprocess
 from vitviz.errors import CaptureError
 
 

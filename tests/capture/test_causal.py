@@ -16,7 +16,7 @@ import torch
 from conftest import TINY, random_image
 
 from vitviz.capture import causal as C
-from vitviz.capture.run import capture, input_size_for, preprocess
+from vitviz.capture.forward import capture, input_size_for, preprocess
 from vitviz.models.hooks import installed_sites
 
 LABELS = {"id2label": {0: "zero", 1: "one", 2: "two"}, "label2id": {"zero": 0, "one": 1, "two": 2}}
@@ -717,7 +717,7 @@ def test_zero_shot_label_scores_knockouts_equal_the_models_own_scores(two_tower,
 
 def test_a_capture_with_heads_knocked_out_shows_the_downstream_attention(demo_model):
     from vitviz.capture.causal import capture_knocked_out, knock_out
-    from vitviz.capture.run import capture
+    from vitviz.capture.forward import capture
     from vitviz.data.shapes import make_sample
 
     loaded = demo_model

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import HIER_KEYS, random_image
 
-from vitviz.capture.run import capture
+from vitviz.capture.forward import capture
 from vitviz.models import hooks
 from vitviz.models.load import load_model
 
@@ -44,7 +44,7 @@ def test_installed_once_and_silent_outside_a_capture(hier_models, key):
 
     import torch
 
-    from vitviz.capture.run import input_size_for, preprocess
+    from vitviz.capture.forward import input_size_for, preprocess
 
     pixels, _ = preprocess(loaded, [random_image(0)], input_size_for(loaded))
     with torch.no_grad():

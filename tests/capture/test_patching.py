@@ -9,8 +9,8 @@ from conftest import random_image
 
 from vitviz.analysis.patching import head_estimate, rank_correlation, residual_estimate
 from vitviz.capture.causal import NotDefined, logit_lens
+from vitviz.capture.forward import preprocess
 from vitviz.capture.patching import PatchingCancelled, activation_patching, patch_lens, patching_arrays
-from vitviz.capture.run import preprocess
 from vitviz.capture.targets import Target
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -9,7 +9,7 @@ import torch
 from conftest import Counter, random_image
 
 from vitviz.capture import patching as P
-from vitviz.capture import session as S
+from vitviz.capture import run as S
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

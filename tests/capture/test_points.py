@@ -10,7 +10,7 @@ import torch
 from conftest import random_image
 
 from vitviz.capture import points as P
-from vitviz.capture.run import capture, input_size_for, preprocess
+from vitviz.capture.forward import capture, input_size_for, preprocess
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -3,7 +3,14 @@ import pytest
 import torch
 from conftest import EXPECTED_PREFIX, FAMILY_KEYS, random_image
 
-from vitviz.capture.run import capture, capture_batch, check_budget, estimate_capture_bytes, input_size_for, preprocess
+from vitviz.capture.forward import (
+    capture,
+    capture_batch,
+    check_budget,
+    estimate_capture_bytes,
+    input_size_for,
+    preprocess,
+)
 from vitviz.errors import BudgetError, CaptureError
 
 

@@ -1,4 +1,4 @@
-"""The Run (vitviz.capture.session): one clean forward that Heads, Rollout, Relevance and Causal all read."""
+"""The Run (vitviz.capture.run): one clean forward that Heads, Rollout, Relevance and Causal all read."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 from conftest import Counter, random_image
 
-from vitviz.capture import session as S
-from vitviz.capture.run import capture, input_size_for, preprocess
+from vitviz.capture import run as S
+from vitviz.capture.forward import capture, input_size_for, preprocess
 from vitviz.models.points import Edit
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -26,8 +26,8 @@ def fresh_cache():
 def _reference_relevance(loaded, img, c):
     """Relevance by its own forward with gradients (the path before the Run), as an independent reference."""
     from vitviz.analysis.relevance import relevance_abar, relevance_row
+    from vitviz.capture.forward import build_stages, run_forward
     from vitviz.capture.gradients import GraphRecorder, _native_grad
-    from vitviz.capture.run import build_stages, run_forward
     from vitviz.models.families.base import Call, to_native
 
     hw = input_size_for(loaded, None, img.size)

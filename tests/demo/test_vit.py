@@ -6,7 +6,7 @@ import numpy as np
 from PIL import Image
 
 from vitviz.analysis.rollout import rollout
-from vitviz.capture.run import capture_batch
+from vitviz.capture.forward import capture_batch
 from vitviz.data import shapes as demo_data
 from vitviz.demo.vit import DEMO_DIR, peak_in_box, train_demo
 from vitviz.models.load import load_model

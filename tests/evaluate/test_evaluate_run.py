@@ -205,7 +205,7 @@ def test_results_have_the_schema(demo, demo_csv: Path, tmp_path: Path) -> None:
     assert res.table.schema.names == SCHEMA.names
     assert res.meta["methods"] == list(METHODS) and res.meta["seed"] == 3 and res.meta["engine"] == "local"
     assert res.meta["images"] == 1 and res.meta["size"] == SIZE
-    assert res.meta["insertion_start"] == "mean"  # the default (README: blur is flat on the demo shapes)
+    assert res.meta["insertion_start"] == "mean"  # the default: docs/evaluate.md#insertion-starts
 
 
 def test_insertion_start_is_a_setting_recorded_in_the_results(demo, demo_csv: Path, tmp_path: Path) -> None:
@@ -255,7 +255,7 @@ def test_relevance_from_a_later_block_in_evaluate(demo, demo_csv: Path, tmp_path
 def test_zero_shot_labels_are_the_classes(demo_csv: Path, tmp_path: Path, capsys) -> None:
     import torch
 
-    from vitviz.capture.run import input_size_for, preprocess
+    from vitviz.capture.forward import input_size_for, preprocess
 
     clip = load_model("demo-clip", device="cpu")
     names = ["circle", "square", "triangle", "cross", "star"]

@@ -8,7 +8,7 @@ from conftest import random_image
 from PIL import Image
 
 from vitviz.analysis.rollout import rollout_matrix
-from vitviz.capture.run import capture
+from vitviz.capture.forward import capture
 from vitviz.figures.animation import BAND, gif_bytes, gif_frames, lens_rows, view_stack
 from vitviz.figures.overlay import photo_overlay
 

@@ -17,7 +17,7 @@ from conftest import random_image
 from transformers import ViTImageProcessor
 
 from vitviz.capture.deformable import deformable_samples, query_points
-from vitviz.capture.run import capture, input_size_for, preprocess
+from vitviz.capture.forward import capture, input_size_for, preprocess
 from vitviz.figures.deformable import deformable_figure
 from vitviz.models.load import load_model
 from vitviz.record import POOLED

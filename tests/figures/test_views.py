@@ -3,7 +3,7 @@ import plotly.graph_objects as go
 import pytest
 
 from vitviz import figures
-from vitviz.capture.run import predictions_from_logits
+from vitviz.capture.forward import predictions_from_logits
 
 
 def _trace(fig: go.Figure, kind: str):

@@ -4,7 +4,7 @@ import numpy as np
 from conftest import random_image
 
 from vitviz.analysis.blocks import global_query, head_maps
-from vitviz.capture.run import capture
+from vitviz.capture.forward import capture
 from vitviz.methods import explain, place_on_grid
 from vitviz.record import POOLED
 

@@ -15,7 +15,7 @@ import torch
 import transformers as tf
 from conftest import random_image, save_tiny
 
-from vitviz.capture.run import capture
+from vitviz.capture.forward import capture
 from vitviz.methods import METHODS, MethodError, explain
 from vitviz.methods.attnlrp import relevance
 from vitviz.methods.base import Inputs, class_logits

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from conftest import random_image
 
-from vitviz.capture.run import capture
+from vitviz.capture.forward import capture
 from vitviz.methods import (
     METHODS,
     MethodError,

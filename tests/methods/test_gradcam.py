@@ -5,7 +5,7 @@ import pytest
 import torch
 from conftest import random_image
 
-from vitviz.capture.run import input_size_for, preprocess
+from vitviz.capture.forward import input_size_for, preprocess
 from vitviz.methods import explain
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import torch
 from conftest import random_image
 
-from vitviz.capture.run import input_size_for, preprocess
+from vitviz.capture.forward import input_size_for, preprocess
 from vitviz.methods import explain
 from vitviz.methods.integrated_gradients import mean_baseline, pixel_attributions
 

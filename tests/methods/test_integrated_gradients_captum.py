@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import random_image
 
-from vitviz.capture.run import input_size_for, preprocess
+from vitviz.capture.forward import input_size_for, preprocess
 from vitviz.capture.targets import Target
 from vitviz.methods.base import class_logits
 from vitviz.methods.integrated_gradients import _forward, gauss_legendre, mean_baseline, pixel_attributions

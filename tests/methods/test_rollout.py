@@ -4,7 +4,7 @@ import numpy as np
 from conftest import random_image
 
 from vitviz.analysis.rollout import capture_rollout, rollout
-from vitviz.capture.run import capture
+from vitviz.capture.forward import capture
 from vitviz.methods import explain
 
 

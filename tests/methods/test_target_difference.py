@@ -6,7 +6,7 @@ import numpy as np
 from conftest import random_image
 from target_reference import relevance_by_hand
 
-from vitviz.capture.run import preprocess
+from vitviz.capture.forward import preprocess
 from vitviz.capture.targets import Target
 from vitviz.methods import explain
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 from conftest import random_image
 
+from vitviz.capture.forward import preprocess
 from vitviz.capture.gradients import explain_targets
-from vitviz.capture.run import preprocess
 from vitviz.capture.targets import Target, TargetError, resolve_target, targets_arrays
 from vitviz.methods import METHODS, MethodError, explain, explain_many
 from vitviz.methods.gradcam import gradcam_map

@@ -15,7 +15,7 @@ import torch
 from conftest import FAMILY_KEYS, HIER_KEYS, MODERN_KEYS, TINY, random_image
 
 from vitviz.capture import causal as C
-from vitviz.capture.run import input_size_for, preprocess
+from vitviz.capture.forward import input_size_for, preprocess
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -88,7 +88,7 @@ def every_family(tiny_models, hier_dirs, modern_dirs, tmp_path_factory):
 
 @pytest.mark.parametrize("key", FAMILY_KEYS + HIER_KEYS + MODERN_KEYS + ZOO_KEYS)
 def test_every_family_keeps_the_contract(every_family, key):
-    from vitviz.capture.session import get_run
+    from vitviz.capture.run import get_run
     from vitviz.models.families.base import BlockParts
     from vitviz.models.hooks import installed_sites
     from vitviz.models.points import block_name, installed_points

@@ -287,7 +287,7 @@ def test_siglip_label_embeddings_equal_get_text_features(tmp_path):
 def test_labels_as_classes_give_the_models_own_logits(tmp_path):
     import copy
 
-    from vitviz.capture.run import input_size_for, preprocess
+    from vitviz.capture.forward import input_size_for, preprocess
     from vitviz.methods.base import class_logits
     from vitviz.models.load import load_model
     from vitviz.models.zeroshot import LabelScores, as_classifier

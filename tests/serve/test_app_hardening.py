@@ -15,7 +15,7 @@ APP = str(Path(__file__).resolve().parents[2] / "app.py")
 
 
 def _reset_server_caches() -> None:
-    from pages import common
+    from ui import common
 
     for fn in (common.serve_settings, common.model_cache, common.forward_queue, common.vetted_requests):
         fn.clear()
@@ -62,7 +62,7 @@ def test_a_typo_in_the_settings_file_shows_no_server_path(server, monkeypatch, t
 
 
 def test_last_resort_errors_are_logged_in_full_and_shown_without_detail(server, monkeypatch, capfd):
-    from pages import common
+    from ui import common
 
     def broken():
         raise OSError(2, "No such file or directory", "/srv/vitviz/secret/weights.bin")
@@ -202,7 +202,7 @@ OTHER = "other (Hugging Face model id)…"
 
 def test_reruns_showing_a_refused_model_do_not_count_as_changes(server, monkeypatch):
     """Issue 23.7: every rerun that still showed a refused (or failed) choice asked again and counted."""
-    from pages import common
+    from ui import common
 
     monkeypatch.setenv("VITVIZ_MODEL_CHANGES_PER_MINUTE", "3")
     monkeypatch.setattr(common, "hub_online", lambda: True)  # "other" is offered only with the hub in reach
@@ -234,7 +234,7 @@ def test_hub_offline_public_server_offers_only_what_loads_here(server, monkeypat
 
 
 def test_a_hub_preset_asked_for_while_offline_gets_advice_a_visitor_can_follow(server, monkeypatch):
-    from pages import common
+    from ui import common
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(common, "model_options", lambda: ["demo", "google/vit-base-patch16-224"])  # stale list
@@ -286,7 +286,7 @@ def _figure_strings(at: AppTest) -> str:
 
 def test_visitor_labels_are_plain_text_and_repeats_one_note(server, monkeypatch):
     """Issue 23.13 (labels shown as Markdown and Plotly markup) and 23.14 (one caption per repeat)."""
-    from pages import common
+    from ui import common
 
     monkeypatch.setattr(common, "model_options", lambda: ["demo", "demo-clip"])
     at = _app()

@@ -339,7 +339,7 @@ def test_real_tiny_models(tiny_dirs):
 
 
 def test_an_evicted_model_is_handed_to_on_evict():
-    """Whatever else holds an evicted model (the cached runs of vitviz.capture.session) can let it go."""
+    """Whatever else holds an evicted model (the cached runs of vitviz.capture.run) can let it go."""
     from vitviz.serve.models import ModelCache
 
     gone: list[str] = []

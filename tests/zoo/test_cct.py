@@ -25,8 +25,8 @@ from torch import nn
 
 from vitviz.__main__ import main
 from vitviz.analysis.rollout import capture_rollout
+from vitviz.capture.forward import capture, capture_batch
 from vitviz.capture.gradients import explain_classes
-from vitviz.capture.run import capture, capture_batch
 from vitviz.models.families import family_for
 from vitviz.models.load import load_model
 from vitviz.zoo.cct import CONVERTERS, CctConfig, CctForImageClassification, token_grid
@@ -395,7 +395,7 @@ def test_every_captured_attention_is_what_the_blocks_computed(tiny):
     assert cap.readout == "head" and cap.prefix_kinds == () and cap.grid == (8, 8)
     assert [b.kind for b in cap.blocks] == ["global", "global", "pool"]
     assert cap.attentions.shape == (2, 4, 64, 64) and cap.blocks[-1].attention.shape == (1, 64)
-    from vitviz.capture.run import preprocess
+    from vitviz.capture.forward import preprocess
 
     pixels, _ = preprocess(tiny, [img], (32, 32))
     out, probs, pool = _reference_run(tiny.model, pixels)
@@ -410,7 +410,7 @@ def test_every_captured_attention_is_what_the_blocks_computed(tiny):
 
 def test_capture_batch_at_another_size(tiny):
     """Two images in one forward at 48 px (the 8 x 8 table resized to 12 x 12): every map is what the blocks did."""
-    from vitviz.capture.run import preprocess
+    from vitviz.capture.forward import preprocess
 
     imgs = [random_image(4), random_image(5, (30, 50))]
     caps = capture_batch(tiny, imgs, size=48, attention_dtype="float32")
@@ -450,7 +450,7 @@ def test_rollout_starts_from_the_pooling_weights(tiny):
 
 def test_relevance_pairs_each_gradient_with_its_block(tiny):
     """Gradients of the logit with respect to the very tensors the blocks and the pooling multiplied with."""
-    from vitviz.capture.run import preprocess
+    from vitviz.capture.forward import preprocess
 
     img, c = random_image(7), 1
     pixels, _ = preprocess(tiny, [img], (32, 32))
@@ -485,7 +485,7 @@ def test_relevance_pairs_each_gradient_with_its_block(tiny):
 def test_head_knock_outs_edit_the_blocks_projection_inputs(tiny):
     """Head importance (zero mode) against knock-outs made here with a pre-hook on the block's ``proj``."""
     from vitviz.capture.causal import causal_notes, head_importance, knockable_blocks
-    from vitviz.capture.run import preprocess
+    from vitviz.capture.forward import preprocess
 
     img = random_image(8)
     got = head_importance(tiny, img, class_index=2, mode="zero")

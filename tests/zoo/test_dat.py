@@ -33,7 +33,7 @@ from reference import merge_matrix, rollout_reference
 from vitviz.__main__ import main
 from vitviz.analysis.blocks import dense
 from vitviz.analysis.rollout import capture_rollout
-from vitviz.capture.run import capture, capture_batch, input_size_for, preprocess
+from vitviz.capture.forward import capture, capture_batch, input_size_for, preprocess
 from vitviz.models.load import load_model
 from vitviz.zoo import dat as zoo_dat
 from vitviz.zoo.convert import Converter, ConvertError, convert, official_names

@@ -22,9 +22,9 @@ from reference import relevance_reference, rollout_reference
 
 from vitviz.analysis.rollout import capture_rollout
 from vitviz.capture import causal as C
+from vitviz.capture.forward import capture, preprocess
 from vitviz.capture.gradients import explain_classes
-from vitviz.capture.run import capture, preprocess
-from vitviz.capture.session import get_run
+from vitviz.capture.run import get_run
 from vitviz.methods import MethodError, available_methods, explain, get_method, why_unavailable
 from vitviz.models.load import load_model
 from vitviz.zoo.hybrid import (

@@ -158,7 +158,7 @@ def _folder(tmp_path, cfg=CFG, *, state=None, tokenizer=True, bin_file=False):
 
 @pytest.mark.parametrize("bin_file", [False, True])
 def test_zero_shot_logits_equal_open_clips_formula(tmp_path, bin_file):
-    from vitviz.capture.run import capture
+    from vitviz.capture.forward import capture
     from vitviz.models.load import load_model
     from vitviz.models.zeroshot import encode_labels, parse_labels, score
 
@@ -179,7 +179,7 @@ def test_zero_shot_logits_equal_open_clips_formula(tmp_path, bin_file):
     rng = np.random.default_rng(0)
     image = Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8))
     cap = capture(loaded, image)
-    from vitviz.capture.run import input_size_for, preprocess
+    from vitviz.capture.forward import input_size_for, preprocess
 
     pixels, _ = preprocess(loaded, [image], input_size_for(loaded, None, image.size))
     ref = _open_clip_logits(state, CFG, pixels, ids)[0]

@@ -22,8 +22,8 @@ from reference import centres, mean_distance_reference, merge_matrix, relevance_
 
 from vitviz.__main__ import main
 from vitviz.analysis.rollout import capture_rollout
+from vitviz.capture.forward import capture, capture_batch, input_size_for, preprocess
 from vitviz.capture.gradients import explain_classes
-from vitviz.capture.run import capture, capture_batch, input_size_for, preprocess
 from vitviz.errors import BudgetError
 from vitviz.models.families import family_for
 from vitviz.models.families.t2t import implied_attention
@@ -646,7 +646,7 @@ def test_position_table_and_budget(loaded):
     fam, cfg = loaded["performer"].family, loaded["performer"].config
     assert fam.attention_numel(cfg, (48, 48)) == 144**2 + 36**2 + 2 * 2 * 10**2
     assert loaded["performer"].patch_weights is None
-    from vitviz.capture.run import check_budget
+    from vitviz.capture.forward import check_budget
 
     with pytest.raises(BudgetError, match="square input of 48 x 48"):
         check_budget(loaded["performer"], (48, 40), batch=1, gradients=False, budget=2**30)

@@ -6,7 +6,7 @@ native matrix with the head axis already chosen (``select`` does that):
 * ``global``: ``(Tq, Tk)``; ``window``: ``(nW, w*w, w*w)``; ``unfolded``: ``(A, N, N)``;
   ``separable``: ``(A, N)``.
 
-Definitions (``ALGORITHMS.md``, "Hierarchical models"):
+Definitions (``docs/definitions.md#hierarchical-models``):
 
 * **Windows** (Swin): the grid is padded on the bottom and right to multiples of w
   and rolled by ``(-s, -s)``. Original position i along an axis sits at shifted

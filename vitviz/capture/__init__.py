@@ -1,1 +1,1 @@
-"""One forward pass -> one immutable record of what the model did (``run``)."""
+"""The forward passes and what they leave: ``forward`` (one capture: the frozen record), ``run`` (the Run: one clean forward every view of an image reads, its named points and edits), gradients, targets, causal analyses."""

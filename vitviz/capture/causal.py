@@ -114,7 +114,7 @@ Rows of every (L, H) table are the model's attention sites in forward order.
 Mechanics
 ---------
 Nothing here rewrites the model, and nothing here runs its own hooks: every analysis
-reads the image's clean :class:`~vitviz.capture.session.Run` (one forward, shared
+reads the image's clean :class:`~vitviz.capture.run.Run` (one forward, shared
 with the Heads, Rollout and Relevance views; ``get_run`` caches it) and edits it by
 the named points of :mod:`vitviz.models.points`. A knock-out of head h in block l
 is the edit ``Edit("blocks.{l}.attn.z", "zero" | "mean", heads=(h,))``; head importance
@@ -137,8 +137,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitviz.capture.run import DEFAULT_BUDGET_BYTES, check_budget, input_size_for
-from vitviz.capture.session import NoScores, Run, Scorer, get_run, scorer_for
+from vitviz.capture.forward import DEFAULT_BUDGET_BYTES, check_budget, input_size_for
+from vitviz.capture.run import NoScores, Run, Scorer, get_run, scorer_for
 from vitviz.errors import CaptureError, VitvizError
 from vitviz.models.families.base import ReadoutHead
 from vitviz.models.hooks import Site, installed_sites
@@ -390,7 +390,7 @@ def causal_notes(loaded: LoadedModel) -> dict[str, str]:
 
 @dataclass
 class _Clean:
-    """What the analyses read of the image's :class:`~vitviz.capture.session.Run`."""
+    """What the analyses read of the image's :class:`~vitviz.capture.run.Run`."""
 
     run: Run
     loaded: LoadedModel
@@ -423,7 +423,7 @@ class _Clean:
 
 def _scorer(loaded: LoadedModel, label_embeddings: np.ndarray | None) -> Scorer:
     """Class logits, or (with ``label_embeddings`` ``(K, D)``) a two-tower model's label scores
-    (:func:`vitviz.capture.session.scorer_for`); :class:`NotDefined` where the model gives neither."""
+    (:func:`vitviz.capture.run.scorer_for`); :class:`NotDefined` where the model gives neither."""
     model = loaded.model
     if label_embeddings is None and not loaded.has_classifier:
         if loaded.zero_shot or isinstance(getattr(model, "logit_scale", None), torch.Tensor):
@@ -931,11 +931,11 @@ def capture_knocked_out(
 ):
     """The capture of the image with ``heads`` knocked out, and the knock-out's logits against the clean ones.
 
-    One clean run (for the mean values), then :func:`vitviz.capture.run.capture` with the
+    One clean run (for the mean values), then :func:`vitviz.capture.forward.capture` with the
     knock-out in place, so every block after the first knocked-out one shows the attention
     the model computes without those heads. Returns ``(Capture, Knockout)``.
     """
-    from vitviz.capture.run import capture
+    from vitviz.capture.forward import capture
 
     _check_mode(mode)
     clean = _clean_run(loaded, image, size, budget_bytes, label_embeddings)

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitviz.capture.run import BlockRecorder, input_size_for, preprocess, run_forward
+from vitviz.capture.forward import BlockRecorder, input_size_for, preprocess, run_forward
 from vitviz.models.families.base import Call
 from vitviz.models.load import LoadedModel
 from vitviz.record import POOLED, QueryPoints
@@ -102,7 +102,7 @@ def deformable_samples(
 ) -> list[DeformableSamples]:
     """Run ``image`` through a DAT model once and return its deformable blocks' samples, in forward order.
 
-    The same input as :func:`vitviz.capture.run.capture` at the same ``size`` (DAT runs
+    The same input as :func:`vitviz.capture.forward.capture` at the same ``size`` (DAT runs
     at its configured size only), so block indices and query tokens match the capture's.
     """
     hw = input_size_for(loaded, size)

@@ -5,7 +5,7 @@ order, from the first (MM-Explainability's ``interpret(start_layer=0)``), each b
 gradient taken with respect to its own probabilities; hierarchical models through
 every stage with the merge rule between them; a pooling head (CCT's sequence pooling,
 SigLIP's attention pooling) is the last block. The gradients come from the clean
-:class:`~vitviz.capture.session.Run`'s graph (no second forward) where the image has a
+:class:`~vitviz.capture.run.Run`'s graph (no second forward) where the image has a
 Run with its graph; otherwise (a data-set loop, say) from a forward of their own, without
 the capture's summaries.
 
@@ -25,7 +25,7 @@ import torch
 from PIL import Image
 
 from vitviz.analysis.relevance import Explanation, relevance_abar, relevance_row
-from vitviz.capture.run import (
+from vitviz.capture.forward import (
     DEFAULT_BUDGET_BYTES,
     BlockRecorder,
     build_stages,
@@ -100,7 +100,7 @@ def explain_targets(
         raise CaptureError(f"Class-specific relevance is not defined for {loaded.family.name}: {note}")
     hw = input_size_for(loaded, size, image.size)
     check_budget(loaded, hw, batch=1, gradients=True, budget=budget_bytes)
-    from vitviz.capture.session import peek_run  # the image's Run, where a view made one: no second forward
+    from vitviz.capture.run import peek_run  # the image's Run, where a view made one: no second forward
 
     run = peek_run(loaded, image, size=size, budget_bytes=budget_bytes)
     if run is not None and run.has_graph:
@@ -149,7 +149,7 @@ def _explainer(loaded: LoadedModel, geoms: Sequence[Geometry], attn: Sequence[np
 
 
 def explain_run(run, targets: Mapping[int, tuple[str, Target]], *, start_block: int = 0) -> dict[int, Explanation]:
-    """:func:`explain_targets` from a :class:`~vitviz.capture.session.Run`'s graph: one backward per target."""
+    """:func:`explain_targets` from a :class:`~vitviz.capture.run.Run`'s graph: one backward per target."""
     loaded = run.loaded
     order = [s.index for s in run.sites]
     geoms = list(run.geometries)

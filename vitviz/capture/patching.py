@@ -1,6 +1,6 @@
 """Activation patching between two images, attribution patching, and the per-patch logit lens.
 
-Definitions (``ALGORITHMS.md``, "Causal views"; Meng et al. 2022, Heimersheim & Nanda
+Definitions (``docs/definitions.md#activation-patching``; Meng et al. 2022, Heimersheim & Nanda
 2024). Two images, the **target** and the **source**, each resized to the same model
 input. The measured scalar ``y`` is a :class:`~vitviz.capture.targets.Target` of the
 target's scores (default: the logit of the target's top-1 class; a zero-shot label's
@@ -36,13 +36,13 @@ partial result (NaN where not computed).
 
 The source image only lends values: its head outputs and block outputs (and its scores),
 from one forward in inference mode that keeps nothing else (no attention, no summaries,
-no graph; :func:`~vitviz.capture.session.get_activations`, cached), or from its cached
+no graph; :func:`~vitviz.capture.run.get_activations`, cached), or from its cached
 Run when a page made one. Given the target's clean Run (the page's), the estimate costs
 that one light forward and one backward; exact grids after it run no whole forward. The
 gradients of a (run, target) are kept (the last few), so the estimate for another source
 image of the same target costs its light forward alone.
 
-Built on the :class:`~vitviz.capture.session.Run` (one clean forward per image, cached,
+Built on the :class:`~vitviz.capture.run.Run` (one clean forward per image, cached,
 with its autograd graph) and the named points of :mod:`vitviz.models.points`: a head
 patch is the edit ``Edit("blocks.{l}.attn.z", "patch", source_run, heads=(h,))``; a
 residual patch at (l, t) replaces token t of the residual entering block l + 1 (the
@@ -66,8 +66,8 @@ from PIL import Image
 
 from vitviz.analysis.patching import head_estimate, residual_estimate
 from vitviz.capture.causal import NotDefined, causal_notes
-from vitviz.capture.run import DEFAULT_BUDGET_BYTES, check_budget, input_size_for, token_layout
-from vitviz.capture.session import Activations, Run, get_activations, get_run
+from vitviz.capture.forward import DEFAULT_BUDGET_BYTES, check_budget, input_size_for, token_layout
+from vitviz.capture.run import Activations, Run, get_activations, get_run
 from vitviz.capture.targets import Target, TargetError, resolve_target
 from vitviz.errors import VitvizError
 from vitviz.models.load import LoadedModel

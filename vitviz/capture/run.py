@@ -1,366 +1,600 @@
-"""One forward pass -> one immutable :class:`~vitviz.record.Capture` per image.
+"""The Run: one clean forward per (model, image, size, dtype, labels) that every view reads.
 
-Attention is read by the hooks installed when the model was loaded
-(``vitviz.models.hooks``); a capture call sets its own recorder for the length of
-its forward, so many sessions and threads can capture from one cached model at
-once. As each block finishes, its float32 probabilities are reduced to what the
-record keeps: a float16 copy in native form for display, the float32 head mean
-(rollout reads it), and float32 per-head summaries (mean attention distance,
-entropy). The float32 weights of a block are released before the next block runs.
-A :class:`~vitviz.capture.session.Run` keeps them anyway (its graph holds them), so its
-summaries are computed when first read (:class:`~vitviz.record.Summaries`).
+One forward pass fills, at once:
+
+* ``capture``: the frozen record (:class:`~vitviz.record.Capture`) the Heads,
+  Rollout and Stats views read, exactly as :func:`vitviz.capture.forward.capture` gives it;
+* every named point (:mod:`vitviz.models.points`): the residual stream at each
+  block's input and output, each block's heads' outputs ``z`` (``blocks.{i}.attn.z``,
+  ``(1, T, H * d)``), each MLP's output, the attention patterns;
+* the scores: class logits, or a zero-shot model's label scores for the given label
+  embeddings (``logit_scale.exp() * cos(image, label) (+ logit_bias)``);
+* where the memory budget allows, the autograd graph from the input to the scores
+  (``has_graph``): gradients (relevance, the fast estimate, attribution patching)
+  derive from it with a backward pass and no second forward.
+
+A second forward exists only when something is edited: :meth:`Run.edited` applies
+:class:`~vitviz.models.points.Edit` s (``"mean"`` there means this image's token
+mean at the point in the clean run) and, for one-grid ViTs with a readout head,
+reuses the clean prefix: only blocks from the first edited one on run again, with
+the arguments the model passed them in the clean run.
+
+:func:`get_run` keeps the last few runs (a small LRU keyed by model, image bytes,
+input size, dtype, labels and budget), so views of one image share one clean forward.
+A Run is frozen: nothing in it changes after the forward; it is safe to share between
+threads (backward passes through its graph take turns).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from PIL import Image
 
-from vitviz.analysis.blocks import block_summaries
+from vitviz.capture.forward import (
+    DEFAULT_BUDGET_BYTES,
+    BlockRecorder,
+    SummaryRecorder,
+    captures_from,
+    check_budget,
+    input_size_for,
+    preprocess,
+    run_forward,
+)
 from vitviz.errors import BudgetError, CaptureError
-from vitviz.models.families.base import Call, to_native
-from vitviz.models.hooks import Site, installed_sites, recording
+from vitviz.models.families.base import Call, ReadoutHead
+from vitviz.models.hooks import Site, installed_sites
 from vitviz.models.load import LoadedModel
-from vitviz.record import Block, Capture, Geometry, Prediction, Stage, Summaries
+from vitviz.models.points import Edit, Points, active, block_name, install_points
+from vitviz.record import Capture, Geometry
 
 __all__ = [
-    "Prediction",
-    "Capture",
-    "DEFAULT_BUDGET_BYTES",
-    "input_size_for",
-    "estimate_capture_bytes",
-    "check_budget",
-    "token_layout",
-    "predictions_from_logits",
-    "preprocess",
-    "unnormalised",
-    "run_forward",
-    "capture",
-    "capture_batch",
-    "captures_from",
+    "Run",
+    "Activations",
+    "get_activations",
+    "EditedScores",
+    "Scorer",
+    "NoScores",
+    "get_run",
+    "peek_run",
+    "clear_runs",
+    "scorer_for",
+    "READOUT_RTOL",
 ]
 
-# What one capture may hold (attention of all layers and heads); VITVIZ_MEMORY_BUDGET_MB overrides 2 GiB.
-DEFAULT_BUDGET_BYTES = int(os.environ.get("VITVIZ_MEMORY_BUDGET_MB", "2048")) * 2**20
+READOUT_RTOL = 1e-4  # a readout head must reproduce the model's logits to this (relative to their scale)
+Scorer = Callable[[object], torch.Tensor]  # the forward's output -> scores (B, K): class logits or label scores
 
 
-def input_size_for(
-    loaded: LoadedModel, size: int | tuple[int, int] | None = None, image_wh: tuple[int, int] | None = None
-) -> tuple[int, int]:
-    """(h, w) the model will see: the processor's default, or ``size`` snapped to the family's multiple.
-
-    A family that runs at one size only (PvT v1) always gets that size; a family that
-    follows each image's aspect ratio (SigLIP 2 NaFlex) adapts it to ``image_wh``.
-    """
-    fixed = loaded.family.fixed_size(loaded.config)
-    if fixed is not None:
-        return fixed
-    if size is None:
-        h, w = loaded.default_size
-    elif isinstance(size, int):
-        h = w = size
-    else:
-        h, w = size
-    m = loaded.family.size_multiple(loaded.config)
-    h, w = max(m, round(h / m) * m), max(m, round(w / m) * m)
-    return loaded.family.size_for_image(loaded.config, (int(h), int(w)), image_wh)
+class NoScores(CaptureError):
+    """The model gives no scores to explain (a backbone, or a two-tower model without label embeddings)."""
 
 
-def estimate_capture_bytes(
-    num_layers: int, num_heads: int, num_tokens: int, *, batch: int = 1, gradients: bool = False, itemsize: int = 4
-) -> int:
-    """Memory a plain ViT's attention takes: L x H x T^2 values per image, doubled with gradients."""
-    return num_layers * num_heads * num_tokens**2 * itemsize * batch * (2 if gradients else 1)
+def scorer_for(loaded: LoadedModel, label_embeddings: np.ndarray | None) -> Scorer:
+    """Class logits, or (with ``label_embeddings`` ``(K, D)``) a two-tower model's label scores, as its forward's
+    ``logits_per_image`` computes them: ``logit_scale.exp() * cos(image embedding, label) (+ logit_bias)``."""
+    fam, model = loaded.family, loaded.model
+    if label_embeddings is None:
+        return lambda out: fam.logits(model, out)
+    text = torch.as_tensor(np.asarray(label_embeddings, np.float32))
+    if text.ndim != 2 or text.shape[0] < 1:
+        raise ValueError(f"label embeddings must be (K, D) with K >= 1, got shape {tuple(text.shape)}")
+    scale = getattr(model, "logit_scale", None)
+    if not isinstance(scale, torch.Tensor):
+        raise NoScores(f"'{loaded.name}' has no logit_scale: only a two-tower model scores label embeddings.")
+    bias = getattr(model, "logit_bias", None)
+    unit = text / text.norm(dim=-1, keepdim=True)
+
+    def score(out) -> torch.Tensor:
+        img = fam.image_embedding(model, out)
+        if img is None:
+            raise NoScores(f"'{loaded.name}' gives no image embedding to compare with label embeddings.")
+        if img.shape[-1] != unit.shape[-1]:
+            raise ValueError(f"label embeddings have width {unit.shape[-1]}, the image embedding {img.shape[-1]}")
+        got = scale.exp() * (img / img.norm(dim=-1, keepdim=True)) @ unit.to(img.device, img.dtype).T
+        return got + bias if isinstance(bias, torch.Tensor) else got
+
+    return score
 
 
-def token_layout(loaded: LoadedModel, hw: tuple[int, int]) -> tuple[tuple[str, ...], tuple[int, int]]:
-    """(prefix token kinds, first-stage grid (gh, gw)) of ``loaded`` at input size ``hw``."""
-    p = loaded.patch_size
-    return loaded.family.prefix_kinds(loaded.config), (hw[0] // p, hw[1] // p)
+class _RunRecorder(SummaryRecorder):
+    """The capture's summaries, plus each block's tokens, call arguments and live probabilities."""
+
+    def __init__(self, loaded: LoadedModel, call: Call, attention_dtype: str, num_sites: int) -> None:
+        # The Run keeps every block's live float32 probabilities (``_raw``): summaries are computed from them when
+        # a view first reads them, not in the forward (the patching estimate reads none).
+        super().__init__(loaded, call, attention_dtype, num_sites, lazy_summaries=True)
+        self.blocks: dict[int, tuple[torch.Tensor | None, torch.Tensor | None, tuple, dict]] = {}
+        self.raw: dict[int, torch.Tensor] = {}
+
+    def block(self, site: Site, g: Geometry, raw, module, args, kwargs, output) -> None:
+        super().block(site, g, raw, module, args, kwargs, output)
+        tokens = self.loaded.family.tokens(self.call, site, module, args, kwargs, output)
+        inp, out = tokens if tokens is not None else (None, None)
+        self.blocks[site.index] = (inp, out, args, kwargs)
+        self.raw[site.index] = raw
 
 
-def _size(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+@dataclass(frozen=True)
+class EditedScores:
+    """Scores ``(k, C)`` float32 of k edited copies; the work in forward-equivalents; whether the prefix was reused."""
+
+    scores: torch.Tensor
+    forward_equivalents: float
+    replayed: bool
 
 
-def check_budget(loaded: LoadedModel, hw: tuple[int, int], *, batch: int, gradients: bool, budget: int) -> None:
-    """Refuse, before any forward, an input the model cannot run at or whose attention would exceed ``budget``."""
-    problem = loaded.family.size_problem(loaded.config, hw)
-    if problem:
-        raise BudgetError(problem)
-    need = loaded.family.attention_numel(loaded.config, hw) * 4 * batch * (2 if gradients else 1)
-    if need > budget:
-        raise BudgetError(
-            f"An input of {hw[1]} x {hw[0]} px needs about {_size(need)} for attention maps"
-            f"{' and their gradients' if gradients else ''}, over the {_size(budget)} budget "
-            f"(VITVIZ_MEMORY_BUDGET_MB). Choose a smaller input size (e.g. {loaded.default_size[1]} px)."
+def _detached(t):
+    return t.detach() if isinstance(t, torch.Tensor) else t
+
+
+@dataclass(frozen=True, eq=False)
+class Run:
+    """One clean forward of one image (see the module docstring). Build it with :func:`get_run`."""
+
+    loaded: LoadedModel
+    input_size: tuple[int, int]
+    pixels: torch.Tensor = field(repr=False)  # (1, 3, h, w)
+    capture: Capture = field(repr=False)
+    points: Points = field(repr=False)
+    sites: tuple[Site, ...] = field(repr=False)
+    geometries: tuple[Geometry, ...] = field(repr=False)
+    scores: torch.Tensor = field(repr=False)  # (C,) float32, detached: class logits or label scores
+    scorer: Scorer = field(repr=False)
+    label_embeddings: np.ndarray | None = field(repr=False)
+    has_graph: bool
+    readout: ReadoutHead | None = field(repr=False)
+    readout_problem: str  # why ``readout`` is None although the family describes one ("" otherwise)
+    _values: Mapping[str, torch.Tensor] = field(repr=False)  # point -> value (in the graph when has_graph)
+    _blocks: Mapping[int, tuple] = field(repr=False)  # site -> (input tokens, output tokens, args, kwargs)
+    _raw: Mapping[int, torch.Tensor] = field(repr=False)  # site -> live probabilities (graph)
+    _out: object = field(repr=False)  # the forward's output (graph)
+    _graph_scores: torch.Tensor | None = field(repr=False)  # (1, C) in the graph
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    # --- reading --------------------------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return len(self.sites)
+
+    @property
+    def num_heads(self) -> tuple[int, ...]:
+        return tuple(g.num_heads for g in self.geometries)
+
+    def name(self, site: int, part: str) -> str:
+        """The point name of ``part`` (``in``, ``attn.z``, ``mlp.out``, ``out``) of block ``site``."""
+        return block_name(self.points, site, part)
+
+    def has(self, name: str) -> bool:
+        """Whether the clean run reached point ``name``."""
+        p = self.points.by_name.get(name)
+        if p is not None and p.kind == "pattern":
+            return p.site in self._raw
+        return name in self._values
+
+    def activation(self, name: str) -> torch.Tensor:
+        """The clean run's value at point ``name`` (detached); ``attn.pattern`` points give the probabilities in
+        the family's raw layout."""
+        p = self.points.by_name.get(name)
+        if p is not None and p.kind == "pattern" and p.site in self._raw:
+            return self._raw[p.site].detach()
+        if name not in self._values:
+            if name in self.points:
+                raise CaptureError(f"the clean run of '{self.loaded.name}' never reached the point {name}")
+            raise ValueError(f"'{self.loaded.name}' has no hook point {name!r}")
+        return self._values[name].detach()
+
+    def block_tokens(self, site: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Block ``site``'s input and output tokens ``(1, T, C)`` in the stage's order (the family's layout)."""
+        inp, out, _, _ = self._blocks[site]
+        return _detached(inp), _detached(out)
+
+    def has_block(self, site: int) -> bool:
+        """Whether block ``site``'s tokens and call arguments were recorded."""
+        return site in self._blocks
+
+    def block_call(self, site: int) -> tuple[tuple, dict]:
+        """The arguments the model called block ``site`` with (for replays)."""
+        _, _, args, kwargs = self._blocks[site]
+        return args, kwargs
+
+    @property
+    def replayable(self) -> bool:
+        """Edited runs can start from the clean residual: one grid, a checked readout head, every block recorded."""
+        return (
+            not self.loaded.family.hierarchical
+            and self.readout is not None
+            and len(self._blocks) == len(self.sites)
+            and all(self._blocks[s.index][0] is not None for s in self.sites)
         )
 
+    # --- gradients ------------------------------------------------------------------------------
+    def gradients(
+        self, target: Callable[[object], torch.Tensor], of: Sequence[torch.Tensor | str] | str
+    ) -> list[torch.Tensor | None]:
+        """``d target(out) / d x`` for each ``x`` of ``of`` (point names, or ``"probs"``: each block's live
+        probabilities in site order), by one backward pass through the clean run's graph."""
+        if not self.has_graph:
+            raise CaptureError("this run was made without its autograd graph (over the memory budget)")
+        if of == "probs":
+            tensors = [self._raw[s.index] for s in self.sites]
+        else:
+            tensors = [self._values[t] if isinstance(t, str) else t for t in of]
+        with self._lock, torch.enable_grad():
+            y = target(self._out)
+            return list(torch.autograd.grad(y, tensors, retain_graph=True, allow_unused=True))
 
-def preprocess(
-    loaded: LoadedModel, images: Sequence[Image.Image], hw: tuple[int, int]
-) -> tuple[torch.Tensor, np.ndarray]:
-    """Resize to ``hw`` and normalise as the model's image processor does.
+    def probs(self, site: int) -> torch.Tensor:
+        """Block ``site``'s probabilities in the family's raw layout (detached)."""
+        return self._raw[site].detach()
 
-    No centre crop: the model sees the whole image, so maps overlay it exactly.
-    Returns pixel values ``(B, 3, h, w)`` on the model's device and the resized
-    uint8 images ``(B, h, w, 3)``.
-    """
-    h, w = hw
-    resized = np.stack([np.asarray(img.convert("RGB").resize((w, h), loaded.resample)) for img in images])
-    x = (unnormalised(loaded, resized) - np.asarray(loaded.image_mean, np.float32)) / np.asarray(
-        loaded.image_std, np.float32
+    def score_of(self, out) -> torch.Tensor:
+        """Scores ``(B, C)`` of a forward output (``out`` of the clean graph: :attr:`graph_scores`)."""
+        return self.scorer(out)
+
+    @property
+    def graph_scores(self) -> torch.Tensor | None:
+        return self._graph_scores
+
+    @property
+    def output(self):
+        """The forward's output (in the graph when :attr:`has_graph`)."""
+        return self._out
+
+    # --- editing --------------------------------------------------------------------------------
+    def _site_of(self, name: str) -> int:
+        p = self.points.by_name.get(name)
+        if p is None:
+            raise ValueError(f"'{self.loaded.name}' has no hook point {name!r}")
+        return 0 if p.site is None else p.site
+
+    def resolve(self, edits: Sequence[Edit]) -> list[Edit]:
+        """``"mean"`` edits become replacements by the clean run's token mean at their point."""
+        out = []
+        for e in edits:
+            if e.op == "mean":
+                x = self.activation(e.point)
+                mean = x.reshape(-1, x.shape[-1]).mean(dim=0)
+                e = Edit(e.point, "replace", mean, e.heads, e.tokens, e.rows)
+            out.append(e)
+        return out
+
+    def num_heads_by_point(self) -> dict[str, int]:
+        return {self.name(s.index, "attn.z"): g.num_heads for s, g in zip(self.sites, self.geometries, strict=True)}
+
+    def edited(self, edits: Sequence[Edit], *, batch: int = 1, reuse_prefix: bool = True) -> EditedScores:
+        """Scores ``(batch, C)`` of ``batch`` copies of the image with ``edits`` applied (``Edit.rows`` picks copies).
+
+        One-grid ViTs with a readout head start from the clean residual at the first edited block
+        (``reuse_prefix``); others run the whole (batched) forward.
+        """
+        edits = self.resolve(list(edits))
+        if not edits:
+            raise ValueError("no edits given")
+        start = min(self._site_of(e.point) for e in edits)
+        heads = self.num_heads_by_point()
+        loaded = self.loaded
+        with torch.inference_mode(), active(loaded, edits=edits, batch=batch, num_heads=heads):
+            if reuse_prefix and self.replayable:
+                x = self.block_tokens(self.sites[start].index)[0]
+                scores = self._replay(start, x.expand(batch, *x.shape[1:]).contiguous())
+                work = batch * (self.num_blocks - start) / self.num_blocks
+                replayed = True
+            else:
+                pixels = self.pixels.detach().expand(batch, *self.pixels.shape[1:]).contiguous()
+                inputs = loaded.family.model_inputs(loaded, pixels, self.input_size)
+                with loaded.family.running(loaded.model):
+                    out = loaded.family.forward(loaded.model, inputs)
+                scores = self.scorer(out)
+                work, replayed = float(batch), False
+        return EditedScores(scores.float(), work, replayed)
+
+    def _replay(self, start: int, x: torch.Tensor) -> torch.Tensor:
+        """Blocks ``start .. L-1`` on the residual ``x`` ``(k, T, D)`` with the clean run's arguments, then the readout."""
+        model = self.loaded.model
+        with self.loaded.family.running(model):
+            for site in self.sites[start:]:
+                args, kwargs = self.block_call(site.index)
+                if args:
+                    args = (x, *args[1:])
+                else:
+                    kwargs = {**kwargs, "hidden_states": x}
+                out = site.block(*args, **kwargs)
+                x = out[0] if isinstance(out, (tuple, list)) else out
+        return self.readout(x)
+
+
+# --- building a run ---------------------------------------------------------------------------------
+
+
+def _checked_readout(
+    loaded: LoadedModel, last: torch.Tensor | None, logits: torch.Tensor
+) -> tuple[ReadoutHead | None, str]:
+    """The family's readout head, if it turns the last residual into the model's logits; else (None, why)."""
+    readout = loaded.family.readout_head(loaded.model)
+    if readout is None or last is None:
+        return None, ""
+    with torch.inference_mode():
+        got = readout(last).float()[0]
+    scale = max(1.0, float(logits.abs().max()))
+    if got.shape != logits.shape or float((got - logits).abs().max()) > READOUT_RTOL * scale:
+        return None, (
+            f"The {loaded.family.name} adapter's readout head ({readout.description}) does not reproduce "
+            f"'{loaded.name}''s logits from its last residual stream, so the logit lens and attribution are not "
+            "defined for this model until the adapter describes its head correctly."
+        )
+    return readout, ""
+
+
+def _make_run(
+    loaded: LoadedModel,
+    image: Image.Image,
+    hw: tuple[int, int],
+    label_embeddings: np.ndarray | None,
+    budget_bytes: int,
+    gradients: bool,
+) -> Run:
+    scorer = scorer_for(loaded, label_embeddings)
+    points = install_points(loaded)
+    sites = tuple(installed_sites(loaded.model))
+    check_budget(loaded, hw, batch=1, gradients=False, budget=budget_bytes)
+    if gradients:
+        try:
+            check_budget(loaded, hw, batch=1, gradients=True, budget=budget_bytes)
+        except BudgetError:
+            gradients = False
+    if torch.is_inference_mode_enabled():
+        gradients = False  # a caller's inference mode: no graph can be kept
+    pixels, resized = preprocess(loaded, [image], hw)
+    call = Call(loaded.config, hw, 1)
+    rec = _RunRecorder(loaded, call, "float16", len(sites))
+    if gradients:
+        pixels.requires_grad_(True)  # the graph reaches every block although the parameters need no grad
+    mode = torch.enable_grad() if gradients else torch.inference_mode()
+    # Every point but the patterns: the recorder already holds each block's live probabilities (``_raw``), and a
+    # family's ``probs`` may compute them (T2T's performer), so they are not taken twice.
+    record = [n for n, p in points.by_name.items() if p.kind != "pattern"]
+    with mode, active(loaded, record=record, grad=gradients) as state:
+        out = run_forward(loaded, pixels, rec)
+        graph_scores = scorer(out)  # None for a backbone (no classifier, no label embeddings)
+    cap = captures_from(loaded, rec, out, resized, hw, 5)[0]
+    scores = (
+        graph_scores[0].detach().float()
+        if graph_scores is not None
+        else torch.zeros(0)  # a backbone without scores: views that need none still read the run
     )
-    pixels = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous()
-    return pixels.to(device=loaded.device, dtype=loaded.dtype), resized
+    last = rec.blocks.get(sites[-1].index, (None, None))[1] if sites else None
+    if label_embeddings is None and graph_scores is not None:
+        readout, problem = _checked_readout(loaded, _detached(last), scores)
+    else:
+        readout, problem = None, ""
+    return Run(
+        loaded=loaded,
+        input_size=hw,
+        pixels=pixels,
+        capture=cap,
+        points=points,
+        sites=sites,
+        geometries=tuple(rec.geometries[s.index] for s in sites),
+        scores=scores,
+        scorer=scorer,
+        label_embeddings=None if label_embeddings is None else np.array(label_embeddings, np.float32),
+        has_graph=gradients,
+        readout=readout,
+        readout_problem=problem,
+        _values=dict(state.values),
+        _blocks=dict(rec.blocks),
+        _raw=dict(rec.raw),
+        _out=out,
+        _graph_scores=graph_scores if gradients else None,
+    )
 
 
-def unnormalised(loaded: LoadedModel, resized: np.ndarray) -> np.ndarray:
-    """The model input before normalisation: uint8 ``(B, h, w, 3)`` RGB -> float32, channels in the model's order
-    (BGR where its processor flips them) and rescaled (``[0, 1]`` usually). Perturbations are made here."""
-    return resized[..., list(loaded.channel_order)].astype(np.float32) * loaded.rescale_factor
-
-
-class BlockRecorder:
-    """Base recorder: pairs each site's probabilities with its block and reads the block's geometry."""
+class _TokenRecorder(BlockRecorder):
+    """Each block's input and output tokens only: no summaries, no attention kept (a patch's source)."""
 
     def __init__(self, loaded: LoadedModel, call: Call) -> None:
-        self.loaded, self.call = loaded, call
-        self._pending: dict[int, torch.Tensor | None] = {}
-        self.geometries: dict[int, Geometry] = {}
-        self.missing = 0  # sites whose module returned no weights (fused attention)
-
-    def on_attention(self, site: Site, module, args, kwargs, output) -> None:
-        self._pending[site.index] = self.loaded.family.probs(self.call, site, module, args, kwargs, output)
-
-    def on_block(self, site: Site, module, args, kwargs, output) -> None:
-        raw = self._pending.pop(site.index, None)
-        if raw is None:
-            self.missing += 1
-            return
-        g = self.loaded.family.geometry(self.call, site, module, args, kwargs, output, raw)
-        self.geometries[site.index] = g
-        self.block(site, g, raw, module, args, kwargs, output)
-
-    def block(self, site: Site, g: Geometry, raw: torch.Tensor, module, args, kwargs, output) -> None:
-        raise NotImplementedError
-
-
-@dataclass
-class _BlockArrays:
-    attention: np.ndarray  # (B, *native) float16 (or float32), or a view into the plain stack
-    fused: np.ndarray  # (B, *native without heads) float32
-    summaries: list[Summaries]  # per image: distance, entropy, entropy_norm
-
-
-class SummaryRecorder(BlockRecorder):
-    """What :func:`capture_batch` keeps of each block, computed from its float32 weights as it arrives.
-
-    ``lazy_summaries``: the per-head summaries are computed on their first read, from the block's float32
-    weights, which the recorder's owner keeps anyway (a Run's live probabilities): not at all if no view reads
-    them. Otherwise now, and the float32 weights are released before the next block runs.
-    """
-
-    def __init__(
-        self, loaded: LoadedModel, call: Call, attention_dtype: str, num_sites: int, *, lazy_summaries: bool = False
-    ) -> None:
         super().__init__(loaded, call)
-        self.lazy_summaries = lazy_summaries
-        self.dtype = getattr(torch, attention_dtype)
-        self.num_sites = num_sites
-        self.arrays: dict[int, _BlockArrays] = {}
-        self.norms: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self.stack: np.ndarray | None = None  # (B, L, H, T, T) for plain models
+        self.blocks: dict[int, tuple[torch.Tensor | None, torch.Tensor | None]] = {}
 
-    def _store(self, site: Site, g: Geometry, native: torch.Tensor) -> np.ndarray:
-        if self.loaded.family.hierarchical or g.kind != "global":  # a pooling head stays out of the stack
-            return native.to(self.dtype).cpu().numpy()  # torch casts faster than numpy
-        if self.stack is None:
-            dtype = torch.empty(0, dtype=self.dtype).numpy().dtype
-            self.stack = np.empty((native.shape[0], self.num_sites, *native.shape[1:]), dtype=dtype)
-        # Cast straight into the stack (torch's threaded copy): no intermediate array, a quarter of the time.
-        torch.from_numpy(self.stack[:, site.index]).copy_(native)
-        return self.stack[:, site.index]
-
-    def _lazy(self, g: Geometry, raw: torch.Tensor, image: int) -> Summaries:
-        # The closure holds the weights' storage (kept by the owner anyway), detached: a record that outlives its
-        # Run must not keep the Run's autograd graph alive through them.
-        call, weights = self.call, raw.detach()
-
-        def compute():
-            with torch.no_grad():
-                full = to_native(g, weights, call.batch).float().cpu().numpy()
-            return block_summaries(g, full[image], call.input_size)
-
-        return Summaries(compute=compute, num_heads=g.num_heads, pending_bytes=weights.nbytes // call.batch)
-
-    def block(self, site, g, raw, module, args, kwargs, output) -> None:
-        native = to_native(g, raw.detach(), self.call.batch)
-        f32 = native.float()
-        head_axis = {"global": 1, "pool": 1, "window": 2, "unfolded": 2}.get(g.kind)
-        fused = (f32 if head_axis is None else f32.mean(dim=head_axis)).cpu().numpy()
-        if self.lazy_summaries:
-            summaries = [self._lazy(g, raw, i) for i in range(self.call.batch)]
-        else:
-            full = f32.cpu().numpy()  # zero-copy on the CPU
-            summaries = [Summaries(block_summaries(g, full[i], self.call.input_size)) for i in range(self.call.batch)]
-        self.arrays[site.index] = _BlockArrays(self._store(site, g, native), fused, summaries)
+    def block(self, site: Site, g: Geometry, raw, module, args, kwargs, output) -> None:
         tokens = self.loaded.family.tokens(self.call, site, module, args, kwargs, output)
-        if tokens is not None:
-            self.norms[site.index] = tuple(t.detach().float().norm(dim=-1).cpu().numpy() for t in tokens)
+        self.blocks[site.index] = tokens if tokens is not None else (None, None)
 
 
-def run_forward(loaded: LoadedModel, pixels: torch.Tensor, recorder: BlockRecorder):
-    """The model's forward with ``recorder`` receiving this call's hook calls; grad mode is the caller's."""
-    sites = installed_sites(loaded.model)
-    inputs = loaded.family.model_inputs(loaded, pixels, recorder.call.input_size)
-    with loaded.family.running(loaded.model), recording(recorder):
-        out = loaded.family.forward(loaded.model, inputs)
-    if not sites or recorder.missing or len(recorder.geometries) != len(sites):
-        raise CaptureError(
-            f"'{loaded.name}' returned no attention weights from {recorder.missing or len(sites) or 'any'} of its "
-            f"{len(sites)} attention blocks: it must run with eager attention (fused SDPA / flash kernels never "
-            "materialise them)."
-        )
-    return out
+@dataclass(frozen=True, eq=False)
+class Activations:
+    """One image's values at some named points and its scores, from one forward in inference mode that keeps
+    nothing else (no attention, no summaries, no graph): what a patch reads from its source image. Reads like a
+    :class:`Run` (``activation``, ``has``, ``block_tokens``, ``scores``); build it with :func:`get_activations`."""
+
+    loaded: LoadedModel
+    input_size: tuple[int, int]
+    points: Points = field(repr=False)
+    sites: tuple[Site, ...] = field(repr=False)
+    scores: torch.Tensor = field(repr=False)  # (C,) float32: class logits or label scores (empty: none)
+    _values: Mapping[str, torch.Tensor] = field(repr=False)
+    _blocks: Mapping[int, tuple] = field(repr=False)  # site -> (input tokens, output tokens)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.sites)
+
+    def name(self, site: int, part: str) -> str:
+        return block_name(self.points, site, part)
+
+    def has(self, name: str) -> bool:
+        return name in self._values
+
+    def activation(self, name: str) -> torch.Tensor:
+        if name not in self._values:
+            raise CaptureError(f"the source forward of '{self.loaded.name}' did not keep the point {name}")
+        return self._values[name]
+
+    def block_tokens(self, site: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        return self._blocks.get(site, (None, None))
 
 
-def predictions_from_logits(
-    logits: np.ndarray, id2label: dict[int, str], k: int | None = None
-) -> tuple[Prediction, ...]:
-    """Classes ranked by softmax probability (all of them when ``k`` is None): ``(C,) -> k predictions``."""
-    z = logits.astype(np.float64)
-    probs = np.exp(z - z.max())
-    probs /= probs.sum()
-    order = np.argsort(-probs, kind="stable")[:k]
-    return tuple(Prediction(int(i), id2label.get(int(i), f"class {i}"), float(probs[i]), float(z[i])) for i in order)
+SOURCE_PARTS = ("attn.z", "out")  # what a patch reads from its source: head outputs and block outputs
 
 
-def build_stages(loaded: LoadedModel, geometries: Sequence[Geometry], norms: dict, image: int) -> tuple[Stage, ...]:
-    """Group blocks (in forward order) into stages; the merge rule between stages comes from the family."""
-    by_stage: dict[int, list[int]] = {}
-    for i, g in enumerate(geometries):
-        by_stage.setdefault(g.stage, []).append(i)
-    stages = []
-    for s, idx in enumerate(by_stage.values()):
-        first = geometries[idx[0]]
-        if any(geometries[i].grid != first.grid or geometries[i].prefix_kinds != first.prefix_kinds for i in idx):
-            raise CaptureError(
-                f"blocks of stage {s + 1} disagree on their grid; the {loaded.family.name} adapter is wrong"
-            )
-        parents = None if s == 0 else loaded.family.merge_parents(geometries[stages[-1].blocks[-1]], first)
-        have = [i for i in idx if i in norms]  # a pooling head has no tokens of its own
-        rows = [norms[have[0]][0][image]] + [norms[i][1][image] for i in have] if have else None
-        stage_norms = np.stack(rows).astype(np.float32) if rows else None
-        stages.append(Stage(s, first.grid, first.prefix_kinds, tuple(idx), parents, stage_norms))
-    return tuple(stages)
-
-
-def _stacked(geometries: Sequence[Geometry]) -> int:
-    """How many leading blocks the plain (L, H, T, T) stack holds: the global ones (a pooling head comes last)."""
-    n = sum(g.kind == "global" for g in geometries)
-    if any(g.kind != "global" for g in geometries[:n]):
-        raise CaptureError("a plain model's global blocks must come before its pooling head")
-    return n
-
-
-def capture_batch(
+def _make_activations(
     loaded: LoadedModel,
-    images: Sequence[Image.Image],
-    *,
-    size: int | tuple[int, int] | None = None,
-    top_k: int = 5,
-    attention_dtype: str = "float16",
-    budget_bytes: int = DEFAULT_BUDGET_BYTES,
-) -> list[Capture]:
-    """Capture a batch of images: one forward pass per input size (usually one for the whole batch).
-
-    ``attention_dtype`` float16 (default) halves the record; attention weights lie in
-    [0, 1], where float16 keeps about 3 significant digits. Every summary is computed
-    from the float32 weights whatever is stored. Use float32 storage for parity work.
-    """
-    sizes = [input_size_for(loaded, size, img.size) for img in images]
-    out: list[Capture | None] = [None] * len(images)
-    for hw in dict.fromkeys(sizes):  # images that share an input size share a forward pass
-        idx = [i for i, s in enumerate(sizes) if s == hw]
-        for i, cap in zip(
-            idx, _capture_at(loaded, [images[i] for i in idx], hw, top_k, attention_dtype, budget_bytes), strict=True
-        ):
-            out[i] = cap
-    return out
-
-
-def _capture_at(
-    loaded: LoadedModel,
-    images: Sequence[Image.Image],
+    image: Image.Image,
     hw: tuple[int, int],
-    top_k: int,
-    attention_dtype: str,
+    label_embeddings: np.ndarray | None,
     budget_bytes: int,
-) -> list[Capture]:
-    check_budget(loaded, hw, batch=len(images), gradients=False, budget=budget_bytes)
-    pixels, resized = preprocess(loaded, images, hw)
-    call = Call(loaded.config, hw, len(images))
-    rec = SummaryRecorder(loaded, call, attention_dtype, len(installed_sites(loaded.model)))
-    with torch.inference_mode():
+    parts: tuple[str, ...],
+) -> Activations:
+    scorer = scorer_for(loaded, label_embeddings)
+    points = install_points(loaded)
+    sites = tuple(installed_sites(loaded.model))
+    check_budget(loaded, hw, batch=1, gradients=False, budget=budget_bytes)
+    pixels, _ = preprocess(loaded, [image], hw)
+    rec = _TokenRecorder(loaded, Call(loaded.config, hw, 1))
+    record = [block_name(points, s.index, part) for s in sites for part in parts]
+    record = [n for n in record if n in points]
+    with torch.inference_mode(), active(loaded, record=record) as state:
         out = run_forward(loaded, pixels, rec)
-    return captures_from(loaded, rec, out, resized, hw, top_k)
+        scores = scorer(out)
+    return Activations(
+        loaded=loaded,
+        input_size=hw,
+        points=points,
+        sites=sites,
+        scores=scores[0].float() if scores is not None else torch.zeros(0),
+        _values=dict(state.values),
+        _blocks=dict(rec.blocks),
+    )
 
 
-def captures_from(
-    loaded: LoadedModel, rec: SummaryRecorder, out, resized: np.ndarray, hw: tuple[int, int], top_k: int
-) -> list[Capture]:
-    """The frozen records of a forward ``out`` that ``rec`` summarised (one per image of the batch)."""
-    fam = loaded.family
-    with torch.no_grad():
-        raw_logits = fam.logits(loaded.model, out) if loaded.has_classifier else None
-        logits = None if raw_logits is None else raw_logits.detach().float().cpu().numpy()
-        embedding = fam.image_embedding(loaded.model, out)
-        embedding = None if embedding is None else embedding.detach().float().cpu().numpy()
-    geometries = [rec.geometries[i] for i in sorted(rec.geometries)]
-    captures = []
-    for i in range(len(resized)):
-        blocks = tuple(
-            Block(b, g, rec.arrays[b].attention[i], rec.arrays[b].fused[i], rec.arrays[b].summaries[i])
-            for b, g in enumerate(geometries)
-        )
-        captures.append(
-            Capture(
-                model_name=loaded.name,
-                family=fam.name,
-                input_size=hw,
-                patch_size=loaded.patch_size,
-                stages=build_stages(loaded, geometries, rec.norms, i),
-                blocks=blocks,
-                image=resized[i],
-                logits=None if logits is None else logits[i],
-                predictions=() if logits is None else predictions_from_logits(logits[i], loaded.id2label, top_k),
-                readout=fam.readout(loaded.config),
-                position=loaded.position,
-                patch_weights=loaded.patch_weights,
-                rollout_note=fam.rollout_note(loaded.config),
-                attention_stack=None if rec.stack is None else rec.stack[i, : _stacked(geometries)],
-                image_embedding=None if embedding is None else embedding[i],
-            )
-        )
-    return captures
+_SOURCES: OrderedDict[tuple, Activations] = OrderedDict()
 
 
-def capture(
+def get_activations(
     loaded: LoadedModel,
     image: Image.Image,
     *,
     size: int | tuple[int, int] | None = None,
-    top_k: int = 5,
-    attention_dtype: str = "float16",
+    label_embeddings: np.ndarray | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
-) -> Capture:
-    """Capture one image: see :func:`capture_batch`."""
-    return capture_batch(
-        loaded, [image], size=size, top_k=top_k, attention_dtype=attention_dtype, budget_bytes=budget_bytes
-    )[0]
+    parts: tuple[str, ...] = SOURCE_PARTS,
+) -> Run | Activations:
+    """``image``'s values at each block's ``parts`` (head outputs ``attn.z``, block outputs ``out``), its block
+    tokens and scores: the cached :class:`Run` of the image if there is one (no forward), else one forward in
+    inference mode that records only those points (:class:`Activations`, cached like runs). The values are the
+    same as the Run's (the same forward; recording changes nothing)."""
+    hw = input_size_for(loaded, size, image.size)
+    key = _key(loaded, image, hw, label_embeddings, budget_bytes)
+    with _CACHE_LOCK:
+        run = _CACHE.get(key)
+        if run is not None:
+            _CACHE.move_to_end(key)
+            return run
+        light = _SOURCES.get((*key, parts))
+        if light is not None:
+            _SOURCES.move_to_end((*key, parts))
+            return light
+    light = _make_activations(loaded, image, hw, label_embeddings, budget_bytes, parts)
+    with _CACHE_LOCK:
+        _SOURCES[(*key, parts)] = light
+        while len(_SOURCES) > CACHE_SIZE:
+            _SOURCES.popitem(last=False)
+    return light
+
+
+def _digest(image: Image.Image) -> str:
+    h = hashlib.sha1(f"{image.mode}{image.size}".encode())
+    h.update(image.tobytes())
+    return h.hexdigest()
+
+
+_CACHE: OrderedDict[tuple, Run] = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+_KEY_LOCKS: dict[tuple, threading.Lock] = {}
+CACHE_SIZE = int(os.environ.get("VITVIZ_RUN_CACHE", "4"))  # runs kept (each may hold its autograd graph)
+
+
+def clear_runs(model: torch.nn.Module | None = None) -> None:
+    """Forget every cached run (of ``model`` only, when given: a run holds its model and its graph, so a
+    server that evicts a model should drop its runs too)."""
+    with _CACHE_LOCK:
+        for key in [k for k, r in _CACHE.items() if model is None or r.loaded.model is model]:
+            del _CACHE[key]
+            _KEY_LOCKS.pop(key, None)
+        for key in [k for k, r in _SOURCES.items() if model is None or r.loaded.model is model]:
+            del _SOURCES[key]
+
+
+def _key(loaded: LoadedModel, image: Image.Image, hw, label_embeddings, budget_bytes: int) -> tuple:
+    labels = None if label_embeddings is None else hashlib.sha1(np.asarray(label_embeddings, np.float32)).hexdigest()
+    return (id(loaded.model), loaded.name, _digest(image), hw, str(loaded.dtype), labels, budget_bytes)
+
+
+def peek_run(
+    loaded: LoadedModel,
+    image: Image.Image,
+    *,
+    size: int | tuple[int, int] | None = None,
+    label_embeddings: np.ndarray | None = None,
+    budget_bytes: int = DEFAULT_BUDGET_BYTES,
+) -> Run | None:
+    """The cached :class:`Run` of ``image`` if there is one (no forward), else None."""
+    key = _key(loaded, image, input_size_for(loaded, size, image.size), label_embeddings, budget_bytes)
+    with _CACHE_LOCK:
+        run = _CACHE.get(key)
+        if run is not None:
+            _CACHE.move_to_end(key)
+        return run
+
+
+def get_run(
+    loaded: LoadedModel,
+    image: Image.Image,
+    *,
+    size: int | tuple[int, int] | None = None,
+    label_embeddings: np.ndarray | None = None,
+    budget_bytes: int = DEFAULT_BUDGET_BYTES,
+    gradients: bool = True,
+) -> Run:
+    """The clean :class:`Run` of ``image`` on ``loaded`` (cached: the last ``CACHE_SIZE`` runs).
+
+    Keyed by the model, the image's pixels, the input size, the model's dtype, the label embeddings and
+    the budget; ``gradients`` asks for the autograd graph (kept only within ``budget_bytes``; a cached run
+    without it is rebuilt when a graph is asked for).
+    """
+    hw = input_size_for(loaded, size, image.size)
+    key = _key(loaded, image, hw, label_embeddings, budget_bytes)
+    with _CACHE_LOCK:
+        lock = _KEY_LOCKS.setdefault(key, threading.Lock())
+    with lock:  # one clean forward per key, even when several views ask at once
+        with _CACHE_LOCK:
+            run = _CACHE.get(key)
+            if run is not None and (run.has_graph or not gradients or not _graph_possible(loaded, hw, budget_bytes)):
+                _CACHE.move_to_end(key)
+                return run
+        run = _make_run(loaded, image, hw, label_embeddings, budget_bytes, gradients)
+        with _CACHE_LOCK:
+            _CACHE[key] = run
+            _CACHE.move_to_end(key)
+            while len(_CACHE) > CACHE_SIZE:
+                old, _ = _CACHE.popitem(last=False)
+                _KEY_LOCKS.pop(old, None)
+        return run
+
+
+def _graph_possible(loaded: LoadedModel, hw: tuple[int, int], budget_bytes: int) -> bool:
+    if torch.is_inference_mode_enabled():
+        return False
+    try:
+        check_budget(loaded, hw, batch=1, gradients=True, budget=budget_bytes)
+    except BudgetError:
+        return False
+    return True

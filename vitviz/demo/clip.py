@@ -218,8 +218,8 @@ def score_clip_folder(
     label's image-text score as the target; a hit is its peak patch centre inside the
     shape's box. ``relevance`` limits the relevance part to the first images.
     """
+    from vitviz.capture.forward import capture_batch
     from vitviz.capture.gradients import explain_targets
-    from vitviz.capture.run import capture_batch
     from vitviz.models.load import load_model
     from vitviz.models.zeroshot import encode_labels, label_target, parse_labels, score
 

@@ -2,7 +2,7 @@
 
 Works for any family vitviz captures: plain ViTs (CLS readout) and hierarchical
 models such as Swin (pooled readout, the row on the first stage's grid), since it
-goes through :func:`vitviz.capture.run.capture_batch` and
+goes through :func:`vitviz.capture.forward.capture_batch` and
 :func:`vitviz.analysis.rollout.capture_rollout` rather than the model's own
 ``output_attentions``.
 """
@@ -39,7 +39,7 @@ def score_capture_rollout(
     loaded, images: np.ndarray, labels: np.ndarray, boxes: np.ndarray, *, batch: int = 50
 ) -> DemoScore:
     """Top-1 accuracy and rollout-peak-in-box rate of a loaded model on uint8 images ``(B, S, S, 3)``."""
-    from vitviz.capture.run import capture_batch
+    from vitviz.capture.forward import capture_batch
 
     correct = hits = 0
     for i in range(0, len(images), batch):

@@ -327,7 +327,7 @@ def scale_box(box: Sequence[float], image_wh: tuple[int, int], input_hw: tuple[i
     """A box in pixels of the original ``image_wh`` (w, h) -> pixels of the ``input_hw`` (h, w) model input.
 
     The app resizes the whole image to the input size (no crop,
-    :func:`vitviz.capture.run.preprocess`), so each axis scales by its own factor.
+    :func:`vitviz.capture.forward.preprocess`), so each axis scales by its own factor.
     """
     (w, h), (ih, iw) = image_wh, input_hw
     x0, y0, x1, y1 = (float(v) for v in box)

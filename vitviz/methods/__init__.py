@@ -18,7 +18,8 @@ curves (:mod:`vitviz.evaluate.faithfulness`). One module per method:
 Rollout and relevance are undefined for MobileViT (``Family.rollout_note``); class-
 specific methods need a classifier. :func:`available_methods` lists what applies,
 :func:`why_unavailable` says why not, and :func:`explain` raises :class:`MethodError`
-with that reason.
+with that reason. A method written outside vitviz joins them with :func:`register_method`
+(docs/extending/method.md).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ __all__ = [
     "Target",
     "TargetError",
     "get_method",
+    "register_method",
     "available_methods",
     "why_unavailable",
     "explain",
@@ -58,6 +60,28 @@ __all__ = [
 METHODS: dict[str, Method] = {
     m.name: m for m in (Attention(), Rollout(), Relevance(), GradCam(), IntegratedGradients(), AttnLRP(), RandomMap())
 }
+
+
+def register_method(method: Method, *, replace: bool = False) -> None:
+    """Add ``method`` (an instance of a :class:`Method` subclass) to :data:`METHODS` under its ``name``.
+
+    From then on :func:`get_method`, :func:`explain`, :func:`explain_many` and :func:`available_methods`
+    (so the *Compare explanations* page and ``evaluate`` in this process) know it. A name that is taken is
+    refused unless ``replace`` (so a typo cannot silently take over ``rollout``). Process-wide; Ray's
+    workers are other processes and do not see it.
+
+    Raises:
+        TypeError: ``method`` is not a :class:`Method` instance.
+        ValueError: its ``name`` is unset or taken (without ``replace``).
+    """
+    if not isinstance(method, Method):
+        raise TypeError(f"register_method takes a Method instance, got {type(method).__name__}")
+    name = method.name
+    if not isinstance(name, str) or not name or name == Method.name:
+        raise ValueError(f"{type(method).__name__} has no name: set the class attribute `name`")
+    if name in METHODS and METHODS[name] is not method and not replace:
+        raise ValueError(f"an explanation method named {name!r} exists; pass replace=True to take its place")
+    METHODS[name] = method
 
 
 def get_method(method: str | Method, **options) -> Method:

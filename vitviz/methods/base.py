@@ -8,7 +8,7 @@ resolves the class, and places the map on the first stage's grid (the patch grid
 a plain ViT), so that every method's map can be compared cell by cell and fed to the
 faithfulness curves (:mod:`vitviz.evaluate.faithfulness`).
 
-Grids over the input (``ALGORITHMS.md``, "Hierarchical models"): cell ``(r, c)`` of a
+Grids over the input (``docs/definitions.md#hierarchical-models``): cell ``(r, c)`` of a
 ``(gh, gw)`` grid covers rows ``[r H / gh, (r + 1) H / gh)`` and columns
 ``[c W / gw, (c + 1) W / gw)`` of the ``H x W`` model input. :func:`place_on_grid`
 moves a map between two such grids; :func:`pool_to_grid` sums pixels into cells.
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitviz.capture.run import BlockRecorder, capture, input_size_for, preprocess, run_forward, token_layout
+from vitviz.capture.forward import BlockRecorder, capture, input_size_for, preprocess, run_forward, token_layout
 from vitviz.capture.targets import BoundTarget, Target, TargetError, resolve_target
 from vitviz.errors import VitvizError
 from vitviz.models.families.base import Call
@@ -151,7 +151,7 @@ class Inputs:
     @property
     def capture(self) -> Capture:
         if self._capture is None:  # the image's Run's, where a view made one (no second forward)
-            from vitviz.capture.session import peek_run
+            from vitviz.capture.run import peek_run
 
             run = peek_run(self.loaded, self.image, size=self.size)
             self._capture = (

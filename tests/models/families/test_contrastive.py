@@ -21,8 +21,8 @@ from reference import relevance_reference, rollout_reference
 
 from vitviz.analysis.blocks import dense, row_map, select
 from vitviz.analysis.rollout import capture_rollout
+from vitviz.capture.forward import capture, input_size_for, preprocess
 from vitviz.capture.gradients import explain_classes, explain_targets
-from vitviz.capture.run import capture, input_size_for, preprocess
 from vitviz.errors import BudgetError
 from vitviz.models.families.contrastive import Clip, Siglip, Siglip2, naflex_size, vision_tower
 from vitviz.models.hooks import installed_sites
@@ -375,7 +375,7 @@ def test_pool_weights_pair_with_gradients(models, processors, key):
 @pytest.mark.parametrize("key", ["siglip", "siglip2"])
 def test_a_batch_equals_single_images(models, key):
     """Two images in one forward: the pooling head's (B * H, 1, S) weights split per image, batch-major."""
-    from vitviz.capture.run import capture_batch
+    from vitviz.capture.forward import capture_batch
 
     loaded = models[key]
     images = [random_image(10, size=TALL), random_image(11, size=TALL)]

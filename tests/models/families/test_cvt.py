@@ -21,8 +21,8 @@ from reference import centres, mean_distance_reference, merge_matrix, relevance_
 
 from vitviz.analysis.blocks import row_map, select
 from vitviz.analysis.rollout import capture_rollout
+from vitviz.capture.forward import capture, input_size_for, preprocess
 from vitviz.capture.gradients import explain_classes
-from vitviz.capture.run import capture, input_size_for, preprocess
 from vitviz.errors import BudgetError, ModelLoadError
 from vitviz.models.families.cvt import Cvt, stage_grids
 from vitviz.models.hooks import installed_sites

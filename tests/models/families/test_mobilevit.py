@@ -22,8 +22,8 @@ from reference import centres, mean_distance_reference
 
 from vitviz.analysis import blocks
 from vitviz.analysis.rollout import capture_rollout
+from vitviz.capture.forward import capture, capture_batch, input_size_for, preprocess
 from vitviz.capture.gradients import explain_classes
-from vitviz.capture.run import capture, capture_batch, input_size_for, preprocess
 from vitviz.errors import BudgetError, CaptureError
 from vitviz.models.families import family_for
 from vitviz.models.families.mobilevit import MobileViT, MobileViTV2

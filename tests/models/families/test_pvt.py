@@ -26,8 +26,8 @@ from reference import centres, mean_distance_reference, merge_matrix, relevance_
 from vitviz.analysis.blocks import row_map, select
 from vitviz.analysis.embeddings import position_similarity
 from vitviz.analysis.rollout import capture_rollout
+from vitviz.capture.forward import capture, check_budget, input_size_for, preprocess
 from vitviz.capture.gradients import explain_classes
-from vitviz.capture.run import capture, check_budget, input_size_for, preprocess
 from vitviz.errors import BudgetError, CaptureError
 from vitviz.models.families import family_for, supported_model_types
 from vitviz.models.load import load_model

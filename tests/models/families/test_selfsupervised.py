@@ -22,8 +22,8 @@ from conftest import random_image
 from reference import relevance_reference, rollout_reference
 
 from vitviz.analysis.rollout import capture_rollout
+from vitviz.capture.forward import capture, input_size_for, preprocess
 from vitviz.capture.gradients import explain_classes, explain_targets
-from vitviz.capture.run import capture, input_size_for, preprocess
 from vitviz.errors import BudgetError
 from vitviz.models.families import family_for
 from vitviz.models.families.selfsupervised import Aimv2, Data2VecVision, _MaskRatioView

@@ -18,8 +18,8 @@ from reference import centres, mean_distance_reference, merge_matrix, relevance_
 
 from vitviz.analysis.blocks import dense, row_map, select
 from vitviz.analysis.rollout import capture_rollout
+from vitviz.capture.forward import capture, input_size_for, preprocess
 from vitviz.capture.gradients import explain_classes
-from vitviz.capture.run import capture, input_size_for, preprocess
 from vitviz.errors import BudgetError
 from vitviz.models.load import load_model
 

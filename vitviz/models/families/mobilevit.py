@@ -15,7 +15,7 @@ layers once per offset inside a patch (``A = ph * pw`` offsets):
   "head"; native ``(A, N)``. Its ``unfolding`` is ``torch.nn.functional.unfold``,
   which drops what does not fill a whole patch: ``gh = floor(h / ph)``.
 
-Maps (``ALGORITHMS.md``, "Hierarchical models"): the map of query patch q is the
+Maps (``docs/definitions.md#mobilevit``): the map of query patch q is the
 mean over offsets of that offset's attention row of q, on the block's patch grid;
 V2's map is the mean over offsets of the context scores. Between blocks, patches
 are folded back into a feature map and mixed by convolutions, so no token-to-token

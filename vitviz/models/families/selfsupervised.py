@@ -33,7 +33,7 @@ Layouts, as the ``transformers`` 5.23 modeling code builds them:
   *patch* tokens (``use_mean_pooling``, the default), not CLS.
 * **ViT-MSN** (``vit_msn``): ViT's layout, CLS then patches; the classifier reads CLS.
 
-**The global map where there is no CLS token** (``ALGORITHMS.md``): where a model
+**The global map where there is no CLS token** (``docs/definitions.md#global-map``): where a model
 pools with an attention head (AIMv2 with ``use_head``), the head's own attention
 over the patches, one row per head (``pool`` block); where it mean-pools (I-JEPA,
 AIMv2 without a head, data2vec-vision's classifier), the pooled query: the mean

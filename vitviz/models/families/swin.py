@@ -6,7 +6,7 @@ w x w window, with a relative position bias and, when shifted, a mask between th
 regions the roll brought together. vitviz records every block in that native
 form (``window``), read from the block as it ran: its window, shift and padding.
 
-Traps handled here (``ALGORITHMS.md``):
+Traps handled here (``docs/definitions.md#trap-swin-v1``):
 
 * Swin v1 *writes* ``window_size`` and ``shift_size`` on its shared layers whenever
   a stage grid is no larger than the window, and never writes them back: one small

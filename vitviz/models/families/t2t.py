@@ -22,7 +22,7 @@ stage's tokens. What a tokens-to-token layer's map is depends on the layer:
   its gradient is zero, so class-specific relevance gets no contribution from a performer's T2T stages
   (the relevance rule then passes R through them unchanged).
 
-**Rollout through stages** (``ALGORITHMS.md``, "Rollout through stages"): within a stage
+**Rollout through stages** (``docs/definitions.md#rollout-through-stages``): within a stage
 ``B = 0.5 F + 0.5 I``, rows renormalised. At a soft split each new token is built from an overlapping
 3 x 3 window of old tokens (stride 2, zero padding 1), centred on old token ``(2 r, 2 c)``; vitviz does
 *not* follow the window: as for every strided re-embedding, each new token's row of R is the mean of

@@ -1,4 +1,4 @@
-"""Views of the model itself and of what it predicts, as functions of their state (as :mod:`pages.views`).
+"""Views of the model itself and of what it predicts, as functions of their state (as :mod:`ui.attention_views`).
 
 A pane (``common.Current``) and frozen settings in, a drawn view out; no view reads session state, and ``key``
 names what it draws (the pages pass their old keys, so widget keys and files stay as they were):
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import streamlit as st
 
-from pages import cached, common
+from ui import cached, common
 from vitviz import figures
 from vitviz.analysis.embeddings import token_norm_outliers
 from vitviz.capture.targets import Target

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import streamlit as st
 
-from pages import common
+from ui import common
 from vitviz.data.images import read_image
 from vitviz.figures import animation, overlay
 from vitviz.text import plotly_plain

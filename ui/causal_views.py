@@ -1,4 +1,4 @@
-"""The causal and comparison views as functions of their state (``pages/views.py``'s pattern).
+"""The causal and comparison views as functions of their state (``ui/attention_views.py``'s pattern).
 
 A pane (``common.Current``) and frozen settings in, a drawn view out; no view reads session state, and
 ``key`` prefixes every key it draws, so one page can draw the same view twice with two states:
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import streamlit as st
 
-from pages import cached, common
+from ui import cached, common
 from vitviz import figures
 from vitviz.analysis.scales import SCALES, scale_maps
 from vitviz.errors import VitvizError

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import streamlit as st
 
-from pages import cached, common
+from ui import cached, common
 from vitviz import figures
 from vitviz.analysis.blocks import HeadMaps, global_query, head_maps, row_map, select, window_edges
 from vitviz.analysis.masks import mass_masks
@@ -467,7 +467,7 @@ def draw_rollout(
     if cur.cap.is_hierarchical:
         st.caption(
             f"On stage {m.stage + 1}'s grid: windows undone, reduced keys spread over the tokens they came from, "
-            "merged tokens averaged (ALGORITHMS.md). The row sums to 1."
+            "merged tokens averaged. The row sums to 1. Definition: vitviz docs, Definitions > Rollout through stages."
         )
     return m
 

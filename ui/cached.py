@@ -5,7 +5,7 @@ methods' maps and their deletion / insertion curves.
 Each getter keys one server-wide :class:`vitviz.cache.BoundedCache` (``results_cache``: bounded in entries and
 bytes) by the session's model, image and size (``Current.key``) and what the view asked for, and runs the model in
 the server's queue (``common.in_queue``). All computing happens in ``vitviz``; the session state, the model and
-capture caches and the widgets stay in :mod:`pages.common`.
+capture caches and the widgets stay in :mod:`ui.common`.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from pages import common
+from ui import common
 from vitviz.analysis.embeddings import patch_components, position_similarity
 from vitviz.analysis.rollout import capture_rollout
 from vitviz.cache import BoundedCache
-from vitviz.capture import run as vcapture
+from vitviz.capture import forward as vcapture
 from vitviz.capture.gradients import explain_targets
 from vitviz.data.images import read_image
 from vitviz.models.load import LoadedModel

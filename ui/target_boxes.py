@@ -1,14 +1,14 @@
 """The boxes that choose what a view explains: the class or zero-shot label, "…minus" another, and a
 two-tower model's labels and prompt template, on any page.
 
-Streamlit wiring only, like :mod:`pages.common` (whose session state, ``Classes`` and ``Current`` they read).
+Streamlit wiring only, like :mod:`ui.common` (whose session state, ``Classes`` and ``Current`` they read).
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
-from pages.common import Classes, Current, keep, label_defaults
+from ui.common import Classes, Current, keep, label_defaults
 from vitviz.models.load import LoadedModel
 
 
@@ -24,7 +24,7 @@ def session_target(ranked: Classes):
 def target_ui(ranked: Classes, *, key: str, start=None):
     """The explained target: a class (or zero-shot label), optionally minus another; a ``Target``.
 
-    ``ranked``: :func:`pages.common.classes` of the image explained; ``start``: the ``Target`` first shown
+    ``ranked``: :func:`ui.common.classes` of the image explained; ``start``: the ``Target`` first shown
     (default: the top-1 alone).
     """
     names = {p.index: p.label for p in ranked.ranked}

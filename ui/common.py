@@ -1,5 +1,5 @@
 """Streamlit wiring shared by the pages: cached model and capture, session state, small widgets (the target and
-labels boxes are :mod:`pages.targets`).
+labels boxes are :mod:`ui.target_boxes`).
 
 All computing happens in ``vitviz``; this module only caches its results and
 reads widgets. Caching rules:
@@ -10,7 +10,7 @@ reads widgets. Caching rules:
   record of read-only arrays, so sharing it is safe and avoids copying ~10 MB
   through pickle on every rerun, as ``st.cache_data`` would;
 * what the views compute from a capture or a Run (rollout, relevance, knock-outs, curves, ...): in
-  :mod:`pages.cached`, keyed like the capture or by model.
+  :mod:`ui.cached`, keyed like the capture or by model.
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ from typing import TypeVar
 import numpy as np
 import streamlit as st
 
-from pages import click_chart
+from ui import click_chart
+from ui.navigation import leave_folder_mode
 from vitviz.cache import BoundedCache
-from vitviz.capture import run as vcapture
-from vitviz.capture.run import predictions_from_logits
+from vitviz.capture import forward as vcapture
+from vitviz.capture.forward import predictions_from_logits
 from vitviz.capture.targets import Target
 from vitviz.data.images import configure as configure_images
 from vitviz.data.images import read_image
@@ -154,7 +155,7 @@ def last_resort(exc: BaseException, where: str) -> str:
 @st.cache_resource(show_spinner=False)
 def model_cache() -> ModelCache:
     """Loaded models, bounded by the memory their parameters take; the least recently used go first."""
-    from vitviz.capture.session import clear_runs
+    from vitviz.capture.run import clear_runs
 
     # an evicted model's cached runs hold it (and their graphs): drop them so its memory really goes
     return ModelCache.from_settings(serve_settings(), on_evict=lambda loaded: clear_runs(loaded.model))
@@ -269,9 +270,9 @@ def get_capture(
 ) -> vcapture.Capture:
     """The capture of the session's image: one forward pass per (model, image, size), in the server's queue.
 
-    It is the capture of the image's Run (``vitviz.capture.session``), so the causal views and relevance of the
+    It is the capture of the image's Run (``vitviz.capture.run``), so the causal views and relevance of the
     same image read that forward instead of making their own."""
-    from vitviz.capture.session import get_run
+    from vitviz.capture.run import get_run
 
     def compute() -> vcapture.Capture:
         image = read_image(image_bytes, max_bytes=upload_limit()).image
@@ -396,22 +397,6 @@ def last_results_path() -> Path | None:
     from vitviz.evaluate.results import last_run
 
     return last_run()
-
-
-def leave_folder_mode() -> None:
-    """Leave Streamlit's legacy folder-based multipage mode before drawing anything.
-
-    With a ``pages/`` folder beside the main script, the first run in a fresh server
-    process (and every AppTest run) goes through that legacy mode until
-    ``st.navigation`` is called; widgets of that run get other ids, so a file
-    uploaded right after a restart was silently lost. Switching the flag off and
-    rerunning makes every drawn run a normal ``st.navigation`` run.
-    """
-    from streamlit.runtime.pages_manager import PagesManager
-
-    if PagesManager.uses_pages_directory:
-        PagesManager.uses_pages_directory = False
-        st.rerun()
 
 
 def init_state() -> None:
