@@ -221,6 +221,29 @@ def _convert(args: argparse.Namespace) -> int:
         )
         return 2
     check_output_folder(args.out, must_be_empty=True, create=False)
+    npz_only = [opt for opt, v in (("--variant", args.variant), ("--num-classes", args.num_classes)) if v is not None]
+    if npz_only and args.arch != "vit-npz":
+        raise UsageError(f"{' and '.join(npz_only)} apply to --arch vit-npz only")
+    if args.arch == "vit-npz":
+        from vitviz.zoo.vit_npz import convert_vit_npz
+
+        if args.num_classes is not None and args.num_classes < 1:
+            raise UsageError(f"--num-classes must be at least 1, got {args.num_classes}")
+        report = convert_vit_npz(
+            args.checkpoint,
+            args.out,
+            variant=args.variant,
+            num_classes=args.num_classes,
+            labels=read_labels_file(args.labels) if args.labels else None,
+        )
+        for note in report.notes:
+            print(f"note: {note}", file=sys.stderr)
+        checked = f", checked against {report.variant}" if report.variant else ""
+        print(
+            f"wrote {report.out} ({report.model_class}, {report.layout.image_size} px{checked}): "
+            f"load it with --model {report.out}"
+        )
+        return 0
     if args.arch == "open_clip":
         from vitviz.zoo.open_clip import convert_open_clip
 
@@ -423,16 +446,35 @@ def build_parser() -> argparse.ArgumentParser:
     ev.set_defaults(func=_evaluate)
 
     cv = sub.add_parser(
-        "convert", help="an official CCT / T2T-ViT / DAT checkpoint (.pth state dict) -> a folder vitviz loads"
+        "convert",
+        help="an official CCT / T2T-ViT / DAT checkpoint (.pth state dict), or the ViT paper's JAX .npz "
+        "(plain or hybrid ViT) -> a folder vitviz loads",
     )
     cv.add_argument(
         "--arch",
         metavar="NAME",
-        help="official model name, e.g. cct_14_7x2_224 (see --list), or open_clip (--checkpoint: an open_clip folder)",
+        help="official model name, e.g. cct_14_7x2_224 (see --list); open_clip (--checkpoint: an open_clip folder); "
+        "vit-npz (--checkpoint: one of the ViT paper's .npz files, e.g. R50+ViT-B_16.npz)",
     )
-    cv.add_argument("--checkpoint", metavar="FILE.pth", help="the authors' checkpoint (read with weights_only=True)")
+    cv.add_argument(
+        "--checkpoint",
+        metavar="FILE.pth",
+        help="the authors' checkpoint (.pth read with weights_only=True; .npz read with allow_pickle=False)",
+    )
     cv.add_argument("--out", metavar="FOLDER", help="the folder to write (must not exist or be empty)")
     cv.add_argument("--labels", metavar="FILE.txt", help="class names, one per line (default: LABEL_0, ...)")
+    cv.add_argument(
+        "--variant",
+        metavar="NAME",
+        help="vit-npz: the vit_jax model name to check the arrays against, e.g. R50+ViT-B_16 or R26_S_32 "
+        "(default: the name in the file name, if any)",
+    )
+    cv.add_argument(
+        "--num-classes",
+        type=int,
+        metavar="N",
+        help="vit-npz: the classes the head must have (e.g. 1000 for an ImageNet-1k fine-tune; refused otherwise)",
+    )
     cv.add_argument("--list", action="store_true", help="list the official model names and exit")
     cv.set_defaults(func=_convert)
 

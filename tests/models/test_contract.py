@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 LABELS = {"id2label": {0: "zero", 1: "one", 2: "two"}, "label2id": {"zero": 0, "one": 1, "two": 2}}
 
 
-ZOO_KEYS = ("cct", "dat")  # T2T-ViT is built by its converter (tests/zoo/test_t2t.py)
+ZOO_KEYS = ("cct", "dat", "hybrid")  # T2T-ViT is built by its converter (tests/zoo/test_t2t.py)
 
 
 def _save_zoo(key: str, folder):
@@ -30,11 +30,25 @@ def _save_zoo(key: str, folder):
 
     from vitviz.zoo.cct import CctConfig, CctForImageClassification
     from vitviz.zoo.dat import DatConfig, DatForImageClassification
+    from vitviz.zoo.hybrid import HybridViTConfig, HybridViTForImageClassification
 
     torch.manual_seed(0)
     if key == "cct":
         config = CctConfig(image_size=32, embedding_dim=32, num_layers=2, num_heads=4, mlp_ratio=2, **LABELS)
         model = CctForImageClassification(config)
+    elif key == "hybrid":  # a ResNet of (1, 1) units (stride 8, 4 x 4 cells at 32 px) under 2 ViT blocks
+        config = HybridViTConfig(
+            image_size=32,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            resnet_depths=(1, 1),
+            resnet_width=8,
+            num_groups=4,
+            **LABELS,
+        )
+        model = HybridViTForImageClassification(config)
     else:
         config = DatConfig(
             image_size=32,

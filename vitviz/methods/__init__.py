@@ -8,7 +8,8 @@ curves (:mod:`vitviz.evaluate.faithfulness`). One module per method:
 ``attention``             last block's raw attention from its global query, head mean
 ``rollout``               attention rollout of the readout row (Abnar & Zuidema 2020)
 ``relevance``             class-specific relevance (Chefer, Gur & Wolf 2021)
-``gradcam``               Grad-CAM on the tokens entering the last attention block
+``gradcam``               Grad-CAM on the tokens entering the last attention block (``layer="cnn"``:
+                          on the last CNN stage of a hybrid ViT)
 ``integrated_gradients``  Integrated Gradients from the mean image (captum's rule), pooled per cell
 ``attnlrp``               AttnLRP (Achtibat et al. 2024): LRP rules as gradient x input, pooled per cell
 ``random``                i.i.d. uniform values from a seeded generator (the floor)

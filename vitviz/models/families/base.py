@@ -235,6 +235,19 @@ class Family:
         """Why rollout and relevance are undefined for this family ("" when they are defined)."""
         return ""
 
+    def token_note(self, config) -> str:
+        """How the first stage's tokens are made, where they are not the ViT paper's pixel patches ("" otherwise)."""
+        return ""
+
+    def feature_map_note(self, config) -> str:
+        """Why the model has no CNN feature map under its tokens ("" when it has one: a hybrid ViT's ResNet)."""
+        return f"{self.name} has no CNN feature map under its tokens (only a hybrid ViT's ResNet makes one)"
+
+    def forward_with_feature_map(self, model: torch.nn.Module, inputs: dict) -> tuple[Any, torch.Tensor]:
+        """The forward's output and the CNN feature map ``(B, C, h', w')`` its tokens are cells of, in the forward's
+        graph (families whose :meth:`feature_map_note` is "")."""
+        raise NotImplementedError(self.feature_map_note(None))
+
     # --- capture ---------------------------------------------------------------------
     def sites(self, model: torch.nn.Module) -> list[Site]:
         raise NotImplementedError
