@@ -20,8 +20,8 @@ from conftest import random_image
 from jax_vit import tiny_arrays, write_npz
 from reference import relevance_reference, rollout_reference
 
+from vitviz import causal as C
 from vitviz.analysis.rollout import capture_rollout
-from vitviz.capture import causal as C
 from vitviz.capture.forward import capture, preprocess
 from vitviz.capture.gradients import explain_classes
 from vitviz.capture.run import get_run
