@@ -14,7 +14,7 @@ from vitviz.models.families.base import Family
 
 __all__ = ["Family", "FAMILIES", "family_for", "supported_model_types"]
 
-_MODULES = ("vit", "swin", "pvt", "cvt", "mobilevit", "contrastive", "selfsupervised", "cct", "t2t", "dat")
+_MODULES = ("vit", "swin", "pvt", "cvt", "mobilevit", "hiera", "contrastive", "selfsupervised", "cct", "t2t", "dat")
 
 
 def _import(name: str):
