@@ -293,3 +293,13 @@ def test_global_finer_keys_fall_on_the_token_holding_them():
         blocks.key_of_token(g, 3)
     with pytest.raises(ValueError, match="lie on"):
         Geometry(stage=2, kind="global", num_heads=1, grid=(3, 2), key_grid=(5, 4), key_rule="finer", key_stride=(2, 2))
+
+
+def test_a_map_on_finer_cells_sums_into_the_coarser_grid():
+    values = np.arange(24, dtype=np.float32).reshape(4, 6)
+    got = blocks.summed_to(values, (2, 3))
+    assert got[0, 0] == 0 + 1 + 6 + 7 and got[1, 2] == 16 + 17 + 22 + 23
+    assert got.sum() == values.sum()
+    np.testing.assert_array_equal(blocks.summed_to(values, (4, 6)), values)
+    with pytest.raises(ValueError, match="whole multiple"):
+        blocks.summed_to(values, (3, 3))

@@ -49,6 +49,7 @@ __all__ = [
     "key_spread",
     "key_of_token",
     "keys_in_token",
+    "summed_to",
     "token_of_key",
     "row_map",
     "column_map",
@@ -243,6 +244,15 @@ def keys_in_token(g: Geometry, token: int) -> np.ndarray:
     fy, fx = g.key_stride
     rows, cols = np.meshgrid(np.arange(r * fy, (r + 1) * fy), np.arange(c * fx, (c + 1) * fx), indexing="ij")
     return p + (rows * g.keys[1] + cols).ravel()
+
+
+def summed_to(values: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
+    """``(kh, kw)`` values on a grid a whole number of times finer than ``grid`` -> ``(gh, gw)``: each cell of
+    ``grid`` gets the sum of the finer cells inside it (weights on finer keys, gathered on their stage token)."""
+    (kh, kw), (gh, gw) = values.shape, grid
+    if kh % gh or kw % gw:
+        raise ValueError(f"a {kh} x {kw} map is not a whole multiple of the {gh} x {gw} grid")
+    return values.reshape(gh, kh // gh, gw, kw // gw).sum(axis=(1, 3), dtype=np.float32)
 
 
 def key_of_token(g: Geometry, token: int) -> int:
