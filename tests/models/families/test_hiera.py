@@ -432,3 +432,16 @@ def test_mae_pretraining_and_a_last_pooling_block_are_refused(tmp_path):
     proc.save_pretrained(tmp_path / "mae")
     with pytest.raises(ModelLoadError, match="drops 60 % of its mask units"):
         load_model(str(tmp_path / "mae"), device="cpu")
+
+
+def test_indices_cached_in_inference_mode_serve_a_forward_with_gradients(hiera4):
+    """The reroll and token indices are cached at their first use; a capture (inference mode) may come first."""
+    from vitviz.models.families import base, hiera
+
+    base._reroll_tensors.cache_clear()
+    hiera._raster_positions.cache_clear()
+    img = random_image(11)
+    capture(hiera4, img, size=(96, 64))
+    assert get_run(hiera4, img, size=(96, 64)).has_graph  # its tokens are gathered inside the graph
+    got = explain_classes(hiera4, img, [0], size=(96, 64))[0]
+    assert got.grid == (24, 16) and np.isfinite(got.relevance).all()

@@ -207,15 +207,22 @@ def reroll_index(g: Geometry) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return window, q_slots, k_slots
 
 
+@lru_cache(maxsize=256)
+def _reroll_tensors(g: Geometry) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`reroll_index` as CPU index tensors shaped to broadcast to ``(nW, Tq, Tk)`` (cached; never written)."""
+    window, q_slots, k_slots = reroll_index(g)
+    with torch.inference_mode(False):  # made in a capture's inference mode, used in a Run's graph too
+        return (
+            torch.from_numpy(window.copy())[:, None, None],
+            torch.from_numpy(q_slots.copy())[:, :, None],
+            torch.from_numpy(k_slots.copy())[:, None, :],
+        )
+
+
 def _rerolled(g: Geometry, raw: torch.Tensor, batch: int) -> torch.Tensor:
     """Hiera's ``(B, H, nW, Tq, Tk)`` in unrolled order -> the native form in row-major order (a gather)."""
-    window, q_slots, k_slots = reroll_index(g)
-    n, tq, tk = len(window), q_slots.shape[1], k_slots.shape[1]
-    x = raw.reshape(batch, g.num_heads, n, tq, tk)
-    dev = raw.device
-    w = torch.as_tensor(window, device=dev)[:, None, None]
-    q = torch.as_tensor(q_slots, device=dev)[:, :, None]
-    k = torch.as_tensor(k_slots, device=dev)[:, None, :]
+    w, q, k = (t.to(raw.device) for t in _reroll_tensors(g))
+    x = raw.reshape(batch, g.num_heads, w.shape[0], q.shape[1], k.shape[2])
     out = x[:, :, w, q, k]  # (B, H, nW, Tq, Tk): advanced indices on the last three axes broadcast together
     if g.kind == "global":
         return out.reshape(batch, *g.native_shape())

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 import numpy as np
@@ -105,6 +106,13 @@ def _grid_at(config, hw: tuple[int, int]) -> tuple[int, int]:
     """The first stage's grid at input ``hw``: ``hw // patch_stride``, the size Hiera's unroll assumes."""
     sy, sx = _pair(config.patch_stride)
     return hw[0] // sy, hw[1] // sx
+
+
+@lru_cache(maxsize=128)
+def _raster_positions(grid: tuple[int, int], strides: Strides) -> torch.Tensor:
+    """``(gh * gw,)`` the unrolled position of each grid token, row-major (a CPU tensor, cached; never written)."""
+    with torch.inference_mode(False):  # made in a capture's inference mode, used in a Run's graph too
+        return torch.from_numpy(np.argsort(unrolled_order(grid, strides)))
 
 
 class Hiera(Family):
@@ -255,7 +263,7 @@ class Hiera(Family):
         grid_out = self._output_grid(call, site)
         if info.pools:
             x = self._pooled_residual(call, site, module, x)
-        order = torch.as_tensor(np.argsort(unrolled_order(grid_out, info.out_strides)), device=out.device)
+        order = _raster_positions(grid_out, info.out_strides).to(out.device)
         return x[:, order], out[:, order]
 
     def _output_grid(self, call: Call, site: Site) -> tuple[int, int]:
