@@ -111,6 +111,7 @@ def overhead(folder: Path, runs: int, *, name: str = "hiera-b-224") -> dict:
         "record_MiB": round(cap.nbytes / 2**20, 2),
         "attention_precision": cap.attention_precision,
         "device": str(loaded.device),
+        "torch_threads": torch.get_num_threads(),
     }
     clear_runs(loaded.model)
     return out

@@ -260,11 +260,18 @@ class Hiera(Family):
         info: _Layer = site.extra
         x = args[0] if args else kwargs["hidden_states"]
         out = output[0]
-        grid_out = self._output_grid(call, site)
+        key = ("hiera_tokens", site.index)  # several recorders ask in one forward: gathered once
+        kept = call.scratch.get(key)
+        if kept is not None and kept[0] is x and kept[1] is out:
+            return kept[2]
         if info.pools:
-            x = self._pooled_residual(call, site, module, x)
-        order = _raster_positions(grid_out, info.out_strides).to(out.device)
-        return x[:, order], out[:, order]
+            x_in = self._pooled_residual(call, site, module, x)
+        else:
+            x_in = x
+        order = _raster_positions(self._output_grid(call, site), info.out_strides).to(out.device)
+        got = x_in.index_select(1, order), out.index_select(1, order)
+        call.scratch[key] = (x, out, got)
+        return got
 
     def _output_grid(self, call: Call, site: Site) -> tuple[int, int]:
         gh, gw = self._input_grid(call, site)
@@ -273,16 +280,10 @@ class Hiera(Family):
 
     @staticmethod
     def _pooled_residual(call: Call, site: Site, layer, x: torch.Tensor) -> torch.Tensor:
-        """What ``HieraLayer.forward`` adds the attention to, in unrolled order (computed once per forward)."""
-        key = ("hiera_pooled", site.index)
-        kept = call.scratch.get(key)
-        if kept is not None and kept[0] is x:
-            return kept[1]
+        """What ``HieraLayer.forward`` adds the attention to, in unrolled order."""
         with torch.no_grad():
             y = layer.proj(layer.layernorm_before(x))
-            y = y.view(x.shape[0], int(layer.query_stride), -1, y.shape[-1]).max(dim=1).values
-        call.scratch[key] = (x, y)
-        return y
+            return y.view(x.shape[0], int(layer.query_stride), -1, y.shape[-1]).max(dim=1).values
 
     def merge_parents(self, prev: Geometry, cur: Geometry) -> tuple[np.ndarray, np.ndarray]:
         """Query pooling: each new token is the maximum over the 2 x 2 tokens inside its cell."""
