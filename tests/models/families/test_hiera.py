@@ -445,3 +445,35 @@ def test_indices_cached_in_inference_mode_serve_a_forward_with_gradients(hiera4)
     assert get_run(hiera4, img, size=(96, 64)).has_graph  # its tokens are gathered inside the graph
     got = explain_classes(hiera4, img, [0], size=(96, 64))[0]
     assert got.grid == (24, 16) and np.isfinite(got.relevance).all()
+
+
+def test_gradcam_reads_the_last_block_input_in_grid_order(hiera):
+    """Grad-CAM by hand: the last block's input and its gradient, put in grid order by ``transformers``' unroll
+    (with ``pools_twice`` the last stage is still unrolled by one stride), placed by nearest cell."""
+    from vitviz.methods import explain
+
+    image, layer = random_image(12, (64, 64)), _layers(hiera)[-1]
+    plan = _plan(hiera, (64, 64))[-1]
+    seen = {}
+    handle = layer.register_forward_pre_hook(lambda m, a: seen.__setitem__("x", a[0]))
+    peaks = []
+    try:
+        for cls in range(3):
+            pixels, _ = preprocess(hiera, [image], (64, 64))
+            pixels.requires_grad_(True)
+            with torch.enable_grad():
+                logits = hiera.model(pixel_values=pixels, interpolate_pos_encoding=True).logits
+                (grad,) = torch.autograd.grad(logits[0, cls], seen["x"])
+            x = seen["x"].detach()[0]
+            cam = torch.relu(x @ grad[0].mean(dim=0)).numpy()  # unrolled order
+            ref = np.zeros_like(cam)
+            ref[_hf_order(plan[3], plan[4])] = cam
+            ref = ref.reshape(plan[3])
+            m = explain(hiera, image, "gradcam", class_index=cls)
+            f = 16 // plan[3][0]
+            assert m.source_grid == plan[3] and m.grid == (16, 16)
+            np.testing.assert_allclose(m.values, np.kron(ref, np.ones((f, f))), rtol=1e-4, atol=1e-7)
+            peaks.append(ref.max())
+    finally:
+        handle.remove()
+    assert max(peaks) > 0
