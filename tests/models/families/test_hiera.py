@@ -432,6 +432,11 @@ def test_mae_pretraining_and_a_last_pooling_block_are_refused(tmp_path):
     proc.save_pretrained(tmp_path / "mae")
     with pytest.raises(ModelLoadError, match="drops 60 % of its mask units"):
         load_model(str(tmp_path / "mae"), device="cpu")
+    wide = HieraConfig(image_size=[64, 64], embed_dim=8, depths=[1, 2, 2, 2], patch_stride=[4, 2], **LABELS)
+    HieraForImageClassification(wide).save_pretrained(tmp_path / "wide")
+    proc.save_pretrained(tmp_path / "wide")
+    with pytest.raises(ModelLoadError, match="square patch_stride"):
+        load_model(str(tmp_path / "wide"), device="cpu")
 
 
 def test_indices_cached_in_inference_mode_serve_a_forward_with_gradients(hiera4):

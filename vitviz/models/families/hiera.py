@@ -40,7 +40,9 @@ unrolled) and so are the tokens (:meth:`Hiera.tokens`), from the model's own sch
 (``HieraModel.unroll_schedule``) and the blocks as they ran; the tests check the order
 against ``transformers``' ``unroll`` and ``reroll``. A stage that starts with a pooling
 block has, as its row 0 of token norms, the pooled residual its first block adds its
-attention to.
+attention to. The named points (``stages.{s}.blocks.{j}.in``, ``.out``, ``.attn.z``, ...)
+are the model's own tensors, in its unrolled order: an edit that selects ``tokens``
+selects unrolled positions (``base.unrolled_order`` says where each lies).
 
 The classifier reads the mean of the last stage's tokens, then the pooler's LayerNorm
 (``readout`` ``pooled``; the mean comes before the norm). ``HieraForPreTraining`` (MAE)
