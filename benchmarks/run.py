@@ -14,7 +14,8 @@ patching in forward-equivalents, estimate vs exact on 50 demo image pairs; ``ben
 ``compare_open`` (*Compare explanations*' first open on demo over one forward; ``benchmarks/compare_open.py``),
 ``side_by_side`` (the Side by side page with two models against the one-pane Heads page: reruns, a synced click,
 a new image; ``benchmarks/side_by_side.py``), ``hybrid`` (R50+ViT-B/16 at 384 px: the Run against the plain
-forward, a ViT-B/16 at 384 as control; ``benchmarks/hybrid.py``).
+forward, a ViT-B/16 at 384 as control; ``benchmarks/hybrid.py``), ``hiera`` (Hiera-B at 224: the Run's full
+analysis against plain inference; ``benchmarks/hiera.py``).
 With ``--sections``, the sections not run keep their figures from an existing ``--out`` file.
 
 Random weights throughout (speed does not depend on them). Every ratio compares
@@ -242,6 +243,7 @@ SECTIONS = (
     "compare_open",
     "side_by_side",
     "hybrid",
+    "hiera",
 )
 
 
@@ -345,6 +347,10 @@ def main(argv: list[str] | None = None) -> int:
             from benchmarks import hybrid
 
             results["hybrid"] = hybrid.hybrid_overhead(max(2, runs // 3))
+        if "hiera" in sections:
+            from benchmarks import hiera
+
+            results["hiera"] = hiera.overhead(hiera.make_hiera(Path(tmp) / "hiera"), runs)
     results["peak_rss_MiB"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     out.write_text(json.dumps(results, indent=2))
     print_table(results)
@@ -353,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_table(r: dict) -> None:
     print(f"\nvitviz benchmark on {r['device']} ({r['machine']})\n")
-    rows = [*r.get("overhead", []), *r.get("zeroshot", {}).get("overhead", [])]
+    rows = [*r.get("overhead", []), *r.get("zeroshot", {}).get("overhead", []), *([r["hiera"]] if "hiera" in r else [])]
     if rows:
         print(
             "| model | tokens (all stages) | blocks | plain inference (s) | vitviz full analysis (s) | overhead ratio "

@@ -61,6 +61,7 @@ def _hier_configs():
     """Tiny hierarchical models: (architecture, config, input side in px)."""
     from transformers import (
         CvtConfig,
+        HieraConfig,
         MobileViTConfig,
         MobileViTV2Config,
         PvtConfig,
@@ -103,10 +104,17 @@ def _hier_configs():
             MobileViTV2Config(image_size=128, width_multiplier=0.125, n_attn_blocks=[1, 2, 1], **labels),
             128,
         ),
+        # 16 x 16 tokens in 2 x 2 mask units of 8 x 8; stages 1-2 in mask units (stage 3's first block too, lagged),
+        # stage 4 global; every later stage starts with a query-pooling block.
+        "hiera": (
+            "HieraForImageClassification",
+            HieraConfig(image_size=[64, 64], embed_dim=8, depths=[1, 2, 2, 2], num_heads=[1, 2, 2, 4], **labels),
+            64,
+        ),
     }
 
 
-HIER_KEYS = ("swin", "swinv2", "cvt", "pvt", "pvt_v2", "mobilevit", "mobilevitv2")
+HIER_KEYS = ("swin", "swinv2", "cvt", "pvt", "pvt_v2", "mobilevit", "mobilevitv2", "hiera")
 
 
 def _liven(model: torch.nn.Module) -> None:

@@ -253,13 +253,15 @@ def test_keep_aspect_ratio_sizes_the_input_from_the_image():
     assert any("input 144 x 96 px" in c.value for c in at.caption)  # the overview states what the model saw
 
 
-@pytest.mark.parametrize("key", ["swin", "swinv2", "cvt", "pvt", "pvt_v2", "mobilevit", "mobilevitv2"])
+@pytest.mark.parametrize("key", ["swin", "swinv2", "cvt", "pvt", "pvt_v2", "mobilevit", "mobilevitv2", "hiera"])
 def test_every_page_on_a_hierarchical_model(hier_dirs, key):
     at = _app()
     _choose_model(at, str(hier_dirs[key]))
     _no_trouble(at)
     assert at.session_state.model_name == str(hier_dirs[key])
     assert any("stage 2" in c.value for c in at.caption)  # the overview lists the stages
+    if key == "hiera":  # the overview says what Hiera's tokens are, not the ViT paper's patches and CLS
+        assert any("Hiera's tokens" in c.value and "unrolled" in c.value for c in at.caption)
     for page in PAGES[1:]:
         at.switch_page(page).run()
         _no_trouble(at)
@@ -292,6 +294,22 @@ def test_heads_page_stages_windows_and_a_click_at_another_stage(hier_dirs):
     at.radio(key="_stage_pick").set_value(1).run()
     _no_trouble(at)
     assert any("where token (1, 2) looks" in f["layout"].get("title", {}).get("text", "") for f in _figures(at))
+
+
+def test_heads_page_draws_a_hiera_pooling_blocks_windows_on_its_finer_keys(hier_dirs):
+    at = _app()
+    _choose_model(at, str(hier_dirs["hiera"]))
+    at.switch_page("pages/heads.py").run()
+    at.radio(key="_stage_pick").set_value(1).run()  # stage 2: 8 x 8 tokens; block 0 pools over stage 1's 16 x 16
+    at.session_state["show_windows"] = True
+    at.run()
+    _no_trouble(at)
+    big = _titled(at, "Stage 2, block 0, head 0")
+    z = _decode(big["data"][1]["z"])
+    assert z.shape == (16, 16)  # the keys: stage 1's tokens
+    shapes = big["layout"].get("shapes", [])
+    # one mask-unit edge per axis, between units of 4 x 4 queries = 8 x 8 keys: at key 8 (x 4 px of 64 / 16)
+    assert sorted({s["y0"] for s in shapes if s["type"] == "line" and s["x0"] == 0}) == [32]
 
 
 def test_summaries_mark_stages_and_blank_missing_heads(hier_dirs):

@@ -34,7 +34,7 @@ import streamlit as st
 
 from ui import cached, common
 from vitviz import figures
-from vitviz.analysis.blocks import HeadMaps, global_query, head_maps, row_map, select, window_edges
+from vitviz.analysis.blocks import HeadMaps, global_query, head_maps, row_map, select, summed_to, window_edges
 from vitviz.analysis.masks import mass_masks
 from vitviz.analysis.stats import SUMMARIES, summary_table
 from vitviz.capture.targets import Target
@@ -209,7 +209,7 @@ def head_map(cur: common.Current, s: HeadSettings) -> ViewMap:
         h_px, w_px = cap.input_size
         marked = (int(centre[1] * maps.grid[0] // h_px), int(centre[0] * maps.grid[1] // w_px))
     g = block.geometry
-    windows = window_edges(g) if g.kind == "window" and s.windows else None
+    windows = window_edges(g, maps.grid) if g.kind == "window" and s.windows else None  # a finer key grid: scaled
     title = f"{cap.block_label(s.block)}, {which}: {head_what(cur, s)}"
     return ViewMap(values, title, colorbar, block.stage, marked, windows)
 
@@ -364,7 +364,8 @@ def draw_blocks(cur: common.Current, s: BlocksSettings, *, key: str) -> np.ndarr
     cap = cur.cap
     stage = cap.stages[s.stage]
     rows = [row_map(cap.blocks[b].geometry, select(cap.blocks[b], fusion=s.fusion), s.query) for b in stage.blocks]
-    tiles = np.stack([r.values for r in rows])
+    gathered = len({r.grid for r in rows}) > 1  # Hiera: a query-pooling block's keys are the finer tokens before it
+    tiles = np.stack([summed_to(r.values, stage.grid) if gathered else r.values for r in rows])
     where = f"stage {stage.index + 1} ({stage.grid[0]} x {stage.grid[1]}): " if len(cap.stages) > 1 else ""
     st.subheader(f"{where}where {cap.token_label(s.query, stage.index)} looks, block by block ({s.fusion} of heads)")
     precision = "float32 mean" if s.fusion == "mean" else cap.attention_precision
@@ -372,6 +373,11 @@ def draw_blocks(cur: common.Current, s: BlocksSettings, *, key: str) -> np.ndarr
         tiles, [cap.block_label(b) for b in stage.blocks], colorbar_title=f"attention (raw, {precision})", cols=6
     )
     common.chart(fig, key=f"{key}_{s.stage}")
+    if gathered:
+        st.caption(
+            "The stage's first block pools its queries and attends to the previous stage's tokens: its tile sums "
+            "the weight on the tokens inside each token of this stage (the Heads page shows them one by one)."
+        )
     return tiles
 
 

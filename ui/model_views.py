@@ -251,7 +251,7 @@ def draw_token_sequence(cur: common.Current, *, key: str) -> None:
     """The flattened input sequence of the first stage, prefix tokens first (chart ``key``), and how it is made."""
     cap = cur.cap
     common.chart(figures.token_sequence_figure(cap.token_kinds, cap.grid), key=key)
-    made = cur.model.family.token_note(cur.model.config)  # a hybrid ViT: cells of a CNN feature map, not patches
+    made = cur.model.family.token_note(cur.model.config)  # a hybrid's CNN cells, Hiera's unrolled patches, ...
     st.caption(
         (
             made

@@ -16,7 +16,20 @@ from vitviz.models.families.base import Family
 
 __all__ = ["Family", "FAMILIES", "family_for", "register_family", "supported_model_types"]
 
-_MODULES = ("vit", "swin", "pvt", "cvt", "mobilevit", "contrastive", "selfsupervised", "cct", "t2t", "dat", "hybrid")
+_MODULES = (
+    "vit",
+    "swin",
+    "pvt",
+    "cvt",
+    "mobilevit",
+    "hiera",
+    "contrastive",
+    "selfsupervised",
+    "cct",
+    "t2t",
+    "dat",
+    "hybrid",
+)
 
 
 def _import(name: str):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Literal
 
 import numpy as np
@@ -29,6 +30,8 @@ __all__ = [
     "BlockLayout",
     "FUNCTION",
     "to_native",
+    "unrolled_order",
+    "reroll_index",
     "centre_parents",
     "declared",
     "ABSENT",
@@ -167,14 +170,126 @@ def _first(root: torch.nn.Module, paths: tuple[str, ...], kind: type = torch.nn.
 
 
 def to_native(g: Geometry, raw: torch.Tensor, batch: int) -> torch.Tensor:
-    """The site's probabilities (as the model computed them) -> ``(B, *native shape)`` (a view).
+    """The site's probabilities (as the model computed them) -> ``(B, *native shape)``.
 
     Raw layouts: global ``(B, H, Tq, Tk)``; window ``(B * nW, H, w*w, w*w)``; unfolded
     ``(B * A, H, N, N)``; separable ``(B, 1, A, N)``; pool ``(B, H, 1, Tk)`` (any layout
-    with the same order).
+    with the same order): a view. Hiera (``g.unroll`` set): ``(B, H, nW, Tq, Tk)`` in
+    its unrolled token order, gathered into the native form's row-major order (a copy;
+    the same gather serves the probabilities and their gradients, so the pairs stay
+    aligned).
     """
+    if g.unroll is not None:
+        return _rerolled(g, raw, batch)
     native = raw.reshape(batch, *g.native_shape())
     return native
+
+
+@lru_cache(maxsize=128)
+def unrolled_order(grid: tuple[int, int], strides: tuple[tuple[int, int], ...]) -> np.ndarray:
+    """Hiera's token order: ``order[t]`` is the row-major grid index of sequence position t: ``(gh * gw,)`` int64.
+
+    What ``transformers``' ``hiera.modeling_hiera.unroll`` does to a ``(gh, gw)`` grid with
+    ``strides`` ``(s_1, ..., s_k)``: for each stride in turn it cuts the current grid into
+    cells of ``sy x sx`` and moves the offset inside the cell in front of the coarser
+    grid. Position t then reads, most significant first, (offset in the finest cells,
+    ..., offset in the coarsest cells, row, column of the coarsest grid), so each
+    stride's 2 x 2 children sit ``N / (sy sx)`` positions apart and the ``sy sx``
+    leading blocks of the sequence are what a max over them pools. Read-only.
+    """
+    gh, gw = grid
+    idx = np.arange(gh * gw, dtype=np.int64).reshape(1, gh, gw)
+    for sy, sx in strides:
+        b, h, w = idx.shape
+        if h % sy or w % sx:
+            raise ValueError(
+                f"a {gh} x {gw} grid does not unroll by {strides}: {h} x {w} is not a multiple of {sy, sx}"
+            )
+        idx = idx.reshape(b, h // sy, sy, w // sx, sx).transpose(0, 2, 4, 1, 3).reshape(b * sy * sx, h // sy, w // sx)
+    out = idx.reshape(-1)
+    out.setflags(write=False)
+    return out
+
+
+def _key_strides(g: Geometry) -> tuple[tuple[int, int], ...]:
+    """The strides a Hiera block's keys are unrolled by: one more than its queries' where it pools them."""
+    return (tuple(g.key_stride), *g.unroll) if g.key_rule == "finer" else g.unroll
+
+
+def _unit_slots(order: np.ndarray, grid: tuple[int, int], side: int, windows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(native window of each raw window ``(nW,)``, raw slot of each native window slot ``(nW, side^2)``).
+
+    Raw position t of a sequence in ``order`` is slot ``t // nW`` of window ``t % nW`` (how
+    ``HieraMaskUnitAttention`` cuts it); native window n is the n-th ``side x side`` block of
+    ``grid`` (row-major), native slot i its i-th cell (row-major). Raises ValueError where a
+    raw window is not one such block.
+    """
+    gh, gw = grid
+    if gh % side or gw % side or (gh // side) * (gw // side) != windows or order.size != windows * side * side:
+        raise ValueError(f"{windows} windows of {side} x {side} tokens do not tile a {gh} x {gw} grid")
+    rows, cols = np.divmod(order, gw)
+    native_window = (rows // side) * (gw // side) + cols // side
+    native_slot = (rows % side) * side + cols % side
+    t = np.arange(order.size)
+    raw_window, raw_slot = t % windows, t // windows
+    of_raw = np.full(windows, -1)
+    of_raw[raw_window] = native_window  # the last write wins: checked below
+    if not (of_raw[raw_window] == native_window).all() or not (np.sort(of_raw) == np.arange(windows)).all():
+        raise ValueError(f"a raw window of this block mixes tokens of several {side} x {side} blocks of the grid")
+    slots = np.empty((windows, side * side), dtype=np.int64)
+    slots[native_window, native_slot] = raw_slot
+    return of_raw, slots
+
+
+@lru_cache(maxsize=256)
+def reroll_index(g: Geometry) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where each native entry of a Hiera block sits in its raw ``(B, H, nW, Tq, Tk)`` probabilities.
+
+    Returns ``(window, query, key)``: the raw window ``(nW,)`` of each native window (``(1,)`` for
+    global attention), and the raw slot of each native query slot ``(Tq_w,)`` and key slot
+    ``(Tk_w,)`` (global: every token of the grid, row-major), the same in every window: the slots
+    are the unrolled offsets inside a mask unit. Raises ValueError where the block's unrolled order
+    does not cut the grid into the windows ``g`` describes, or orders the windows' slots differently.
+    """
+    if g.unroll is None:
+        raise ValueError("only a block with an unrolled token order (Hiera) has a reroll index")
+    q_order = unrolled_order(g.grid, g.unroll)
+    k_order = unrolled_order(g.keys, _key_strides(g))
+    if g.kind == "global":
+        if g.num_prefix or g.trailing:
+            raise ValueError("Hiera's global attention has no prefix or padding tokens")
+        return np.zeros(1, dtype=np.int64), np.argsort(q_order), np.argsort(k_order)
+    if g.kind != "window" or g.shift or tuple(g.padded) != tuple(g.grid):
+        raise ValueError(f"an unrolled block is global or in windows without shift or padding, not {g.kind}")
+    n = g.num_windows
+    q_of_raw, q_slots = _unit_slots(q_order, g.grid, g.window, n)
+    k_of_raw, k_slots = _unit_slots(k_order, g.keys, g.key_window, n)
+    if not (q_of_raw == k_of_raw).all():
+        raise ValueError("a raw window's queries and keys lie in different blocks of the grid")
+    if not ((q_slots == q_slots[:1]).all() and (k_slots == k_slots[:1]).all()):
+        raise ValueError("the windows order their tokens differently")
+    return np.argsort(q_of_raw), q_slots[0], k_slots[0]  # the raw window of each native window
+
+
+@lru_cache(maxsize=256)
+def _reroll_tensors(g: Geometry) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`reroll_index` as CPU index tensors (cached; never written)."""
+    with torch.inference_mode(False):  # made in a capture's inference mode, used in a Run's graph too
+        return tuple(torch.from_numpy(a.copy()) for a in reroll_index(g))
+
+
+def _rerolled(g: Geometry, raw: torch.Tensor, batch: int) -> torch.Tensor:
+    """Hiera's ``(B, H, nW, Tq, Tk)`` in unrolled order -> the native form in row-major order.
+
+    Three ``index_select`` calls (windows, query slots, key slots): measured faster on the CPU than
+    one gather of the flattened (query, key) pairs or advanced indexing.
+    """
+    w, q, k = (t.to(raw.device) for t in _reroll_tensors(g))
+    x = raw.reshape(batch, g.num_heads, len(w), len(q), len(k))
+    out = x.index_select(2, w).index_select(3, q).index_select(4, k)
+    if g.kind == "global":
+        return out.reshape(batch, *g.native_shape())
+    return out.transpose(1, 2)  # (B, nW, H, Tq, Tk)
 
 
 def centre_parents(prev: tuple[int, int], cur: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
