@@ -6,7 +6,7 @@
   implementation, which computes its weights: there is no SDPA path to compare with) in
   inference mode, preprocessing included;
 * vitviz, ``run``: what the app does for a new image, from its Run
-  (:func:`vitviz.capture.session.get_run`: one forward recording every named point and the
+  (:func:`vitviz.capture.run.get_run`: one forward recording every named point and the
   capture, with the autograd graph within the memory budget), then rollout, the last block's
   global maps and the per-head summary tables (which compute the summaries);
 * vitviz, ``capture``: the same analysis from a plain capture (``benchmarks.common.full_analysis``,
@@ -37,8 +37,8 @@ from benchmarks.common import full_analysis, median_time  # noqa: E402
 from vitviz.analysis.blocks import global_query, head_maps  # noqa: E402
 from vitviz.analysis.rollout import capture_rollout  # noqa: E402
 from vitviz.analysis.stats import summary_table  # noqa: E402
-from vitviz.capture.run import preprocess  # noqa: E402
-from vitviz.capture.session import clear_runs, get_run  # noqa: E402
+from vitviz.capture.forward import preprocess  # noqa: E402
+from vitviz.capture.run import clear_runs, get_run  # noqa: E402
 from vitviz.models.load import load_model  # noqa: E402
 
 __all__ = ["make_hiera", "overhead", "run_analysis"]

@@ -25,12 +25,12 @@ import torch
 from conftest import random_image
 from reference import centres, mean_distance_reference, merge_matrix, relevance_reference, rollout_reference
 
+from vitviz import causal as C
 from vitviz.analysis.blocks import column_map, row_map, select
 from vitviz.analysis.rollout import capture_rollout
-from vitviz.capture import causal as C
+from vitviz.capture.forward import capture, input_size_for, preprocess
 from vitviz.capture.gradients import explain_classes
-from vitviz.capture.run import capture, input_size_for, preprocess
-from vitviz.capture.session import get_run
+from vitviz.capture.run import get_run
 from vitviz.errors import ModelLoadError
 from vitviz.models.families.base import unrolled_order
 from vitviz.models.load import load_model

@@ -52,7 +52,7 @@ drops 60 % of the mask units at random on every forward and is refused.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Literal
 
@@ -60,7 +60,7 @@ import numpy as np
 import torch
 
 from vitviz.errors import CaptureError
-from vitviz.models.families.base import BlockParts, Call, Family, ReadoutHead, reroll_index, unrolled_order
+from vitviz.models.families.base import BlockLayout, BlockParts, Call, Family, ReadoutHead, reroll_index, unrolled_order
 from vitviz.models.hooks import Site
 from vitviz.record import Geometry, PositionInfo, PositionTable
 
@@ -124,8 +124,17 @@ class Hiera(Family):
     model_types = ("hiera",)
     hierarchical = True
     interpolate_kwarg = True
-    projection_paths = ("attn.proj",)
-    mlp_output_paths = ("mlp.fc2",)
+    # q, k, v are thirds of one Linear (its columns: [3, heads, head_dim]); the probabilities pass through no module
+    # (record-only pattern). The points hold the model's own unrolled token order.
+    layout = BlockLayout(
+        projection=("attn.proj",),
+        q=("attn.qkv#0/3",),
+        k=("attn.qkv#1/3",),
+        v=("attn.qkv#2/3",),
+        mlp=("mlp",),
+        mlp_output=("mlp.fc2",),
+        norms=(("layernorm_before",), ("layernorm_after",)),
+    )
 
     # --- loading ---------------------------------------------------------------------------------
     def patch_size(self, config) -> int:
@@ -319,19 +328,16 @@ class Hiera(Family):
 
     # --- what a block has --------------------------------------------------------------------------
     def block_parts(self, site: Site) -> BlockParts:
+        """The layout's parts; the first block of a widening stage is ``unknown`` (no identity path)."""
+        parts = super().block_parts(site)
         layer = site.block
-        parts = dict(
-            projection=self.head_projection(site),
-            mlp=layer.mlp,
-            norms=(layer.layernorm_before, layer.layernorm_after),
-        )
         if layer.hidden_size != layer.hidden_size_output:
-            return BlockParts(
-                **parts,
+            return replace(
+                parts,
                 unknown="the first block of this Hiera stage replaces its residual by a projection of its normalised "
                 "input (max-pooled over 2 x 2 tokens where it pools): no identity path carries the stream through it",
             )
-        return BlockParts(**parts)
+        return parts
 
     def readout_head(self, model: torch.nn.Module) -> ReadoutHead | None:
         """``classifier(layernorm(mean over tokens of x))``: ``HieraPooler`` averages the last stage, then norms."""
