@@ -345,6 +345,8 @@ class Run:
                     out = loaded.family.forward(loaded.model, inputs)
                 scores = self.scorer(out)
                 work, replayed = float(batch), False
+            if scores is None:  # a backbone: no scores, the records are the result
+                scores = torch.zeros(batch, 0)
             records = dict(state.values)
         for name in record:  # points before a replay's start: the clean run's values, one per copy
             if name not in records and self.has(name):
