@@ -18,6 +18,19 @@ from PIL import Image
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # belt and braces: tests never touch the network
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
+
+def pytest_collection_modifyitems(config, items):
+    """The tiers (tests/tiers.py): ``browser`` and ``slow`` marks, so ``-m "not slow and not browser"`` is fast."""
+    from tiers import tier_marks
+
+    for item in items:
+        browser, slow = tier_marks(item)
+        if browser:
+            item.add_marker(pytest.mark.browser)
+        if slow:
+            item.add_marker(pytest.mark.slow)
+
+
 TINY = dict(
     hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=32, patch_size=8
 )
