@@ -24,7 +24,7 @@ Steps (the checklist of the team's GPU.md):
 ``methods``    every explanation method of ``vitviz.methods.METHODS`` on demo on the device, against the CPU
 
 ``--quick`` shrinks the two random models (2 blocks, width 64) and their input sizes, and repeats less: a
-check that every step runs, for the CPU (``tests/test_benchmark_gpu.py``). The keys are the same.
+check that every step runs, for the CPU (``tests/bench/test_benchmark_gpu.py``). The keys are the same.
 
 Imports only the engine's torch path (no ``vitviz.figures``, no plotly): the device machine has neither
 plotly nor streamlit. Random weights for ViT-B/16 and DINOv2-base (built from configs, saved with

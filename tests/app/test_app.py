@@ -14,12 +14,12 @@ from streamlit.testing.v1 import AppTest
 import vitviz.capture.forward
 import vitviz.capture.run
 
-PAGES = [p for p in app_tools.PAGES if p != "pages/dataset.py"]  # the Data set page: tests/test_app_dataset.py
+PAGES = [p for p in app_tools.PAGES if p != "pages/dataset.py"]  # the Data set page: tests/app/test_app_dataset.py
 
 
 def _app(page: str | None = None, *, instant_heads: bool = False) -> AppTest:
     """The app on ``page``; the Heads page server-drawn unless ``instant_heads`` (its in-browser view is
-    tested in tests/test_headview_page.py and tests/figures/test_headview.py)."""
+    tested in tests/app/test_headview_page.py and tests/figures/test_headview.py)."""
     at = AppTest.from_file(APP, default_timeout=120)
     at.session_state["instant_heads"] = instant_heads
     at.run()

@@ -1,6 +1,6 @@
 """The clickable maps (ui/click_chart.py): one element across reruns, the figure as built, every click counted.
 
-What the browser does with them (quick clicks, the last one wins) is in tests/test_browser_pages.py.
+What the browser does with them (quick clicks, the last one wins) is in tests/app/test_browser_pages.py.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ print("pandas imported:", at.session_state["pandas"])
 def test_drawing_a_clickable_chart_imports_no_pandas():
     """Streamlit looks through a dict handed to a component for data frames, importing pandas in the script's
     thread; another session's plotly then met a half-imported pandas (an AttributeError in the load test)."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = subprocess.run(
         [sys.executable, "-c", NO_PANDAS],
         cwd=root,

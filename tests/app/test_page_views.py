@@ -22,7 +22,7 @@ from vitviz.causal import capture_knocked_out, logit_lens
 from vitviz.compare import depth_match, token_of
 from vitviz.models.load import load_model
 
-ROOT = str(Path(__file__).resolve().parents[1])
+ROOT = str(Path(__file__).resolve().parents[2])
 EXAMPLES = Path(ROOT) / "assets" / "examples"
 
 pytestmark = pytest.mark.usefixtures("one_thread")

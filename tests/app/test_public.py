@@ -11,7 +11,7 @@ from streamlit.testing.v1 import AppTest
 
 from vitviz.serve import policy
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
 OTHER = "other (Hugging Face model id)…"
 
 

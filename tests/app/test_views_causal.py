@@ -18,7 +18,7 @@ from vitviz.evaluate.faithfulness import Perturbations
 from vitviz.methods import explain_many
 from vitviz.models.load import load_model
 
-ROOT = str(Path(__file__).resolve().parents[1])
+ROOT = str(Path(__file__).resolve().parents[2])
 EXAMPLES = Path(ROOT) / "assets" / "examples"
 NAMES = ("demo-star.png", "demo-circle.png")  # pane A's image, pane B's; each is the other's patching source
 

@@ -18,7 +18,7 @@ from test_page_views import _array, _charts, _tiles
 from vitviz.capture.forward import preprocess
 from vitviz.models.load import load_model
 
-ROOT = str(Path(__file__).resolve().parents[1])
+ROOT = str(Path(__file__).resolve().parents[2])
 EXAMPLES = Path(ROOT) / "assets" / "examples"
 LABELS = ("circle", "star", "square")
 

@@ -19,7 +19,7 @@ from browser_tools import require_chromium
 
 require_chromium()
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

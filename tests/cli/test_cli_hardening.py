@@ -12,7 +12,7 @@ from conftest import random_image
 
 from vitviz.__main__ import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _HF_CALLS = {"from_pretrained", "pipeline"}
 
 

@@ -20,7 +20,7 @@ import pytest
 from tests.browser_tools import free_port
 from vitviz.__main__ import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STAR = ROOT / "assets" / "examples" / "demo-star.png"
 
 
