@@ -40,6 +40,7 @@ __all__ = [
     "preprocess",
     "unnormalised",
     "run_forward",
+    "forward_output",
     "capture",
     "capture_batch",
     "captures_from",
@@ -269,6 +270,15 @@ def _on_host_unless_global(g: Geometry, native: torch.Tensor):
     if g.kind == "global" and native.device.type != "cpu":
         return native
     return native.cpu().numpy()
+
+
+def forward_output(loaded: LoadedModel, pixels: torch.Tensor, hw: tuple[int, int], *, model=None):
+    """The family's forward output of normalised pixels ``(B, 3, h, w)`` at input size ``hw``: the one place (with
+    :func:`run_forward`) that calls a model's forward. Grad mode, recorders and edits are the caller's (a call
+    state set around it). ``model``: a stand-in sharing ``loaded.model``'s parameters (AttnLRP's rule copy)."""
+    fam = loaded.family
+    with fam.running(loaded.model):
+        return fam.forward(loaded.model if model is None else model, fam.model_inputs(loaded, pixels, hw))
 
 
 def run_forward(loaded: LoadedModel, pixels: torch.Tensor, recorder: BlockRecorder):

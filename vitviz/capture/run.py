@@ -44,6 +44,7 @@ from vitviz.capture.forward import (
     SummaryRecorder,
     captures_from,
     check_budget,
+    forward_output,
     input_size_for,
     preprocess,
     run_forward,
@@ -340,9 +341,7 @@ class Run:
                 replayed = True
             else:
                 pixels = self.pixels.detach().expand(batch, *self.pixels.shape[1:]).contiguous()
-                inputs = loaded.family.model_inputs(loaded, pixels, self.input_size)
-                with loaded.family.running(loaded.model):
-                    out = loaded.family.forward(loaded.model, inputs)
+                out = forward_output(loaded, pixels, self.input_size)
                 scores = self.scorer(out)
                 work, replayed = float(batch), False
             if scores is None:  # a backbone: no scores, the records are the result

@@ -56,6 +56,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from vitviz.capture.forward import forward_output
 from vitviz.capture.targets import BoundTarget, Target
 from vitviz.methods.base import Inputs, Method, MethodError, pool_to_grid
 from vitviz.models.load import LoadedModel
@@ -282,8 +283,8 @@ def relevance(
     token = _CALL.set(call)
     try:
         x = pixels.detach().clone().requires_grad_(True)
-        with torch.enable_grad(), fam.running(loaded.model):
-            out = fam.forward(rules.model, fam.model_inputs(rules, x, hw))
+        with torch.enable_grad():
+            out = forward_output(loaded, x, hw, model=rules.model)
             if text is None:
                 scores = fam.logits(rules.model, out)
                 if scores is None:
