@@ -91,17 +91,15 @@ def scorer_for(loaded: LoadedModel, label_embeddings: np.ndarray | None) -> Scor
     scale = getattr(model, "logit_scale", None)
     if not isinstance(scale, torch.Tensor):
         raise NoScores(f"'{loaded.name}' has no logit_scale: only a two-tower model scores label embeddings.")
-    bias = getattr(model, "logit_bias", None)
-    unit = text / text.norm(dim=-1, keepdim=True)
+    from vitviz.models.zeroshot import label_scores
 
     def score(out) -> torch.Tensor:
         img = fam.image_embedding(model, out)
         if img is None:
             raise NoScores(f"'{loaded.name}' gives no image embedding to compare with label embeddings.")
-        if img.shape[-1] != unit.shape[-1]:
-            raise ValueError(f"label embeddings have width {unit.shape[-1]}, the image embedding {img.shape[-1]}")
-        got = scale.exp() * (img / img.norm(dim=-1, keepdim=True)) @ unit.to(img.device, img.dtype).T
-        return got + bias if isinstance(bias, torch.Tensor) else got
+        if img.shape[-1] != text.shape[-1]:
+            raise ValueError(f"label embeddings have width {text.shape[-1]}, the image embedding {img.shape[-1]}")
+        return label_scores(model, img, text)
 
     return score
 
