@@ -74,9 +74,7 @@ def test_one_module_calls_the_models_forward():
     ``forward_output`` without): one place where a model runs, whatever reads it (the Run, the methods, the
     evaluation's batched path, AttnLRP's rule copy)."""
     callers = {
-        path.relative_to(ENGINE.parent).as_posix()
-        for path in ENGINE.rglob("*.py")
-        if _family_forward_calls(path)
+        path.relative_to(ENGINE.parent).as_posix() for path in ENGINE.rglob("*.py") if _family_forward_calls(path)
     }
     assert callers == {"vitviz/capture/forward.py"}, callers
 
@@ -85,3 +83,12 @@ def test_the_forward_call_check_finds_a_call(tmp_path):
     src = tmp_path / "x.py"
     src.write_text("def f(loaded, x):\n    return loaded.family.forward(loaded.model, x)\n")
     assert _family_forward_calls(src) == [2]
+
+
+def test_pages_ask_capabilities_not_family_names():
+    """A page asks the adapter what it can do (``sampled_keys``, ``block_note``, ...), never which family it is."""
+    bad = []
+    for path in [*(ENGINE.parent / "pages").glob("*.py"), *(ENGINE.parent / "ui").glob("*.py")]:
+        text = path.read_text()
+        bad += [f"{path.name}: {m.group(0)}" for m in re.finditer(r"family\.name\s*(==|!=|in\b)", text)]
+    assert not bad, bad

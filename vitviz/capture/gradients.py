@@ -74,7 +74,9 @@ def start_block_index(geometries: Sequence[Geometry], start_block: int) -> int:
     return int(start_block) % n
 
 
-ScalarOf = Callable[[Any], torch.Tensor]  # the forward's output -> a scalar: a bound Target (vitviz.capture.targets) or a logit
+ScalarOf = Callable[
+    [Any], torch.Tensor
+]  # the forward's output -> a scalar: a bound Target (vitviz.capture.targets) or a logit
 
 
 def explain_targets(

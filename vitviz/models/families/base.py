@@ -307,6 +307,7 @@ class Family:
     name = "?"
     model_types: tuple[str, ...] = ()
     hierarchical = False  # several stages or non-global attention
+    sampled_keys = False  # some blocks attend over points they sample (DAT's deformable blocks: a view draws them)
     interpolate_kwarg = False  # the forward takes ``interpolate_pos_encoding``
 
     # --- loading ---------------------------------------------------------------------
@@ -345,6 +346,10 @@ class Family:
     def readout(self, config) -> Literal["cls", "pooled", "head"]:
         """What the prediction reads: the last stage's CLS token, an attention-pooling head, or the grid's mean."""
         return "pooled"
+
+    def block_note(self, config, stage: int, num_stages: int) -> str:
+        """What a view of a block of ``stage`` should say about the attention it shows ("": nothing special)."""
+        return ""
 
     def rollout_note(self, config) -> str:
         """Why rollout and relevance are undefined for this family ("" when they are defined)."""

@@ -85,6 +85,15 @@ class T2TViT(Family):
     model_types = ("t2t",)
     hierarchical = True
 
+    def block_note(self, config, stage: int, num_stages: int) -> str:
+        """The performer's tokens-to-token layers form no attention matrix: their map is the implied one."""
+        if getattr(config, "tokens_type", "") == "performer" and stage < num_stages - 1:
+            return (
+                "A Performer tokens-to-token layer forms no attention matrix: shown is the attention its random-feature "
+                "kernel implies, phi(q) . phi(k) / (phi(q) . sum phi(k)), which is what its output uses."
+            )
+        return ""
+
     # --- loading ---------------------------------------------------------------------
     def patch_size(self, config) -> int:
         """Pixels per first-stage token: the first soft split's stride (4)."""
