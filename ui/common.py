@@ -28,6 +28,7 @@ import streamlit as st
 
 from ui import click_chart
 from ui.navigation import leave_folder_mode
+from ui.startup import preload
 from vitviz.cache import BoundedCache
 from vitviz.capture import forward as vcapture
 from vitviz.capture.forward import predictions_from_logits
@@ -65,6 +66,7 @@ from vitviz.serve import (
 from vitviz.serve.settings import log_settings, server_log
 from vitviz.tables import csv_bytes, long_table
 
+preload()  # before sessions draw figures in parallel threads (pandas half-imported by one broke another's Plotly)
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "assets" / "examples"
