@@ -348,3 +348,22 @@ def test_a_patching_source_upload_counts_once_and_is_decoded_once(server, monkey
     assert at.session_state._limits.uploads.remaining() == before == 9  # one upload counted, once
     assert at.session_state.patch_upload_seen[1] is None
     assert not _rendered_links(at)
+
+
+def test_a_results_file_with_deeply_nested_metadata_is_not_a_results_file(server):
+    """Issue 33.12: "Something went wrong (RecursionError)" on the Data set page."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from vitviz.evaluate.results import META_KEY
+
+    table = pq.read_table(io.BytesIO(_results_bytes(rows=2)))
+    deep = table.schema.metadata[META_KEY][:-1] + b', "skipped": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    buf = io.BytesIO()
+    pq.write_table(table.replace_schema_metadata({META_KEY: deep}), buf)
+    at = _upload_results(_dataset_page(), "deep.parquet", buf.getvalue())
+    assert not at.exception
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and "not a results header" in errors[0], errors
+    assert "Something went wrong" not in errors[0]
