@@ -15,6 +15,7 @@ from vitviz.cli_checks import (
     input_size,
     query_point,
     read_labels_file,
+    terminal_text,
 )
 from vitviz.errors import VitvizError
 from vitviz.insertion_starts import DEFAULT_INSERTION_START, INSERTION_STARTS
@@ -39,11 +40,11 @@ def _export(args: argparse.Namespace) -> int:
         template = args.template if args.template is not None else (loaded.text.template if loaded.text else "{}")
         labels = parse_labels(args.labels, template)
         for note in labels.notes:
-            print(f"note: {note}", file=sys.stderr)
+            print(f"note: {terminal_text(note)}", file=sys.stderr)
         if loaded.text is not None:
             unknown = vocabulary_warning(loaded.text, labels, args.model)
             if unknown:
-                print(f"warning: {unknown}", file=sys.stderr)
+                print(f"warning: {terminal_text(unknown)}", file=sys.stderr)
     check_against_model(loaded, size, args.class_index, labels=labels)
     if args.class_minus is not None:
         check_against_model(loaded, size, args.class_minus, labels=labels)
@@ -52,7 +53,9 @@ def _export(args: argparse.Namespace) -> int:
         for text in (args.label, args.label_minus):
             if text is not None and text not in labels.names:
                 print(
-                    f"{PROG} export: error: --label {text!r} is not one of --labels ({', '.join(labels.names)})",
+                    terminal_text(
+                        f"{PROG} export: error: --label {text!r} is not one of --labels ({', '.join(labels.names)})"
+                    ),
                     file=sys.stderr,
                 )
                 return 2
@@ -482,11 +485,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
-    except UsageError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+    except UsageError as exc:  # messages quote what was typed or read: control characters escaped, length bounded
+        print(f"{PROG}: error: {terminal_text(exc)}", file=sys.stderr)
         return 2
     except VitvizError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {terminal_text(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; files already written are kept", file=sys.stderr)

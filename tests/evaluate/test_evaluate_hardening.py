@@ -138,3 +138,46 @@ def test_evaluate_out_that_cannot_be_written_is_a_message(tmp_path, capsys, wher
     proc = _cli(capsys, *args)
     assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr
     assert str(out.parent) in _one_line_error(proc, proc.returncode)
+
+
+# -- issue 33.14: what evaluate echoes to the terminal ------------------------------------------------
+
+
+def test_control_characters_in_labels_and_csv_cells_never_reach_the_terminal(tmp_path, capsys, one_thread):
+    """Escape sequences typed in --labels (or written in a CSV's cells) were echoed raw: ESC [2J clears a screen."""
+    from vitviz.data.shapes import write_dataset
+
+    data = write_dataset(tmp_path / "shapes", n=1, seed=5)
+    with data.open("a") as fh:  # a row naming a file that is not there: its reason quotes the cell
+        fh.write("\x1b[2J\x1b]0;owned\x07gone.png,star,,,,\n")
+    labels = "\x1b[2J\x1b[31mstar,\x1b[2J\x1b[31mstar,circle\u202e"  # a repeat: the note names the label
+    args = ["evaluate", "--model", "demo-clip", "--data", str(data), "--out", str(tmp_path / "r.parquet")]
+    proc = _cli(capsys, *args, "--methods", "random", "--labels", labels)
+    shown = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in shown  # 1: a row was skipped
+    assert "\x1b" not in shown and "\x07" not in shown and "\u202e" not in shown
+    assert "\\x1b[2J\\x1b[31mstar" in shown and "\\x1b]0;owned\\x07gone.png" in shown  # shown, escaped
+
+
+def test_a_template_with_two_slots_is_refused(tmp_path, capsys):
+    """``--template "a {} of a {}"`` filled the first {} and left the second as text, silently."""
+    from vitviz.data.shapes import write_dataset
+    from vitviz.models.zeroshot import ZeroShotError, parse_labels
+
+    with pytest.raises(ZeroShotError, match=r"needs \{\} exactly once.*it has 2"):
+        parse_labels("cat, dog", "a {} of a {}")
+    data = write_dataset(tmp_path / "shapes", n=1, seed=5)
+    args = ["evaluate", "--model", "demo-clip", "--data", str(data), "--out", str(tmp_path / "r.parquet")]
+    line = _one_line_error(_cli(capsys, *args, "--labels", "star,circle", "--template", "a {} of a {}"), 1)
+    assert "needs {} exactly once" in line
+    assert not (tmp_path / "r.parquet").exists()
+
+
+def test_a_csv_of_200000_columns_gets_a_short_message(tmp_path, capsys):
+    """The message listing a CSV's columns printed 1.5 MB of names on one line."""
+    csv = tmp_path / "wide.csv"
+    csv.write_text(",".join(f"column_{i}" for i in range(200_000)) + "\n" + ",".join("1" * 200_000) + "\n")
+    proc = _cli(capsys, "evaluate", "--data", str(csv), "--out", str(tmp_path / "r.parquet"))
+    line = _one_line_error(proc, 1)
+    assert "lacks the column file" in line and "column_0" in line
+    assert len(proc.stderr) < 2_000

@@ -231,6 +231,16 @@ def _box(row: dict) -> Box | None:
     return (x0, y0, x1, y1)
 
 
+SHOWN_COLUMNS = 8  # column names a message quotes (a CSV of 200,000 columns printed 1.5 MB of them)
+
+
+def _names(header: Sequence[str]) -> str:
+    """The first :data:`SHOWN_COLUMNS` names, each cut to 40 characters, and how many more there are."""
+    shown = [h if len(h) <= 40 else h[:40] + "..." for h in header[:SHOWN_COLUMNS]]
+    more = f" and {len(header) - SHOWN_COLUMNS:,} more" if len(header) > SHOWN_COLUMNS else ""
+    return ", ".join(shown) + more
+
+
 def read_csv(path: str | Path, *, limit: int | None = None) -> Dataset:
     """Rows of a ``file,label,x0,y0,x1,y1`` CSV (module docstring); bad rows are skipped and reported."""
     csv_path = Path(path)
@@ -257,7 +267,7 @@ def read_csv(path: str | Path, *, limit: int | None = None) -> Dataset:
         if missing:
             raise DataError(
                 f"'{csv_path}' lacks the column{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
-                f"(it has {', '.join(header)}): {expected} (label and the four box columns are optional, "
+                f"(it has {_names(header)}): {expected} (label and the four box columns are optional, "
                 "the box as a whole)"
             )
         ds.has_labels = "label" in header

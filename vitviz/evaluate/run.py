@@ -474,6 +474,7 @@ MAX_LISTED = 20  # skipped images printed one by one; the rest are counted (all 
 
 def print_report(report: RunReport) -> None:
     """What the command prints: the summary table on stdout; notes and skipped images, counted, on stderr."""
+    from vitviz.cli_checks import terminal_text
     from vitviz.evaluate.results import read_results
 
     resumed = report.evaluated - report.new
@@ -485,7 +486,8 @@ def print_report(report: RunReport) -> None:
         return f"{mean:.4f} +- {se:.4f}" if se == se else f"{mean:.4f}          "  # no SE from one image
 
     print(
-        f"wrote {plural(report.evaluated, 'image')} x {plural(len(report.methods), 'method')} to {report.out} "
+        f"wrote {plural(report.evaluated, 'image')} x {plural(len(report.methods), 'method')} to "
+        f"{terminal_text(report.out)} "
         f"({report.new} evaluated now{f', {resumed} from an earlier run' if resumed > 0 else ''}; "
         f"{report.engine} engine, {report.seconds:.0f} s)"
     )
@@ -517,13 +519,13 @@ def print_report(report: RunReport) -> None:
                     f"{i.method:<22}{pm(d.difference_mean, d.difference_se):>26}{shares(d):>24}{d.sign_p:>9.2g}"
                     f"{pm(i.difference_mean, i.difference_se):>26}{shares(i):>24}{i.sign_p:>9.2g}"
                 )
-    for note in report.notes:
-        print(f"note: {note}", file=sys.stderr)
+    for note in report.notes:  # notes and reasons quote labels and CSV cells: printed with control characters escaped
+        print(f"note: {terminal_text(note)}", file=sys.stderr)
     if report.skipped:
         n = len(report.skipped)
         print(f"skipped {n} of {plural(report.listed, 'image')} (the others' results are kept):", file=sys.stderr)
         for s in report.skipped[:MAX_LISTED]:
-            print(f"error: {s}", file=sys.stderr)
+            print(f"error: {terminal_text(s)}", file=sys.stderr)
         if n > MAX_LISTED:
             print(
                 f"... and {n - MAX_LISTED} more (all listed in the results file's metadata, key 'vitviz')",
@@ -531,6 +533,7 @@ def print_report(report: RunReport) -> None:
             )
         if report.work_kept is not None:
             print(
-                f"note: rerun the same command to retry them; finished images are kept in {report.work_kept}",
+                f"note: rerun the same command to retry them; finished images are kept in "
+                f"{terminal_text(report.work_kept)}",
                 file=sys.stderr,
             )
