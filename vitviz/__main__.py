@@ -116,6 +116,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             args.out,
             methods=methods,
             limit=args.limit,
+            **({"max_rows": args.max_rows} if args.max_rows is not None else {}),
             size=size,
             seed=args.seed,
             engine=args.engine,
@@ -336,6 +337,14 @@ def build_parser() -> argparse.ArgumentParser:
         "gradcam, integrated_gradients, attnlrp, random",
     )
     ev.add_argument("--limit", type=int, default=None, metavar="N", help="evaluate the first N images only")
+    ev.add_argument(
+        "--max-rows",
+        type=int,
+        default=None,
+        metavar="N",
+        help="read at most N rows of a --data CSV (or files of a folder), saying so when there are more "
+        "(default 100,000)",
+    )
     ev.add_argument("--size", type=int, nargs="+", metavar="PX", help="input size: one number (square) or H W")
     ev.add_argument("--seed", type=int, default=0, help="seed of the random baseline (per image: seed and image id)")
     ev.add_argument(

@@ -181,3 +181,60 @@ def test_a_csv_of_200000_columns_gets_a_short_message(tmp_path, capsys):
     line = _one_line_error(proc, 1)
     assert "lacks the column file" in line and "column_0" in line
     assert len(proc.stderr) < 2_000
+
+
+# -- issue 33.9: a CSV of millions of rows -------------------------------------------------------------
+
+
+def _long_csv(folder: Path, rows: int) -> Path:
+    """One real image, then ``rows`` rows naming files that are not there (each one a skipped row)."""
+    from vitviz.data.shapes import write_dataset
+
+    csv = write_dataset(folder, n=1, seed=5)
+    with csv.open("a") as fh:
+        fh.writelines(f"missing-{i}.png,star,,,,\n" for i in range(rows))
+    return csv
+
+
+def test_a_csv_is_read_up_to_max_rows_and_says_so(tmp_path):
+    import tracemalloc
+
+    from vitviz.evaluate.data import KEPT_SKIPPED, MAX_ROWS, read_dataset
+
+    csv = _long_csv(tmp_path / "d", 300_000)
+    tracemalloc.start()
+    try:
+        ds = read_dataset(csv)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(ds.items) == 1 and ds.skipped.total == MAX_ROWS  # 1 image, MAX_ROWS - 1 bad rows, the note
+    assert len(ds.skipped) == KEPT_SKIPPED + 1  # the first ones with their reasons, and the note that the rest
+    assert f"the CSV has more than {MAX_ROWS:,} rows: the rest was not read" in ds.skipped[-1].reason
+    assert ds.skipped[-1].where == f"labels.csv:{MAX_ROWS + 2}"  # the header, then MAX_ROWS rows read
+    assert peak < 64 * 2**20, peak  # streamed: a 2,000,000-row CSV took a run past 3 GB
+    small = read_dataset(csv, max_rows=10)
+    assert small.skipped.total == 10 and "more than 10 rows" in small.skipped[-1].reason
+
+
+def test_skipped_rows_are_summarised_in_the_results_file_and_on_the_terminal(tmp_path, capsys, one_thread):
+    """300,000 skipped rows wrote a 76 MB results file: every one was in its metadata."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from vitviz.evaluate.data import KEPT_SKIPPED
+    from vitviz.evaluate.results import META_KEY, read_results
+
+    csv = _long_csv(tmp_path / "d", 20_000)
+    out = tmp_path / "r.parquet"
+    args = ["evaluate", "--data", str(csv), "--out", str(out), "--methods", "random", "--size", "48"]
+    proc = _cli(capsys, *args, "--max-rows", "5000")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "skipped 5000 of 5001 images" in proc.stderr  # 4,999 rows naming no file, and the rows not read
+    assert "more than 5,000 rows: the rest was not read" in proc.stderr
+    assert len(proc.stderr) < 10_000
+    meta = json.loads(pq.read_schema(out).metadata[META_KEY])
+    assert meta["skipped_total"] == 5000 and len(meta["skipped"]) == KEPT_SKIPPED + 1
+    assert out.stat().st_size < 200_000
+    assert read_results(out).num_images == 1

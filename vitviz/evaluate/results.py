@@ -53,8 +53,9 @@ with its spread over the images".
 **File metadata**: the Parquet key-value metadata key ``vitviz`` holds JSON with
 ``format`` (``"vitviz evaluation results"``), ``schema_version`` (:data:`SCHEMA_VERSION`),
 the run's ``model``, ``methods``, ``seed``, ``size``, ``data``, ``engine``,
-``created`` (UTC, ISO 8601), ``images`` (evaluated), ``skipped`` (a list of
-``{"where", "reason"}``) and ``points`` (21). Read it with
+``created`` (UTC, ISO 8601), ``images`` (evaluated), ``skipped`` (the first 100 inputs not
+evaluated, a list of ``{"where", "reason"}``), ``skipped_total`` (all of them, counted) and
+``points`` (21). Read it with
 ``pyarrow.parquet.read_schema(path).metadata[b"vitviz"]`` or DuckDB's
 ``parquet_kv_metadata('results.parquet')``. :func:`read_results` refuses any file
 without it (:class:`ResultsError`).
