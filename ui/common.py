@@ -183,9 +183,13 @@ def hub_downloads() -> RateLimit:
 def get_model(name: str, progress: Callable[[str], None] | None = None) -> LoadedModel:
     """The shared model ``name``, (re)loaded through the memory-bounded cache with ``progress`` messages."""
     req = vetted_requests().get(name) or ModelRequest(name)
-    return model_cache().get(
-        name, lambda: load_request(req, on_progress=progress), on_progress=progress, expected_bytes=req.memory_bytes
-    )
+    settings = serve_settings()
+    limit = settings.model_memory_bytes if settings.public else None  # public: too large is refused before building
+
+    def load() -> LoadedModel:
+        return load_request(req, on_progress=progress, max_bytes=limit)
+
+    return model_cache().get(name, load, on_progress=progress, expected_bytes=req.memory_bytes)
 
 
 def session_limits() -> SessionLimits:
