@@ -7,11 +7,10 @@ view the Heads and Layers pages draw (:mod:`ui.attention_views`), called once pe
 
 from __future__ import annotations
 
-import io
+from dataclasses import replace
 
 import numpy as np
 import streamlit as st
-from PIL import Image, ImageOps
 
 from ui import attention_views, common, target_boxes
 from vitviz import figures
@@ -38,12 +37,6 @@ VIEWS = {
 }
 
 
-def _flipped(data: bytes) -> bytes:
-    buf = io.BytesIO()
-    ImageOps.mirror(Image.open(io.BytesIO(data)).convert("RGB")).save(buf, format="PNG")
-    return buf.getvalue()
-
-
 def _pane_b() -> tuple[common.Current, str] | None:
     """Pane B's model and capture, and what names it; None (with a message) when it cannot be shown."""
     state, what = common.state_from_session(), ""
@@ -54,19 +47,23 @@ def _pane_b() -> tuple[common.Current, str] | None:
         state = state.with_model(what)  # at its own input size, with its own labels
     elif differs == "images":
         source = st.radio("Image of pane B", ["flipped copy", "an example", "upload"], horizontal=True, key="sbs_src")
-        if source == "flipped copy":
-            data, what = _flipped(ss.image_bytes), "flipped"
+        if source == "flipped copy":  # made once per image for the whole server, inside the decode budget
+            try:
+                flipped, flipped_digest = common.flipped_image(ss.image_bytes, ss.image_digest)
+            except VitvizError as exc:
+                st.error(f"Pane B: {exc}")
+                return None
+            state, what = replace(state, image_bytes=flipped, image_digest=flipped_digest), "flipped"
         elif source == "an example":
             examples = sorted(p.name for p in common.EXAMPLES.iterdir() if p.suffix.lower() in {".jpg", ".png"})
             pick = st.selectbox("Example", examples, key="sbs_example")
-            data, what = (common.EXAMPLES / pick).read_bytes(), pick
+            state, what = state.with_image((common.EXAMPLES / pick).read_bytes()), pick
         else:
             up = st.file_uploader("Image of pane B", type=["png", "jpg", "jpeg", "webp"], key="sbs_upload")
             if up is None:
                 st.info("Upload an image for pane B.")
                 return None
-            data, what = up.getvalue(), up.name
-        state = state.with_image(data)
+            state, what = state.with_image(up.getvalue()), up.name
     cur_b = common.current_of(state, name="Pane B")
     return None if cur_b is None else (cur_b, what)
 

@@ -34,7 +34,7 @@ from vitviz.capture import forward as vcapture
 from vitviz.capture.forward import predictions_from_logits
 from vitviz.capture.targets import Target
 from vitviz.data.images import configure as configure_images
-from vitviz.data.images import read_image
+from vitviz.data.images import mirrored_png, read_image
 from vitviz.errors import VitvizError
 from vitviz.models.load import LoadedModel, parse_model_name
 from vitviz.models.zeroshot import (
@@ -286,6 +286,23 @@ def get_capture(
         return in_queue(lambda: get_run(model, image, size=size).capture)
 
     return capture_cache().get_or_compute((model_name, image_digest, size), compute)
+
+
+@st.cache_resource(show_spinner=False)
+def flipped_cache() -> BoundedCache:
+    """Mirrored copies of images (PNG bytes and digest) by the image's digest, server-wide, bounded in bytes."""
+    return BoundedCache(max_entries=16, max_bytes=256 * 2**20, size_of=lambda pair: len(pair[0]))
+
+
+def flipped_image(data: bytes, image_digest: str) -> tuple[bytes, str]:
+    """``data`` mirrored left to right as PNG, and that PNG's digest: made once per image digest for the whole
+    server (concurrent sessions wait for one), decoded, mirrored and encoded inside the decode budget."""
+
+    def compute() -> tuple[bytes, str]:
+        png = mirrored_png(data, max_bytes=upload_limit())
+        return png, digest(png)
+
+    return flipped_cache().get_or_compute(image_digest, compute)
 
 
 def upload_limit() -> int:
