@@ -207,17 +207,17 @@ def hub_online() -> bool:
     return reachable()
 
 
-def request_model(text: str) -> str | None:
+def request_model(text: str, *, refusal_key: str = "model_refusal") -> str | None:
     """What a visitor typed or picked -> the name to load, after the public-mode policy; shows why not.
 
-    Call it once per choice a user makes (each call counts as a model change in public mode);
-    the refusal is also kept in ``model_refusal`` (message, whether asking again later may work).
+    Call it once per choice a user makes, in any pane (each call counts as a model change in public
+    mode); the refusal is also kept in ``refusal_key`` (message, whether asking again later may work).
     """
     from vitviz.serve.limits import RateLimitError
     from vitviz.serve.offline import HUB_OFFLINE, loads_offline
 
     settings = serve_settings()
-    st.session_state.model_refusal = None
+    st.session_state[refusal_key] = None
     try:
         if settings.public:
             session_limits().model_changes.acquire()
@@ -230,7 +230,7 @@ def request_model(text: str) -> str | None:
             hub_downloads().acquire()
     except VitvizError as exc:
         st.error(str(exc))
-        st.session_state.model_refusal = (str(exc), isinstance(exc, RateLimitError))
+        st.session_state[refusal_key] = (str(exc), isinstance(exc, RateLimitError))
         return None
     vetted_requests()[req.name] = req
     return req.name

@@ -5,6 +5,7 @@ Each test reproduces one finding of the attack pass; the words checked are the v
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -367,3 +368,60 @@ def test_a_results_file_with_deeply_nested_metadata_is_not_a_results_file(server
     errors = [e.value for e in at.error]
     assert len(errors) == 1 and "not a results header" in errors[0], errors
     assert "Something went wrong" not in errors[0]
+
+
+# -- issue 33.6: pane B of Side by side counts as the sidebar does ------------------------------------------
+
+
+def _png_of(colour) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (40, 30), colour).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _side_by_side(differs: str) -> AppTest:
+    at = _app()
+    at.switch_page("pages/side_by_side.py").run()
+    at.radio(key="sbs_differs").set_value(differs).run()
+    return at
+
+
+def test_pane_b_uploads_count_as_uploads(server, monkeypatch):
+    """12 pane-B uploads in 31 s were accepted against a limit of 10 per minute."""
+    monkeypatch.setenv("VITVIZ_UPLOADS_PER_MINUTE", "3")
+    at = _app()
+    at.file_uploader[0].set_value(("side.png", _png_of((200, 0, 0)), "image/png")).run()  # the sidebar's: one
+    at.switch_page("pages/side_by_side.py").run()
+    at.radio(key="sbs_differs").set_value("images").run()
+    at.radio(key="sbs_src").set_value("upload").run()
+    for i in range(2):
+        at.file_uploader(key="sbs_upload").set_value((f"b{i}.png", _png_of((0, 90 * i, 200)), "image/png")).run()
+        assert not at.exception and not at.error, [e.value for e in at.error]
+        for _ in range(2):  # reruns showing the same file count nothing
+            at.run()
+    assert at.session_state._limits.uploads.remaining() == 0
+    at.file_uploader(key="sbs_upload").set_value(("b9.png", _png_of((9, 9, 9)), "image/png")).run()
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and "You have uploaded 3 images in the last minute" in errors[0], errors
+    assert errors[0].startswith("Pane B: b9") and not at.exception
+
+
+def test_pane_b_model_changes_count_as_model_changes(server, monkeypatch):
+    """10 pane-B model switches in 28 s gave 20 loads against a limit of 5 changes per minute."""
+    monkeypatch.setenv("VITVIZ_MODEL_CHANGES_PER_MINUTE", "2")
+    at = _side_by_side("models")
+    assert at.selectbox(key="sbs_model").value == "demo-swin" and not at.error  # the first one: one change
+    at.selectbox(key="sbs_model").set_value("demo-clip").run()
+    assert not at.error and at.session_state._limits.model_changes.remaining() == 0
+    for _ in range(2):
+        at.run()  # reruns ask nothing
+    at.selectbox(key="sbs_model").set_value("demo-swin").run()
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and "You have changed the model 2 times in the last minute" in errors[0], errors
+    titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in charts(at)]
+    assert any(t.startswith("B. demo-clip") for t in titles), titles  # pane B keeps the model it had
+    assert at.session_state.model_name == "demo" and not at.exception
