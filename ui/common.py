@@ -50,6 +50,7 @@ from vitviz.models.zeroshot import (
 from vitviz.presets import PRESETS
 from vitviz.record import POOLED, Prediction
 from vitviz.serve import (
+    AddressLimits,
     ForwardQueue,
     ModelCache,
     ModelRequest,
@@ -193,10 +194,30 @@ def get_model(name: str, progress: Callable[[str], None] | None = None) -> Loade
 
 
 def session_limits() -> SessionLimits:
+    """The limits this visitor's uploads and model changes count against: the session's (kept in its state, as
+    ``_limits``) and, in public mode with ``per_address``, those of the client's address, which a new session
+    (a page reload) does not reset."""
     ss = st.session_state
     if "_limits" not in ss:
         ss._limits = SessionLimits.from_settings(serve_settings())
-    return ss._limits
+    settings = serve_settings()
+    address = client_address() if settings.public and settings.per_address else None
+    return ss._limits if address is None else ss._limits.with_address(address_limits().get(address))
+
+
+@st.cache_resource(show_spinner=False)
+def address_limits() -> AddressLimits:
+    """Each client address's limits, server-wide, in a bounded table (the least recently seen forgotten first)."""
+    return AddressLimits(serve_settings())
+
+
+def client_address() -> str | None:
+    """The visitor's address as the server sees the connection (``st.context.ip_address``): a proxy's address
+    behind a proxy; None for a visitor on this machine (Streamlit gives none for localhost) and in tests."""
+    try:
+        return st.context.ip_address or None
+    except Exception:  # no session context (a bare script run)
+        return None
 
 
 @st.cache_resource(ttl=300, show_spinner=False)

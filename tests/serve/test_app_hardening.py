@@ -20,6 +20,7 @@ def _reset_server_caches() -> None:
 
     for fn in (common.serve_settings, common.model_cache, common.forward_queue, common.vetted_requests):
         fn.clear()
+    common.address_limits.clear()
     common.hub_downloads.clear()
     getattr(common.hub_online, "clear", lambda: None)()  # (a test may have replaced it)
 
@@ -425,3 +426,35 @@ def test_pane_b_model_changes_count_as_model_changes(server, monkeypatch):
     titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in charts(at)]
     assert any(t.startswith("B. demo-clip") for t in titles), titles  # pane B keeps the model it had
     assert at.session_state.model_name == "demo" and not at.exception
+
+
+# -- issue 33.15: a new session from the same address gets no new uploads ---------------------------------------
+
+
+def test_uploads_count_per_client_address_across_sessions(server, monkeypatch):
+    """The 11th upload was refused, but a fresh session (a reload) uploaded at once."""
+    from ui import common
+
+    common.address_limits.clear()
+    monkeypatch.setenv("VITVIZ_UPLOADS_PER_MINUTE", "2")
+    monkeypatch.setattr(common, "client_address", lambda: "203.0.113.7")
+    at = _app()
+    for i in range(2):
+        at.file_uploader[0].set_value((f"u{i}.png", _png_of((80 * i, 0, 0)), "image/png")).run()
+        assert not at.error, [e.value for e in at.error]
+    fresh = _app()  # a reload: a new session from the same address
+    fresh.file_uploader[0].set_value(("again.png", _png_of((0, 0, 0)), "image/png")).run()
+    errors = [e.value for e in fresh.error]
+    assert len(errors) == 1 and "You have uploaded 2 images in the last minute" in errors[0], errors
+    assert fresh.session_state.image_name != "again.png"
+    monkeypatch.setattr(common, "client_address", lambda: "198.51.100.1")  # another visitor
+    other = _app()
+    other.file_uploader[0].set_value(("mine.png", _png_of((0, 99, 0)), "image/png")).run()
+    assert not other.error and other.session_state.image_name == "mine.png"
+    monkeypatch.setenv("VITVIZ_PER_ADDRESS", "0")  # behind a reverse proxy: the operator turns it off
+    _reset_server_caches()
+    monkeypatch.setattr(common, "client_address", lambda: "203.0.113.7")
+    off = _app()
+    off.file_uploader[0].set_value(("proxy.png", _png_of((1, 2, 3)), "image/png")).run()
+    assert not off.error and off.session_state.image_name == "proxy.png"
+    common.address_limits.clear()

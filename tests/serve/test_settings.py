@@ -145,8 +145,10 @@ def test_describe():
     assert ServeSettings().describe() == "vitviz local mode (model memory 4 GiB; settings from defaults)"
     assert ServeSettings(public=True, allow=("x/y",), allow_hub_ids=True).describe() == (
         "vitviz public mode: 1 extra allowed models, typed hub ids up to 1 GB, model memory 4 GiB, "
-        "1 forward slots, 10 uploads and 5 model changes per minute per session (settings from defaults)"
+        "1 forward slots, 10 uploads and 5 model changes per minute per session and per client address "
+        "(settings from defaults)"
     )
+    assert "per session (settings" in ServeSettings(public=True, per_address=False).describe()
 
 
 @pytest.mark.parametrize(
@@ -183,7 +185,7 @@ def test_unknown_key(tmp_path):
         "allow_hub_ids, max_download_gb, model_memory_gib, forward_slots, uploads_per_minute, "
         "model_changes_per_minute, hub_downloads_per_hour, hub_timeout_s, results_max_mb, results_max_rows, "
         "results_cache_mb, image_max_megapixels, image_max_side, decode_budget_mb, hub_max_layers, hub_max_width, "
-        "hub_max_image_size."
+        "hub_max_image_size, per_address, address_table_size."
     )
     assert str(tmp_path) not in str(err.value)  # issue 23.15: a visitor never sees the server's folders
     assert err.value.detail == f"{err.value} (settings file: {path})"  # the server log gets the full path
