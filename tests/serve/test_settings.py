@@ -301,10 +301,41 @@ def test_vitviz_app_logs_the_settings_at_start_and_stops_on_a_typo(tmp_path, mon
         port = s.getsockname()[1]
     bad = write(tmp_path, "[public]\nenabled = yes\n")
     monkeypatch.setenv("VITVIZ_CONFIG", str(bad))
-    assert main(["app", "--port", str(port)]) == 1
+    assert main(["app", "--port", str(port)]) == 2  # an option that cannot work (issue 33.16; it was 1)
     err = capsys.readouterr().err
     assert f"(settings file: {bad})" in err and "Traceback" not in err and not started
     good = write(tmp_path, "[public]\nenabled = true\n", "good.toml")
     monkeypatch.setenv("VITVIZ_CONFIG", str(good))
     assert main(["app", "--port", str(port)]) == 0 and len(started) == 1
     assert "vitviz public mode: 0 extra allowed models, no typed hub ids" in capsys.readouterr().err
+
+
+# -- issue 33.16: vitviz app checks and logs the settings at start ----------------------------------------------
+
+
+def test_vitviz_app_logs_the_settings_line_before_starting_streamlit(tmp_path, monkeypatch, capsys):
+    import subprocess
+
+    from vitviz.__main__ import main
+
+    monkeypatch.setenv("VITVIZ_CONFIG", str(write(tmp_path, "[public]\nenabled = true\n")))
+    seen = []
+
+    class Server:
+        def __init__(self, *args, **kwargs):
+            seen.append(capsys.readouterr().err)  # what the operator's terminal shows when Streamlit starts
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", Server)
+    assert main(["app", "--port", str(_free_port())]) == 0
+    assert len(seen) == 1 and "vitviz public mode:" in seen[0] and str(tmp_path / "vitviz.toml") in seen[0]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -42,9 +42,11 @@ Where they come from, later sources winning:
 
 Only the Streamlit app reads these; the command line is never affected. A value that does
 not parse raises :class:`SettingsError` naming where it came from, so a typo in an operator's
-file stops the server at start instead of silently leaving it open. The message names the
-file by its name only (``vitviz.toml``); the full path is in ``SettingsError.detail`` for the
-server log, so a visitor never sees the server's folders.
+file fails closed instead of silently leaving the server open: ``vitviz app`` reads the
+settings before starting Streamlit and exits with code 2; under ``streamlit run app.py`` (no
+vitviz code runs before the first session) every page shows the error and serves nothing. The
+message names the file by its name only (``vitviz.toml``); the full path is in
+``SettingsError.detail`` for the server log, so a visitor never sees the server's folders.
 """
 
 from __future__ import annotations
@@ -451,7 +453,8 @@ def server_log() -> logging.Logger:
 
 
 def log_settings(settings: ServeSettings) -> str:
-    """Log, once at start, which settings file was read and whether public mode is on; returns the line."""
+    """Log which settings file was read and whether public mode is on (``vitviz app``: before Streamlit starts;
+    the app: at the first session); returns the line."""
     line = settings.describe()
     server_log().info(line)
     return line
