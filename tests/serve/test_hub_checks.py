@@ -127,6 +127,7 @@ def test_a_config_no_model_can_be_built_from_is_refused(tmp_path):
     assert err.value.reason == "bad_config"
     too_many = {**SWIN_TINY, "depths": [0] * 1_000_000, "num_heads": [1] * 1_000_000}
     assert config_problem(too_many, None)[0] == "depths"  # before a million stages are built
+    assert config_problem({"model_type": "cct", "num_layers": 10**6}, None)[0] == "num_layers"  # CCT's name
 
 
 INDEX = "model.safetensors.index.json"

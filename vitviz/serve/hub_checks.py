@@ -108,6 +108,8 @@ def _check_tower(prefix: str, c: Mapping[str, Any], limits: ConfigLimits) -> int
     depth = _ints(c.get("depths")) or _ints(c.get("depth"))
     layers = _ints(c.get("num_hidden_layers"))
     _at_most(f"{prefix}num_hidden_layers", layers, limits.layers)
+    for key in ("num_layers", "n_layers", "num_blocks", "n_conv_layers"):  # other families' names (CCT's, ...)
+        _at_most(f"{prefix}{key}", _ints(c.get(key)), limits.layers)
     total_depth = sum(depth)
     if total_depth > limits.layers:
         raise _TooLarge(f"{prefix}depths", total_depth, f"at most {limits.layers:,} layers in all")
