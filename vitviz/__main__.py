@@ -82,7 +82,7 @@ def _export(args: argparse.Namespace) -> int:
             relevance_from_block=args.relevance_from_block,
         )
     report.failed[:0] = [(p, "no such file") for p in missing]
-    print(f"wrote {len(report.written)} of {len(args.images)} images to {args.out}")
+    print(terminal_text(f"wrote {len(report.written)} of {len(args.images)} images to {args.out}"))
     print_failures(report)
     return 1 if report.failed else 0
 
@@ -202,8 +202,8 @@ def _convert(args: argparse.Namespace) -> int:
 
         report = convert_open_clip(args.checkpoint, args.out)
         for note in report.notes:
-            print(f"note: {note}", file=sys.stderr)
-        print(f"wrote {report.out} (an HF CLIP folder): load it with --model {report.out}")
+            print(f"note: {terminal_text(note)}", file=sys.stderr)
+        print(terminal_text(f"wrote {report.out} (an HF CLIP folder): load it with --model {report.out}"))
         return 0
     labels = None
     if args.labels:

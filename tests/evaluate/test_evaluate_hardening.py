@@ -238,3 +238,11 @@ def test_skipped_rows_are_summarised_in_the_results_file_and_on_the_terminal(tmp
     assert meta["skipped_total"] == 5000 and len(meta["skipped"]) == KEPT_SKIPPED + 1
     assert out.stat().st_size < 200_000
     assert read_results(out).num_images == 1
+
+
+def test_export_prints_file_names_with_control_characters_escaped(tmp_path, capsys):
+    """export's failures quote the file names given: a name holding ESC [2J cleared the terminal."""
+    odd = tmp_path / "\x1b[2Jgone.png"  # not there: the failure names it
+    proc = _cli(capsys, "export", str(odd), "--model", "demo", "--out", str(tmp_path / "o"))
+    shown = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "\x1b" not in shown and "\\x1b[2Jgone.png: no such file" in shown
