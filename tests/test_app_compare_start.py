@@ -24,7 +24,7 @@ def test_insertion_start_choice_changes_the_curves_as_the_engine_does():
     at.run()
     at.switch_page("pages/compare.py")
     at.run()
-    assert at.radio(key="insertion_start").value == "mean"  # the default (README: blur is flat on the demo)
+    assert at.radio(key="insertion_start").value == "mean"  # the default: docs/evaluate.md#insertion-starts
     at.radio(key="insertion_start").set_value("grey").run()
     assert any("puts them back into a fixed grey" in c.value for c in at.caption)
     next(b for b in at.button if b.label == "Compute the curves").click().run()

@@ -127,7 +127,7 @@ def test_the_tables_show_versus_numbers_and_the_hand_computed_case(tmp_path, mon
     assert dele["better / tie / worse"] == "33 / 33 / 33 %" and dele["sign test p"] == "1"
     shown = _plain(at)
     assert any("Insertion started from grey: every channel at half its range (127.5 / 255)" in t for t in shown)
-    assert any("within 0.001" in t and "sign test" in t for t in shown)  # the definitions, README's words
+    assert any("within 0.001" in t and "sign test" in t for t in shown)  # docs/definitions.md#versus-random
 
     rows = list(csv.reader(io.StringIO((lambda d: d() if callable(d) else d)(offered["versus_random.csv"]).decode())))
     header = rows[0]

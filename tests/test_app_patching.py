@@ -71,3 +71,27 @@ def test_patching_page_with_zero_shot_labels_and_a_hierarchical_model():
     assert any(t.startswith("Head patching (estimate)") for t in titles), titles
     assert not any(t.startswith("Residual patching") for t in titles)
     assert any("token grid and width change" in i.value for i in at.info)
+
+
+def test_patching_page_pattern_and_path_grids_equal_the_engine():
+    """The two head grids, on request, are the engine's pattern_patching / path_patching of the page's two images."""
+    from app_tools import example_image
+
+    from vitviz.causal import path_patching, pattern_patching
+    from vitviz.models.load import load_model
+
+    at = _page()
+    button = next(b for b in at.button if b.label == "Compute pattern and path patching")
+    button.click().run()
+    no_trouble(at, "pattern and path")
+    charts = _charts(at)
+    model = load_model("demo", device="cpu")
+    target = example_image(at.session_state["image_name"])
+    source = example_image(at.selectbox(key="patch_source_pick").value)
+    for title, grid in (
+        ("Attention-pattern patching", pattern_patching),
+        ("Path patching to the read-out", path_patching),
+    ):
+        fig = next(v for k, v in charts.items() if k.startswith(title))
+        ref = grid(model, target, source)
+        np.testing.assert_allclose(_decode(fig["data"][0]["z"]), ref.values - ref.clean, atol=1e-4)

@@ -300,7 +300,7 @@ def test_labels_on_a_model_without_a_text_tower_are_refused(tiny_dirs, image_fil
 
 
 def test_causal_export_on_the_demo_model(tmp_path):
-    from vitviz.capture.causal import direct_logit_attribution, knock_out
+    from vitviz.causal import direct_logit_attribution, knock_out
     from vitviz.data.images import load_image
     from vitviz.data.shapes import make_sample
     from vitviz.models.load import load_model

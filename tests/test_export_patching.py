@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 
 from vitviz.__main__ import main
-from vitviz.capture.causal import causal_arrays, logit_lens
-from vitviz.capture.patching import activation_patching, patch_lens
 from vitviz.capture.targets import Target
+from vitviz.causal import activation_patching, causal_arrays, logit_lens, patch_lens
 from vitviz.data.images import load_image
 from vitviz.data.shapes import make_sample
 
@@ -125,7 +124,7 @@ def test_a_missing_source_is_a_message(shapes, tmp_path, capsys):
 
 
 def test_a_zero_shot_label_minus_another_label(shapes, tmp_path, capsys):
-    from vitviz.capture.causal import knock_out
+    from vitviz.causal import knock_out
     from vitviz.models.load import load_model
     from vitviz.models.zeroshot import encode_labels, parse_labels
 

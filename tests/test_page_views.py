@@ -16,9 +16,9 @@ from vitviz.analysis.blocks import global_query, head_maps, row_map, select
 from vitviz.analysis.masks import mass_masks
 from vitviz.analysis.rollout import capture_rollout
 from vitviz.analysis.stats import summary_table
-from vitviz.capture.causal import capture_knocked_out, logit_lens
 from vitviz.capture.forward import capture
 from vitviz.capture.gradients import explain_classes
+from vitviz.causal import capture_knocked_out, logit_lens
 from vitviz.compare import depth_match, token_of
 from vitviz.models.load import load_model
 

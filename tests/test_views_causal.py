@@ -12,9 +12,8 @@ from PIL import Image
 from streamlit.testing.v1 import AppTest
 from test_page_views import _array, _charts, _tiles
 
-from vitviz.capture.causal import direct_logit_attribution, fast_estimate, head_importance
-from vitviz.capture.patching import activation_patching, patch_lens
 from vitviz.capture.targets import Target
+from vitviz.causal import activation_patching, direct_logit_attribution, fast_estimate, head_importance, patch_lens
 from vitviz.evaluate.faithfulness import Perturbations
 from vitviz.methods import explain_many
 from vitviz.models.load import load_model

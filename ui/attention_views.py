@@ -467,7 +467,7 @@ def draw_rollout(
     if cur.cap.is_hierarchical:
         st.caption(
             f"On stage {m.stage + 1}'s grid: windows undone, reduced keys spread over the tokens they came from, "
-            "merged tokens averaged (ALGORITHMS.md). The row sums to 1."
+            "merged tokens averaged. The row sums to 1. Definition: vitviz docs, Definitions > Rollout through stages."
         )
     return m
 
@@ -503,7 +503,7 @@ def draw_relevance(
 
 def draw_lens(cur: common.Current, s: LensSettings, *, key: str):
     """The logit lens of a classifier (chart ``f"{key}_chart"``, downloads ``f"{key}-npz"``, ``f"{key}-csv"``),
-    or why there is none; returns the ``Lens`` (``vitviz.capture.causal.logit_lens``) or None."""
+    or why there is none; returns the ``Lens`` (``vitviz.causal.logit_lens``) or None."""
     cap = cur.cap
     ranked = common.classes(cur)
     notes = cached.get_causal_notes(cap.model_name)

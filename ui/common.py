@@ -304,9 +304,39 @@ def get_capture(
     def compute() -> vcapture.Capture:
         image = read_image(image_bytes, max_bytes=upload_limit()).image
         model = get_model(model_name)
+        check_tokens(model, size, image.size)  # public mode: before any forward
         return in_queue(lambda: get_run(model, image, size=size).capture)
 
     return capture_cache().get_or_compute((model_name, image_digest, size), compute)
+
+
+def batch_slot():
+    """One batch of a long analysis (a patching grid) in the server's queue: the slot is held for that batch
+    alone and its place is not kept, so other visitors' forwards run between the batches."""
+    return forward_queue().slot(None)
+
+
+def patching_work_bound() -> float | None:
+    """The most work one patching request may cost (forward-equivalents x tokens; None: no bound)."""
+    return serve_settings().patching_max_work or None
+
+
+def check_tokens(model: LoadedModel, size: tuple[int, int] | None, image_wh: tuple[int, int]) -> None:
+    """Refuse, before any forward, an input larger than the server's token bound (public mode's ``max_tokens``)."""
+    from vitviz.errors import BudgetError
+
+    bound = serve_settings().max_tokens
+    if not bound:
+        return
+    hw = vcapture.input_size_for(model, size, image_wh)
+    kinds, (gh, gw) = vcapture.token_layout(model, hw)
+    tokens = len(kinds) + gh * gw
+    if tokens > bound:
+        raise BudgetError(
+            f"This server analyses at most {bound:,} tokens per image; an input of {hw[1]} x {hw[0]} px is "
+            f"{tokens:,} tokens ({gh} x {gw} patches). Choose a smaller input size, or untick 'Keep the image's "
+            "aspect ratio'."
+        )
 
 
 @st.cache_resource(show_spinner=False)

@@ -32,7 +32,9 @@ def _export(args: argparse.Namespace) -> int:
     from vitviz.models.zeroshot import parse_labels, vocabulary_warning
 
     size = input_size(args.size)
-    check_output_folder(args.out)
+    # Everything is checked before anything is created: the folder is made only once the model has loaded (its
+    # problems are reported whatever the inputs) and at least one input exists: a typo never leaves an empty --out.
+    check_output_folder(args.out, create=False)
     missing = [p for p in args.images if not Path(p).is_file()]
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, allow_pickle=args.allow_pickle)
     labels = None
@@ -62,6 +64,12 @@ def _export(args: argparse.Namespace) -> int:
         class_index = labels.names.index(args.label)
         minus_index = None if args.label_minus is None else labels.names.index(args.label_minus)
     present = [p for p in args.images if p not in missing]
+    if not present:
+        print(terminal_text(f"wrote 0 of {len(args.images)} images ({args.out} was not created)"))
+        for p in missing:
+            print(terminal_text(f"error: {p}: no such file"), file=sys.stderr)
+        return 1
+    check_output_folder(args.out)  # created now: the options, the model and the inputs are checked
     with tqdm(total=len(present), unit="img", desc="export", file=sys.stderr) as bar:
         report = export_images(
             loaded,
@@ -167,6 +175,7 @@ def _train_demo(args: argparse.Namespace) -> int:
     else:
         from vitviz.demo.vit import DEMO_DIR as folder
         from vitviz.demo.vit import train_demo as train
+    out = _demo_out(args, Path(folder))
     steps = args.steps or (1000 if args.arch == "clip" else 2000)
     sizes = {} if args.train_images is None else {"train_images": args.train_images, "held_out": args.held_out}
     if args.label_smoothing is not None:
@@ -179,9 +188,28 @@ def _train_demo(args: argparse.Namespace) -> int:
         if not (math.isfinite(args.lr) and args.lr > 0):
             raise UsageError(f"--lr must be a positive number, got {args.lr}")
         sizes["lr"] = args.lr
-    score = train(args.out or folder, seed=args.seed, steps=steps, batch_size=args.batch_size, **sizes)
+    score = train(out, seed=args.seed, steps=steps, batch_size=args.batch_size, **sizes)
     accuracy, in_box = _DEMO_GOALS[args.arch]
     return 0 if score.accuracy >= accuracy and score.peak_in_box >= in_box else 1
+
+
+def _demo_out(args: argparse.Namespace, bundled: Path) -> Path:
+    """Where ``train-demo`` writes: ``--out``, or the bundled model's own folder with ``--overwrite-bundled``;
+    a folder inside the bundled one needs ``--overwrite-bundled`` too (it is the installed package's)."""
+    if args.out is None:
+        if not args.overwrite_bundled:
+            raise UsageError(
+                f"train-demo writes a new model folder: give --out FOLDER (load it with --model FOLDER), or "
+                f"--overwrite-bundled to replace the bundled model in {bundled}."
+            )
+        return bundled
+    out = Path(args.out)
+    if out.resolve().is_relative_to(bundled.resolve()) and not args.overwrite_bundled:
+        raise UsageError(
+            f"--out {out} is inside the bundled model's folder ({bundled}): choose another folder, or give "
+            "--overwrite-bundled to replace the bundled model."
+        )
+    return out
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -227,7 +255,10 @@ def _app(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import vitviz
+
     parser = argparse.ArgumentParser(prog=PROG, description="Look inside Vision Transformers.")
+    parser.add_argument("--version", action="version", version=f"vitviz {vitviz.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     ex = sub.add_parser("export", help="write attention, rollout and summaries of images as .npz + PNG")
@@ -266,7 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--methods",
         default=None,
         metavar="M1,M2",
-        help="also write method_<name>: explanation maps on the patch grid (e.g. attnlrp,rollout,relevance)",
+        help="also write method_<name>: explanation maps on the patch grid (e.g. attnlrp,rollout,relevance); "
+        "attnlrp is the paper's rules (the default AttnLRP), attnlrp_cp CP-LRP inside attention (lxt's ViT recipe)",
     )
     ex.add_argument(
         "--class-minus",
@@ -334,7 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="M1,M2",
         help="comma-separated methods (default: all that apply): attention, rollout, relevance, "
-        "gradcam, integrated_gradients, attnlrp, random",
+        "gradcam, integrated_gradients, attnlrp (the paper's rules), random; also attnlrp_cp (AttnLRP with "
+        "CP-LRP inside attention, lxt's ViT recipe; not among the defaults)",
     )
     ev.add_argument("--limit", type=int, default=None, metavar="N", help="evaluate the first N images only")
     ev.add_argument(
@@ -430,7 +463,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=tuple(_DEMO_GOALS),
         help="vit: 'demo'; swin: 'demo-swin'; clip: 'demo-clip' (zero-shot, own tokenizer)",
     )
-    tr.add_argument("--out", default=None, help="output folder (default: the bundled model's folder)")
+    tr.add_argument("--out", default=None, help="output folder (required unless --overwrite-bundled)")
+    tr.add_argument(
+        "--overwrite-bundled",
+        action="store_true",
+        help="write over the bundled model of --arch in the installed package (without --out)",
+    )
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--steps", type=int, default=None, help="default: 2000 (vit, swin), 1000 (clip)")
     tr.add_argument("--train-images", type=int, default=None, help="training images (default: the trainer's)")
@@ -450,7 +488,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tr.set_defaults(func=_train_demo)
 
-    ap = sub.add_parser("app", help="start the web app (Streamlit) in this machine's browser")
+    ap = sub.add_parser(
+        "app",
+        help="start the web app (Streamlit); it prints its address: open it in a browser",
+        description="Start the web app (Streamlit). It opens no browser (it may run on a server): it prints its "
+        "address, which you open in a browser. Ctrl-C or SIGTERM stops it.",
+    )
     ap.add_argument("--port", type=int, default=8501, help="port to listen on (default 8501)")
     ap.add_argument(
         "--address",

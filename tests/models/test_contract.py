@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import FAMILY_KEYS, HIER_KEYS, MODERN_KEYS, TINY, random_image
 
-from vitviz.capture import causal as C
+from vitviz import causal as C
 from vitviz.capture.forward import input_size_for, preprocess
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -76,8 +76,8 @@ def every_family(tiny_models, hier_dirs, modern_dirs, tmp_path_factory):
 def test_every_family_keeps_the_contract(every_family, key):
     from vitviz.capture.run import get_run
     from vitviz.models.families.base import BlockParts
-    from vitviz.models.hooks import installed_sites
-    from vitviz.models.points import block_name, installed_points
+    from vitviz.models.hooks import installed_points, installed_sites
+    from vitviz.models.points import block_name
 
     loaded = every_family[key]
     fam = loaded.family
@@ -177,8 +177,8 @@ def dinov2_pair(tmp_path_factory):
         layers[i] = new
     renamed.requires_grad_(False)
     gamma = dataclasses.replace(plain, model=renamed, name="dinov2-gamma")
-    install(renamed, gamma.family.sites(renamed))
-    C.install_causal_hooks(gamma)  # what load_model does after the attention sites
+    install(renamed, gamma.family)
+    C.head_projections(gamma)  # the projections from the points install() put on it
     return plain, gamma
 
 

@@ -185,7 +185,7 @@ def test_unknown_key(tmp_path):
         "allow_hub_ids, max_download_gb, model_memory_gib, forward_slots, uploads_per_minute, "
         "model_changes_per_minute, hub_downloads_per_hour, hub_timeout_s, results_max_mb, results_max_rows, "
         "results_cache_mb, image_max_megapixels, image_max_side, decode_budget_mb, hub_max_layers, hub_max_width, "
-        "hub_max_image_size, per_address, address_table_size."
+        "hub_max_image_size, max_tokens, patching_max_work, per_address, address_table_size."
     )
     assert str(tmp_path) not in str(err.value)  # issue 23.15: a visitor never sees the server's folders
     assert err.value.detail == f"{err.value} (settings file: {path})"  # the server log gets the full path
@@ -295,6 +295,9 @@ def test_vitviz_app_logs_the_settings_at_start_and_stops_on_a_typo(tmp_path, mon
         def wait(self):
             return 0
 
+        def poll(self):  # vitviz app asks whether the server is still running when it stops
+            return 0
+
     monkeypatch.setattr(subprocess, "Popen", FakeServer)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -326,6 +329,9 @@ def test_vitviz_app_logs_the_settings_line_before_starting_streamlit(tmp_path, m
             seen.append(capsys.readouterr().err)  # what the operator's terminal shows when Streamlit starts
 
         def wait(self):
+            return 0
+
+        def poll(self):  # vitviz app asks whether the server is still running when it stops
             return 0
 
     monkeypatch.setattr(subprocess, "Popen", Server)

@@ -6,7 +6,7 @@ native matrix with the head axis already chosen (``select`` does that):
 * ``global``: ``(Tq, Tk)``; ``window``: ``(nW, w*w, w*w)``; ``unfolded``: ``(A, N, N)``;
   ``separable``: ``(A, N)``.
 
-Definitions (``ALGORITHMS.md``, "Hierarchical models"):
+Definitions (``docs/definitions.md#hierarchical-models``):
 
 * **Windows** (Swin): the grid is padded on the bottom and right to multiples of w
   and rolled by ``(-s, -s)``. Original position i along an axis sits at shifted
@@ -387,7 +387,8 @@ def allowed_keys(g: Geometry) -> np.ndarray:
 def block_summaries(g: Geometry, native: np.ndarray, input_size: tuple[int, int]):
     """Per-head mean attention distance (px), entropy (nats) and entropy / log(allowed keys): ``(H,)`` each.
 
-    ``native`` is the block's float32 native array with its head axis. Distance:
+    ``native`` is the block's float32 native array with its head axis (global blocks: a torch tensor too, whose
+    summaries are computed on its own device, a GPU's; the same numbers to float rounding). Distance:
     for each grid query, the weights over grid keys (prefix and padding keys left
     out) renormalised, times the pixel distance between the query's and the key's
     cell centres, each on its own grid; mean over the real queries. Entropy: mean
@@ -395,6 +396,8 @@ def block_summaries(g: Geometry, native: np.ndarray, input_size: tuple[int, int]
     attention, real tokens only for windows), and the same divided by the log of
     the number of keys the query was allowed to attend.
     """
+    if g.kind == "global" and not isinstance(native, np.ndarray) and hasattr(native, "device"):
+        return _global_summaries(g, native, _distance_table(g, input_size))
     a = np.asarray(native, dtype=np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
         if g.kind == "separable":
@@ -436,14 +439,15 @@ def _global_summaries(g: Geometry, a: np.ndarray, table: np.ndarray):
 
     p = g.num_prefix
     real_q, real_k = a.shape[1] - g.trailing, a.shape[2] - g.trailing
-    t = torch.from_numpy(a[:, :real_q])  # (H, Tq, Tk): real queries, their whole native rows; shares memory
+    full = a if isinstance(a, torch.Tensor) else torch.from_numpy(a)
+    t = full[:, :real_q].float()  # (H, Tq, Tk): real queries, their whole native rows; shares memory on the CPU
     w = t[:, p:, p:real_k]  # grid keys only: distances leave prefix and padding keys out
-    weighted = (w * torch.from_numpy(table)).sum(-1)  # sum_k w_qk d_qk, before renormalising
+    weighted = (w * torch.from_numpy(table).to(t.device)).sum(-1)  # sum_k w_qk d_qk, before renormalising
     dist = (weighted / w.sum(-1).clamp_min(torch.finfo(torch.float32).tiny)).mean(-1)
     ent_q = -(t * t.clamp_min(torch.finfo(t.dtype).tiny).log_()).sum(-1)  # (H, Tq); 0 log 0 = 0 (faster than xlogy)
     allowed = g.native_shape()[2] - g.trailing  # padding keys are masked: they do not count
-    norm = ent_q.mean(-1) / np.log(allowed) if allowed > 1 else torch.zeros(t.shape[0])
-    return dist.double().numpy(), ent_q.mean(-1).double().numpy(), norm.double().numpy()
+    norm = ent_q.mean(-1) / np.log(allowed) if allowed > 1 else torch.zeros(t.shape[0], device=t.device)
+    return tuple(x.double().cpu().numpy() for x in (dist, ent_q.mean(-1), norm))
 
 
 def _entropy(a: np.ndarray, *, axis: int) -> np.ndarray:

@@ -1,6 +1,6 @@
 """What a method explains: a target, not only a class index (in the spirit of pytorch-grad-cam's ``ClassifierOutputTarget``).
 
-Definition (``ALGORITHMS.md``, "Causal views", Targets). A target turns the model's
+Definition (``docs/definitions.md#targets``). A target turns the model's
 scores ``s`` ``(B, K)`` (before softmax) into one scalar per image ``(B,)``:
 
 * ``Target.of_class(c)``: the class logit ``s[:, c]``;

@@ -14,7 +14,7 @@ maximum in float32, so a value reads back as ``code / 255 * max`` (error at most
 query pays to the prefix tokens is sent in float32 and shown beside the map. The
 maps are deflated and base64-encoded; :data:`DEFAULT_MAX_BYTES` (8 MB) bounds the
 page: a record above it is refused with :class:`HeadViewTooLarge`, and the caller
-falls back to server-side figures.
+falls back to static figures (the app's server-drawn view, a notebook's Plotly figure).
 
 The data reach the page once, as JSON in a ``<script type="application/json">`` element with
 ``<``, ``>`` and ``&`` escaped (:func:`script_json`); the page's script reads them with
@@ -52,7 +52,11 @@ DEFAULT_MAX_BYTES = 8_000_000  # the whole page; ViT-B/16 at 224 px needs about 
 
 
 class HeadViewTooLarge(ValueError):
-    """The maps would not fit the page's byte budget: draw server-side instead."""
+    """The maps would not fit the page's byte budget (``nbytes``: what the page would take, at least)."""
+
+    def __init__(self, message: str, nbytes: float = 0) -> None:
+        super().__init__(message)
+        self.nbytes = int(nbytes)
 
 
 def head_view_problem(attention: np.ndarray | None, grid: tuple[int, int], num_prefix: int) -> str:
@@ -63,14 +67,14 @@ def head_view_problem(attention: np.ndarray | None, grid: tuple[int, int], num_p
     if attention is None:
         return (
             "the instant head view needs one token grid shared by every block (a plain ViT); this model attends "
-            "in windows, over reduced keys or in stages, so its heads are drawn on the server"
+            "in windows, over reduced keys or in stages"
         )
     if attention.ndim != 4 or attention.shape[2] != attention.shape[3]:
         return f"expected an (L, H, T, T) attention stack, got shape {tuple(attention.shape)}"
     if attention.shape[2] != num_prefix + grid[0] * grid[1]:
         return (
             f"{attention.shape[2]} tokens do not make {num_prefix} prefix tokens and a {grid[0]} x {grid[1]} grid "
-            "(padding tokens?): its heads are drawn on the server"
+            "(padding tokens?)"
         )
     return ""
 
@@ -82,7 +86,7 @@ def record_problem(cap) -> str:
     if stack is not None and stack.shape[0] != cap.num_blocks:
         return (
             f"{cap.model_name} ends in a {cap.block_label(cap.num_blocks - 1)} that attends from a probe, not "
-            "from the tokens: its heads are drawn on the server"
+            "from the tokens"
         )
     return head_view_problem(stack, cap.grid, cap.num_prefix_tokens)
 
@@ -186,7 +190,7 @@ def head_view_data(
     # an early estimate: codes deflate to about half, base64 adds a third
     estimate = L * H * T * (T - P) * 0.4
     if estimate > max_bytes:
-        raise HeadViewTooLarge(_too_large(estimate, max_bytes))
+        raise HeadViewTooLarge(_too_large(estimate, max_bytes), estimate)
     codes, top = pack_rows(attention[..., P:])
     data = HeadViewData(
         layers=L,
@@ -203,23 +207,28 @@ def head_view_data(
         layer_names=tuple(layer_names) if layer_names is not None else tuple(f"layer {i}" for i in range(L)),
     )
     if data.nbytes > max_bytes:
-        raise HeadViewTooLarge(_too_large(data.nbytes, max_bytes))
+        raise HeadViewTooLarge(_too_large(data.nbytes, max_bytes), data.nbytes)
     return data
 
 
 def _too_large(nbytes: float, limit: int) -> str:
-    return (
-        f"the head view would send {nbytes / 1e6:.1f} MB to the browser (limit {limit / 1e6:.1f} MB): "
-        "use a smaller input size, or the server-drawn views"
-    )
+    # no advice here: what to do instead is the caller's (the app draws on the server, a notebook raises the limit)
+    return f"the head view would send {nbytes / 1e6:.1f} MB to the browser (limit {limit / 1e6:.1f} MB)"
 
 
 def head_view_html(
-    data: HeadViewData, *, height: int = 620, layer: int | None = None, head: int = 0, query: int = 0
+    data: HeadViewData,
+    *,
+    height: int = 620,
+    layer: int | None = None,
+    head: int = 0,
+    query: int = 0,
+    opacity: float | None = None,
 ) -> str:
     """One self-contained HTML page for :class:`HeadViewData` (see the module docstring for what it shows).
 
-    It opens on ``layer`` (default: the last), ``head`` and ``query`` (a token index, 0: the first prefix token).
+    It opens on ``layer`` (default: the last), ``head`` and ``query`` (a token index, 0: the first prefix token),
+    with the large map over the photo at ``opacity`` (0..1; default: the page's own, 1, the map alone).
 
     The page exposes ``window.vitvizState`` (layer, head, query, scale), ``window.vitvizTimings``
     (milliseconds per redraw) and sets ``document.body.dataset.ready = "1"`` once the maps are decoded,
@@ -230,6 +239,8 @@ def head_view_html(
         "head": min(max(int(head), 0), data.heads - 1),
         "query": min(max(int(query), 0), data.tokens - 1),
     }
+    if opacity is not None:
+        start["opacity"] = min(max(float(opacity), 0.0), 1.0)
     before, after = _PAGE.split(_SLOT)  # one slot: the data go in once, and nothing is searched again afterwards
     return before + script_json({**data.to_dict(), "start": start}) + after
 
@@ -348,6 +359,13 @@ function drawBig(){
   let txt="";
   for(let p=0;p<P;p++) txt+=D.prefix[p]+": "+share[rowIndex(S.layer,S.head,S.query)*P+p].toFixed(4)+"  ";
   $("prefix").textContent = P ? ("Attention to prefix tokens (not on the image): "+txt) : "";
+  showHover();
+}
+// the hovered cell's value, redrawn with the map (a click or a slider changes the value under the pointer)
+let hoverCell=-1;
+function showHover(){
+  $("hover").textContent = hoverCell<0 ? "\u00a0" :
+    tokenName(P+hoverCell)+": "+value(S.layer,S.head,S.query,hoverCell).toPrecision(3)+" (click: make it the query)";
 }
 function drawThumbs(){
   for(let l=0;l<L;l++)for(let h=0;h<H;h++){
@@ -402,13 +420,14 @@ function setup(){
   $("head").oninput=e=>window.vitvizSet({head:+e.target.value});
   $("query").onchange=e=>window.vitvizSet({query:+e.target.value});
   $("scale").onchange=e=>window.vitvizSet({scale:e.target.value});
+  $("opacity").value=Math.round(S.opacity*100);
   $("opacity").oninput=e=>window.vitvizSet({opacity:e.target.value/100});
   function cellAt(e){const r=big.getBoundingClientRect();
     const c=Math.min(gw-1,Math.max(0,Math.floor((e.clientX-r.left)/r.width*gw)));
     const w=Math.min(gh-1,Math.max(0,Math.floor((e.clientY-r.top)/r.height*gh)));return w*gw+c;}
   big.onclick=e=>window.vitvizSet({query:P+cellAt(e)});
-  big.onmousemove=e=>{const n=cellAt(e);
-    $("hover").textContent=tokenName(P+n)+": "+value(S.layer,S.head,S.query,n).toPrecision(3)+" (click: make it the query)";};
+  big.onmousemove=e=>{hoverCell=cellAt(e);showHover();};
+  big.onmouseleave=()=>{hoverCell=-1;showHover();};
   $("save").onclick=()=>{const a=document.createElement("a");a.download="head-view-"+D.layer_names[S.layer].replace(/\W+/g,"-")+"-head"+S.head+".png";a.href=big.toDataURL("image/png");a.click();};
 }
 (async function(){

@@ -313,6 +313,9 @@ class AttnLRP(Method):
         if variant not in _IMPLEMENTATION:
             raise ValueError(f"variant must be attnlrp or cp, got {variant!r}")
         self.variant = variant
+        if variant == "cp":  # a name of its own, so that both maps can sit side by side (``attnlrp_cp``)
+            self.name = "attnlrp_cp"
+            self.title = "AttnLRP, CP-LRP in attention (lxt's ViT recipe)"
 
     def unavailable(self, loaded: LoadedModel, target: Target | None = None) -> str:
         return unsupported(loaded) or super().unavailable(loaded, target)

@@ -8,7 +8,7 @@ resolves the class, and places the map on the first stage's grid (the patch grid
 a plain ViT), so that every method's map can be compared cell by cell and fed to the
 faithfulness curves (:mod:`vitviz.evaluate.faithfulness`).
 
-Grids over the input (``ALGORITHMS.md``, "Hierarchical models"): cell ``(r, c)`` of a
+Grids over the input (``docs/definitions.md#hierarchical-models``): cell ``(r, c)`` of a
 ``(gh, gw)`` grid covers rows ``[r H / gh, (r + 1) H / gh)`` and columns
 ``[c W / gw, (c + 1) W / gw)`` of the ``H x W`` model input. :func:`place_on_grid`
 moves a map between two such grids; :func:`pool_to_grid` sums pixels into cells.

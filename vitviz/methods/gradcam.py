@@ -2,7 +2,7 @@
 
 Why not ``grad-cam`` (jacobgil/pytorch-grad-cam)? It imports torchvision and OpenCV
 at import time, and installing it with its dependencies replaces our torch by a
-6 GB CUDA build (``ALGORITHMS.md``); the method is a few lines on top of the
+6 GB CUDA build (``docs/definitions.md#explanation-methods``); the method is a few lines on top of the
 capture hooks, so it lives here.
 
 Definition. Activations ``A`` ``(N, C)``: the grid tokens *entering the last

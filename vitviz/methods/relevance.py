@@ -1,6 +1,6 @@
 """``relevance``: class-specific relevance (Chefer, Gur & Wolf 2021, "Generic Attention-model Explainability").
 
-Definition (``ALGORITHMS.md``, "Class-specific relevance"): ``y_c`` the target (the class
+Definition (``docs/definitions.md#class-specific-relevance``): ``y_c`` the target (the class
 logit before softmax, a zero-shot label's score, or a difference of two), ``G_l = dy_c / dA_l`` from one backward pass, ``R = I``;
 ``R = R + mean_h(clamp(G_l * A_l, min=0)) @ R`` for l = 1..L (stage merges as in
 rollout); the map is the readout row of ``R`` over the first stage's grid tokens,

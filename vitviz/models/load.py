@@ -9,6 +9,7 @@ message that says how to fix it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import socket
@@ -24,7 +25,6 @@ from vitviz.errors import CaptureError, ModelLoadError
 from vitviz.models.bundled import bundled
 from vitviz.models.families import Family, family_for
 from vitviz.models.hooks import install
-from vitviz.models.points import install_points
 from vitviz.models.weights_index import INDEX, index_problem
 from vitviz.models.zeroshot import TextTower, text_tower, text_tower_note
 from vitviz.record import PositionInfo
@@ -69,6 +69,10 @@ class LoadedModel:
     patch_weights: np.ndarray | None = field(repr=False)  # (D, C, k, k) first convolution
     text: TextTower | None = field(default=None, repr=False)  # two-tower models: labels a user types
     text_note: str = ""  # a text tower without its tokenizer: why there are no zero-shot labels
+    # (crop side, shortest edge) where the folder asks for its original's centre crop (``vitviz.json``:
+    # ``"center_crop": true``, as vitviz's converters write): the short side is resized to ``shortest edge`` and
+    # the centre ``crop side`` square kept (scaled alike at other input sizes). None: the whole image, resized.
+    center_crop: tuple[int, int] | None = None
 
     @property
     def config(self):
@@ -149,11 +153,18 @@ def parse_model_name(name: str) -> str:
         raise ModelLoadError("No model given: type a Hugging Face model id (owner/name), a local folder, or 'demo'.")
     if text in bundled() or _is_dir(text):
         return text
+    names = ", ".join(bundled())
+    near = [n for n in bundled() if n.lower() == text.lower()]
+    if near:  # "Demo" would otherwise be looked up on the hub, with no word of the bundled names
+        raise ModelLoadError(
+            f"'{text[:120]}' is not a model vitviz knows: did you mean '{near[0]}'? The bundled "
+            f"models are {names} (names are lower case)."
+        )
     if _HUB_ID.match(text) and ".." not in text:
         return text
     raise ModelLoadError(
         f"'{text[:120]}' is neither an existing local folder nor a Hugging Face model id like "
-        "'google/vit-base-patch16-224'. Check the spelling, or use the bundled 'demo' model."
+        f"'google/vit-base-patch16-224'. Check the spelling, or use a bundled model: {names}."
     )
 
 
@@ -265,16 +276,29 @@ def _refuse_remote_code(name: str, files: list[Path]) -> None:
 
 @contextlib.contextmanager
 def _quiet_transformers():
-    """transformers' own load report (coloured, many lines) off while loading: vitviz says what matters itself
-    (:func:`_refuse_incomplete`). Process-wide; two loads at once may leave it at errors only."""
+    """transformers' own load report (coloured, many lines) and its "Loading weights" bar off while loading:
+    vitviz says what matters itself (:func:`_refuse_incomplete`), and the bar is noise on every command and, in
+    a notebook, a TqdmWarning (the weights of a ViT load in a second or two). The hub's download bars stay as they
+    were: a download is the long part of a load. Process-wide; two loads at once may leave it at errors only and
+    the bar off."""
+    from huggingface_hub import utils as hub_utils
     from transformers.utils import logging as hf_logging
 
     before = hf_logging.get_verbosity()
+    bar = hf_logging.is_progress_bar_enabled()
+    downloads = not hub_utils.are_progress_bars_disabled()
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # transformers' bar, and the hub's with it:
+    if downloads:
+        hub_utils.enable_progress_bars()  # the download bars come back
     try:
         yield
     finally:
         hf_logging.set_verbosity(before)
+        if bar:
+            hf_logging.enable_progress_bar()  # the hub's too:
+            if not downloads:
+                hub_utils.disable_progress_bars()  # as they were
 
 
 _SHOWN = 3  # keys named in a message
@@ -435,6 +459,7 @@ class _Preprocessing:
     rescale: float = 1 / 255
     resample: int = 2  # bilinear
     channel_order: tuple[int, int, int] = (0, 1, 2)
+    center_crop: tuple[int, int] | None = None  # (crop side, shortest edge): see LoadedModel
 
 
 def _processor_settings(source: str, config, hub_kwargs: dict) -> _Preprocessing:
@@ -471,6 +496,7 @@ def _processor_settings(source: str, config, hub_kwargs: dict) -> _Preprocessing
     rescale = float(getattr(proc, "rescale_factor", default.rescale) or default.rescale)
     res = getattr(proc, "resample", default.resample)
     return _Preprocessing(
+        center_crop=_center_crop(source, proc, crop),
         size=crop or _hw(getattr(proc, "size", None)) or default.size,
         mean=mean,
         std=std,
@@ -478,6 +504,29 @@ def _processor_settings(source: str, config, hub_kwargs: dict) -> _Preprocessing
         resample=int(getattr(res, "value", res) if res is not None else default.resample),
         channel_order=(2, 1, 0) if getattr(proc, "do_flip_channel_order", False) else (0, 1, 2),
     )
+
+
+def _center_crop(source: str, proc, crop: tuple[int, int] | None) -> tuple[int, int] | None:
+    """(crop side, shortest edge) when the folder's ``vitviz.json`` asks for its processor's centre crop, else None.
+
+    vitviz shows the whole image unless a folder asks (its maps then cover the crop only): a converted checkpoint
+    scores like its original only with the original's crop. The processor must resize the shortest edge and crop
+    a square (CLIP's and timm's evaluation); anything else is refused rather than approximated.
+    """
+    path = Path(source) / "vitviz.json"
+    try:
+        wanted = path.is_file() and json.loads(path.read_text(encoding="utf-8")).get("center_crop") is True
+    except (OSError, ValueError, AttributeError):
+        wanted = False
+    if not wanted:
+        return None
+    size = dict(getattr(proc, "size", None) or {})
+    if crop is None or crop[0] != crop[1] or "shortest_edge" not in size or int(size["shortest_edge"]) < crop[0]:
+        raise ModelLoadError(
+            f"'{source}' asks for a centre crop (vitviz.json), but its preprocessor_config.json does not resize the "
+            "shortest edge and crop a square of at most that side (do_center_crop, size.shortest_edge, crop_size)."
+        )
+    return int(crop[0]), int(size["shortest_edge"])
 
 
 def load_model(
@@ -530,7 +579,7 @@ def load_model(
                 raise ModelLoadError(
                     f"'{source}' is not in the local Hugging Face cache and the hub cannot be reached. "
                     f"Fix: download it where there is a network (hf download {source}) and copy the cache, "
-                    "give the path of a local folder written by save_pretrained, or use the bundled 'demo' model."
+                    f"give the path of a local folder written by save_pretrained, or use a bundled model: {', '.join(bundled())}."
                 ) from None
     try:
         _refuse_remote_code(name, _config_files(source, local, hub_kwargs))
@@ -567,8 +616,8 @@ def load_model(
     try:
         position = family.position_info(model)
         weights = family.patch_weight(model)
-        install(model, family.sites(model))  # once per loaded model; they record only inside a capture call
-    except (ValueError, RuntimeError, AttributeError) as exc:
+        install(model, family)  # once per loaded model: attention sites and named points, idle outside a call
+    except (ValueError, RuntimeError, AttributeError, CaptureError) as exc:
         raise ModelLoadError(f"'{name}' does not have the layout of a {family.name} model: {exc}") from None
     if weights is not None:
         weights.setflags(write=False)
@@ -589,14 +638,11 @@ def load_model(
         rescale_factor=prep.rescale,
         resample=prep.resample,
         channel_order=prep.channel_order,
+        center_crop=prep.center_crop,
         id2label=labels,
         position=position,
         patch_weights=weights,
         text=text,
         text_note=text_note,
     )
-    try:  # here, not lazily: never while others run the model
-        install_points(loaded)  # the named hook points (vitviz.models.points): idle outside a call
-    except (ValueError, RuntimeError, CaptureError) as exc:
-        raise ModelLoadError(f"'{name}' does not have the layout of a {family.name} model: {exc}") from None
     return loaded

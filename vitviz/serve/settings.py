@@ -95,6 +95,10 @@ PUBLIC_FORWARD_SLOTS_GPU = 2  # one pass leaves a GPU idle while Python prepares
 PUBLIC_UPLOADS_PER_MINUTE = 10
 PUBLIC_MODEL_CHANGES_PER_MINUTE = 5
 PUBLIC_HUB_DOWNLOADS_PER_HOUR = 20
+PUBLIC_MAX_TOKENS = 2048  # tokens of one image's input (DINOv2 at 518 px: 1,370; ViT-B/16 at 704 px: 1,937)
+# Forward-equivalents x tokens one patching request may cost (a ViT-B/16 at 224 px, T = 197: every exact grid, ~1,160
+# forward-equivalents; at T = 2,161 the bound stops after ~115 of them).
+PUBLIC_PATCHING_MAX_WORK = 250_000.0
 DEFAULT_ADDRESS_TABLE_SIZE = 10_000  # client addresses whose uploads and model changes are counted (LRU)
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -153,6 +157,9 @@ class ServeSettings:
     ``hub_max_layers``          64 blocks in a hub config        public mode (hub ids)
     ``hub_max_width``           4,096 hidden size                public mode (hub ids)
     ``hub_max_image_size``      2,048 px image_size              public mode (hub ids)
+    ``max_tokens``              2,048 tokens per image           0 (no limit)
+    ``patching_max_work``       250,000 (forward-equivalents     0 (no limit)
+                                x tokens) per patching request
     ==========================  ===============================  ==================
 
     A value set explicitly (file or environment) applies in both modes, except the model
@@ -180,6 +187,8 @@ class ServeSettings:
     hub_max_layers: int = 64
     hub_max_width: int = 4096
     hub_max_image_size: int = 2048
+    max_tokens: int | None = None
+    patching_max_work: float | None = None
     origin: str = field(default="defaults", compare=False)  # where the values came from, for logs
 
     def __post_init__(self) -> None:
@@ -193,6 +202,8 @@ class ServeSettings:
         fill("uploads_per_minute", PUBLIC_UPLOADS_PER_MINUTE, 0)
         fill("model_changes_per_minute", PUBLIC_MODEL_CHANGES_PER_MINUTE, 0)
         fill("hub_downloads_per_hour", PUBLIC_HUB_DOWNLOADS_PER_HOUR, 0)
+        fill("max_tokens", PUBLIC_MAX_TOKENS, 0)
+        fill("patching_max_work", PUBLIC_PATCHING_MAX_WORK, 0)
         if self.per_address is None:  # public mode counts per client address too (a reload is a new session)
             object.__setattr__(self, "per_address", self.public)
         object.__setattr__(self, "allow", tuple(dict.fromkeys(a.strip() for a in self.allow if a.strip())))
@@ -202,7 +213,8 @@ class ServeSettings:
         for name in positive:
             if not getattr(self, name) > 0:
                 raise SettingsError(f"{name} must be a positive number, not {getattr(self, name)!r}.")
-        for name in ("forward_slots", "uploads_per_minute", "model_changes_per_minute", "hub_downloads_per_hour"):
+        limits = ("forward_slots", "uploads_per_minute", "model_changes_per_minute", "hub_downloads_per_hour")
+        for name in (*limits, "max_tokens", "patching_max_work"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{name} must be 0 (no limit) or more, not {getattr(self, name)!r}.")
 
@@ -255,6 +267,8 @@ _FILE_KEYS = {
     "hub_max_layers": "hub_max_layers",
     "hub_max_width": "hub_max_width",
     "hub_max_image_size": "hub_max_image_size",
+    "max_tokens": "max_tokens",
+    "patching_max_work": "patching_max_work",
     "per_address": "per_address",
     "address_table_size": "address_table_size",
 }
@@ -278,6 +292,8 @@ _ENV_KEYS = {
     "VITVIZ_HUB_MAX_LAYERS": "hub_max_layers",
     "VITVIZ_HUB_MAX_WIDTH": "hub_max_width",
     "VITVIZ_HUB_MAX_IMAGE_SIZE": "hub_max_image_size",
+    "VITVIZ_MAX_TOKENS": "max_tokens",
+    "VITVIZ_PATCHING_MAX_WORK": "patching_max_work",
     "VITVIZ_PER_ADDRESS": "per_address",
     "VITVIZ_ADDRESS_TABLE_SIZE": "address_table_size",
 }

@@ -22,15 +22,24 @@ token): the HF config gets ``eos_token_id = 2``, the value for which ``CLIPTextT
 pools at the argmax of the ids. The zero-shot logits are then open_clip's
 ``logit_scale.exp() * normalize(image) @ normalize(text).T``.
 
+Preprocessing: open_clip's evaluation (``resize_mode`` ``"shortest"``, its default: the short side
+resized to the input size, bicubic, then the centre square) is written as the folder's processor, and
+``vitviz.json`` asks vitviz to honour the crop (:func:`vitviz.zoo.convert.write_center_crop`), so that a
+photo that is not square scores as in open_clip; ``"squash"`` is kept; ``"longest"`` (padding) is
+squashed instead, with a note.
+
 Refused with a message, nothing written: towers open_clip builds from timm (ConvNeXt, ...) or
 Hugging Face text models, ResNet image towers, layer scale, attentional poolers, projection
-biases, other pooling, a ``logit_bias`` (SigLIP-style), and weights whose keys or shapes do not
-fit the config. The config is checked before anything is built from it: at most 1 MB of JSON,
+biases, other pooling, a ``logit_bias`` (SigLIP-style), open_clip 3.x's custom attention block
+(``qk_norm``, ``scaled_cosine_attn``, ``scale_heads``, ``scale_attn_inner``, ``scale_attn``,
+``scale_fc``, ``block_type``: named by the option), and weights whose keys or shapes do not fit the
+config. The config is checked before anything is built from it: at most 1 MB of JSON,
 every size a whole number in a stated range (:data:`BOUNDS`: at most 64 layers, width 4,096,
 64 heads, a vocabulary of 500,000, ...), ``mlp_ratio`` a finite number, widths multiples of
 their heads. The model is then built on PyTorch's ``meta`` device (shapes, no memory) and its
 keys and shapes compared with the weights; only a config that fits them is built for real (a
-width of 4,096 beside weights of width 32 took 1.1 GB before it was compared). The tokenizer is written where the folder holds CLIP's BPE tokenizer files
+width of 4,096 beside weights of width 32 took 1.1 GB before it was compared). The tokenizer is
+written where the folder holds CLIP's BPE tokenizer files
 (``tokenizer.json`` or ``vocab.json`` + ``merges.txt``) and the config names no other tokenizer;
 otherwise the folder works without labels and the report says why.
 """
@@ -79,7 +88,19 @@ _TEXT_UNMAPPABLE = {
     "norm_kwargs": "other norm settings",
     "attn_pooler_heads": None,
 }
-_DEFAULT_OK = {"attn_pooler_queries": 256, "attn_pooler_heads": 8}
+_DEFAULT_OK = {"attn_pooler_queries": 256, "attn_pooler_heads": 8, "block_type": "default"}
+# open_clip 3.x's custom attention block (either tower): named by its option, not by the weights it adds
+_CUSTOM_BLOCK = {
+    "block_type": "open_clip's custom attention block (block_type)",
+    "qk_norm": "LayerNorm on queries and keys (qk_norm)",
+    "scaled_cosine_attn": "scaled cosine attention (scaled_cosine_attn)",
+    "scale_heads": "a learned scale per head (scale_heads)",
+    "scale_attn_inner": "a LayerNorm on the attention output before its projection (scale_attn_inner)",
+    "scale_attn": "a LayerNorm after attention (scale_attn)",
+    "scale_fc": "a LayerNorm inside the MLP (scale_fc)",
+}
+_VISION_UNMAPPABLE.update(_CUSTOM_BLOCK)
+_TEXT_UNMAPPABLE.update(_CUSTOM_BLOCK)
 MAX_CONFIG_BYTES = 2**20  # open_clip_config.json; real ones are about 1 KB
 # What a config may ask for (inclusive ranges), well above every public open_clip ViT (ViT-bigG/14: 48 layers of
 # width 1664, text width 1280; vocabularies of 49,408 to 250,000): the hub check's bounds (vitviz.serve.hub_checks).
@@ -363,6 +384,8 @@ def convert_open_clip(folder: str | Path, out: str | Path, *, overwrite: bool = 
 
     from transformers import CLIPModel, ViTImageProcessor
 
+    from vitviz.zoo.convert import write_center_crop
+
     with torch.device("meta"):  # the config's model as shapes only: compared with the weights before it is built
         shapes = CLIPModel(config)
     _check(mapped, shapes.state_dict(), "open_clip CLIP of this config")
@@ -372,16 +395,24 @@ def convert_open_clip(folder: str | Path, out: str | Path, *, overwrite: bool = 
     tok = _tokenizer(folder, model_cfg.get("text_cfg") or {}, notes)
     pre = data.get("preprocess_cfg") or {}
     size = config.vision_config.image_size
+    mode = pre.get("resize_mode", "shortest")
+    if mode == "longest":
+        notes.append(
+            "open_clip pads this model's photos to a square (resize_mode 'longest'); vitviz resizes the whole photo "
+            "to the square instead, so on a photo that is not square its scores differ from open_clip's"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         model.save_pretrained(tmp, safe_serialization=True)
-        ViTImageProcessor(  # vitviz resizes the whole image (no centre crop), so every patch is on the image
-            size={"height": size, "width": size},
-            image_mean=list(pre.get("mean", OPENAI_MEAN)),
-            image_std=list(pre.get("std", OPENAI_STD)),
-            resample=3 if pre.get("interpolation", "bicubic") == "bicubic" else 2,
-        ).save_pretrained(tmp)
+        mean, std = list(pre.get("mean", OPENAI_MEAN)), list(pre.get("std", OPENAI_STD))
+        resample = 3 if pre.get("interpolation", "bicubic") == "bicubic" else 2
+        if mode == "shortest":  # open_clip's default eval: Resize(size) of the short side, CenterCrop(size)
+            write_center_crop(tmp, size, size, mean, std, resample=resample)
+        else:  # "squash" (and "longest", approximated, with a note): the whole photo resized to the square
+            ViTImageProcessor(
+                size={"height": size, "width": size}, image_mean=mean, image_std=std, resample=resample
+            ).save_pretrained(tmp)
         if tok is not None:
             tok.save_pretrained(tmp)
         if out.exists():

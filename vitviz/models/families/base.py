@@ -18,9 +18,21 @@ import numpy as np
 import torch
 
 from vitviz.models.hooks import Site
+from vitviz.models.points import FUNCTION
 from vitviz.record import Geometry, PositionInfo
 
-__all__ = ["Call", "Family", "ReadoutHead", "BlockParts", "to_native", "centre_parents", "declared", "ABSENT"]
+__all__ = [
+    "Call",
+    "Family",
+    "ReadoutHead",
+    "BlockParts",
+    "BlockLayout",
+    "FUNCTION",
+    "to_native",
+    "centre_parents",
+    "declared",
+    "ABSENT",
+]
 
 
 @dataclass
@@ -58,19 +70,57 @@ class ReadoutHead:
         return self.head(self.norm(self.select(residual)))
 
 
+@dataclass(frozen=True)
+class BlockLayout:
+    """Where a block's parts sit: dotted paths under the block module, declared once per family.
+
+    Each field lists alternatives, the first that exists wins (one per variant of the
+    family's blocks). A path may end in ``#i/n``: part ``i`` of ``n`` equal slices of that
+    module's output along its last axis (a fused ``qkv`` Linear: ``"attn.qkv#0/3"`` is q).
+
+    ``projection``: the attention's output projection, a Linear whose input is the heads side
+    by side (head h in columns ``h*d .. (h+1)*d - 1``). ``q``, ``k``, ``v``: the modules whose
+    outputs are the queries, keys and values ``(B, T, H * d)``. ``pattern``: where the
+    probabilities can be edited: ``FUNCTION`` where the family computes attention through
+    ``transformers``' attention functions (vitviz then runs its own, ``vitviz.models.attention``,
+    with the probabilities as a point), else modules whose forward output is the probabilities
+    the forward goes on with (an attention dropout); none: record only. ``caller``: the module
+    that calls the attention function (its ``self``), for ``FUNCTION``. ``branch``: the module
+    whose output is the attention update the residual stream receives (after any layer
+    scale), in token layout; it gives ``resid_mid``. ``mlp``: the module whose output is the
+    MLP update before any layer scale; ``mlp_output``: the MLP's last Linear. ``norms``: the
+    norms before the attention and before the MLP. ``layer_scales``: the attention's and the
+    MLP's layer scale (a ``(D,)`` tensor or a float; None for the pair: the blocks have none).
+    """
+
+    projection: tuple[str, ...] = ()
+    q: tuple[str, ...] = ()
+    k: tuple[str, ...] = ()
+    v: tuple[str, ...] = ()
+    pattern: tuple[str, ...] = ()
+    caller: tuple[str, ...] = ()
+    branch: tuple[str, ...] = ()
+    mlp: tuple[str, ...] = ()
+    mlp_output: tuple[str, ...] = ()
+    norms: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    layer_scales: tuple[str, str] | None = None
+
+
 @dataclass(frozen=True, eq=False)
 class BlockParts:
-    """What one attention block has, as its family adapter declares it (the engine never guesses a name).
+    """What one attention block has, as its family's :class:`BlockLayout` declares it (never guessed).
 
-    ``projection``: the attention's output projection, a Linear whose input is the heads side by side
-    (head h in columns ``h*d .. (h+1)*d - 1``), or None. ``mlp``: the module whose forward output is the
-    block's MLP update before any layer scale (None: not declared). ``attn_scale``, ``mlp_scale``: the
-    per-channel layer scales ``(D,)`` (or a float) applied to the attention and MLP updates before the
-    residual adds; None = the block has none. ``norms``: the norms applied to the residual stream before
-    the attention and before the MLP (pre-norm blocks; None where not declared or absent: attribution does
-    not need them, they sit inside the branches). ``unknown``: "" when the adapter knows where this block's
-    layer scales and MLP sit (or that it has none); else why it does not (direct logit attribution then
-    refuses).
+    ``projection``: the attention's output projection (a Linear reading the heads side by side), or None.
+    ``q``, ``k``, ``v``: ``(module, columns)`` whose output (slice ``columns`` = ``(part, parts)``, or all
+    of it) is that tensor, or None. ``pattern``: ``FUNCTION`` (with ``caller``, the module that calls
+    vitviz's attention function), a module whose output is the probabilities used, or None (record only).
+    ``branch``: the module whose output is the attention update the residual receives. ``mlp``: the module
+    whose forward output is the block's MLP update before any layer scale (None: not declared).
+    ``attn_scale``, ``mlp_scale``: the per-channel layer scales ``(D,)`` (or a float) applied to the
+    attention and MLP updates before the residual adds; None = the block has none. ``norms``: the norms
+    applied to the residual stream before the attention and before the MLP. ``unknown``: "" when the
+    adapter knows where this block's layer scales and MLP sit (or that it has none); else why it does not
+    (direct logit attribution then refuses).
     """
 
     projection: torch.nn.Linear | None = None
@@ -79,6 +129,13 @@ class BlockParts:
     mlp_scale: torch.Tensor | float | None = None
     norms: tuple[torch.nn.Module | None, torch.nn.Module | None] = (None, None)
     unknown: str = ""
+    q: tuple[torch.nn.Module, tuple[int, int] | None] | None = None
+    k: tuple[torch.nn.Module, tuple[int, int] | None] | None = None
+    v: tuple[torch.nn.Module, tuple[int, int] | None] | None = None
+    pattern: torch.nn.Module | str | None = None
+    caller: torch.nn.Module | None = None
+    branch: torch.nn.Module | None = None
+    mlp_linear: torch.nn.Linear | None = None
 
 
 _ABSENT = object()
@@ -93,6 +150,20 @@ def declared(root: torch.nn.Module, path: str, default=None):
         if obj is _ABSENT or obj is None:
             return default if obj is _ABSENT else None
     return obj
+
+
+def _first(root: torch.nn.Module, paths: tuple[str, ...], kind: type = torch.nn.Module):
+    """The first of ``paths`` under ``root`` that is a ``kind``, with its ``#i/n`` slice; (None, None) if none."""
+    for path in paths:
+        base, _, part = path.partition("#")
+        found = declared(root, base) if base else root
+        if isinstance(found, kind):
+            columns = None
+            if part:
+                i, n = (int(v) for v in part.split("/"))
+                columns = (i, n)
+            return found, columns
+    return None, None
 
 
 def to_native(g: Geometry, raw: torch.Tensor, batch: int) -> torch.Tensor:
@@ -220,41 +291,78 @@ class Family:
         raise NotImplementedError
 
     # --- what a block has (declared; the engine never guesses a module name) ----------------------
-    # Dotted paths under each block module, in the order tried (one per variant of the family's blocks).
-    projection_paths: tuple[str, ...] = ()  # the attention's output projection (a Linear)
-    mlp_output_paths: tuple[str, ...] = ()  # the MLP's last Linear (its bias goes to attribution's "rest")
+    layout = BlockLayout()  # where each block's parts sit (see BlockLayout); families declare theirs
 
     def head_projection(self, site: Site) -> torch.nn.Linear | None:
         """The block's attention output projection: a Linear whose input is the heads' outputs side by side.
 
         Its input ``(..., H * d)`` holds head h in columns ``h*d .. (h+1)*d - 1`` (every
-        supported family concatenates heads in head-major order). The first of the
-        family's declared ``projection_paths`` that is a Linear under the block; None
-        where there is none (MobileViT V2's projection is a convolution and it has one
-        "head"): knock-outs are then not defined.
+        supported family concatenates heads in head-major order). The first of the layout's
+        ``projection`` paths that is a Linear under the block; None where there is none
+        (MobileViT V2's projection is a convolution and it has one "head"): knock-outs are then
+        not defined.
         """
-        for path in self.projection_paths:
-            found = declared(site.block, path)
-            if isinstance(found, torch.nn.Linear):
-                return found
-        return None
+        return _first(site.block, self.layout.projection, torch.nn.Linear)[0]
 
     def mlp_output(self, site: Site) -> torch.nn.Linear | None:
-        """The last Linear of the block's MLP (declared ``mlp_output_paths``), or None."""
-        for path in self.mlp_output_paths:
-            found = declared(site.block, path)
-            if isinstance(found, torch.nn.Linear):
-                return found
-        return None
+        """The last Linear of the block's MLP (the layout's ``mlp_output``), or None."""
+        return _first(site.block, self.layout.mlp_output, torch.nn.Linear)[0]
 
     def readout_head(self, model: torch.nn.Module) -> ReadoutHead | None:
         """The final norm and classifier as a :class:`ReadoutHead`, or None where the adapter defines none."""
         return None
 
     def block_parts(self, site: Site) -> BlockParts:
-        """What block ``site`` has (see :class:`BlockParts`). The base adapter knows its per-head projection
-        (:meth:`head_projection`) and declares nothing else, so direct logit attribution refuses."""
+        """What block ``site`` has, resolved from the family's :attr:`layout` (see :class:`BlockParts`).
+
+        A declared MLP or layer scale the block lacks, or no MLP declared at all, makes the block
+        ``unknown``: direct logit attribution refuses, naming it.
+        """
+        lay, block = self.layout, site.block
+        proj = self.head_projection(site)
+        mlp = _first(block, lay.mlp)[0]
+        q, k, v = (_first(block, paths, torch.nn.Module) for paths in (lay.q, lay.k, lay.v))
+        pattern: torch.nn.Module | str | None = None
+        caller = None
+        if lay.pattern == (FUNCTION,):
+            caller = _first(block, lay.caller)[0] if lay.caller else site.attention
+            pattern = FUNCTION if caller is not None else None
+        elif lay.pattern:
+            pattern = _first(block, lay.pattern)[0]
+        missing = []
+        if not lay.mlp:
+            unknown = f"the {self.name} adapter does not declare where a block's MLP output and layer scales sit"
+        elif not all(lay.norms):  # post-norm blocks (Swin V2): the residual stream is not a sum of branch updates
+            unknown = f"the {self.name} adapter declares no pre-norms: its blocks normalise after each branch"
+        else:
+            missing = [p for p, found in (("/".join(lay.projection), proj), ("/".join(lay.mlp), mlp)) if found is None]
+            unknown = ""
+        scales: list = [None, None]
+        if lay.mlp and lay.layer_scales is not None:  # a declared scale may be None or 1.0 (off), but must exist
+            scales = [declared(block, p, ABSENT) for p in lay.layer_scales]
+            missing += [p for p, found in zip(lay.layer_scales, scales, strict=True) if found is ABSENT]
+            scales = [None if found is ABSENT else found for found in scales]
+        norms = tuple(_first(block, paths)[0] for paths in lay.norms)
+        if lay.mlp and all(lay.norms):
+            missing += ["/".join(paths) for paths, n in zip(lay.norms, norms, strict=True) if n is None]
+        if missing:
+            unknown = (
+                f"the {self.name} adapter declares {', '.join(missing)} in each layer, and this "
+                f"{type(block).__name__} has no such part, so vitviz cannot tell where its "
+                f"{'layer scales' if set(missing) & set(lay.layer_scales or ()) else 'parts'} sit"
+            )
         return BlockParts(
-            projection=self.head_projection(site),
-            unknown=f"the {self.name} adapter does not declare where a block's MLP output and layer scales sit",
+            projection=proj,
+            mlp=mlp,
+            attn_scale=scales[0],
+            mlp_scale=scales[1],
+            norms=norms,
+            unknown=unknown,
+            q=q if q[0] is not None else None,
+            k=k if k[0] is not None else None,
+            v=v if v[0] is not None else None,
+            pattern=pattern,
+            caller=caller,
+            branch=_first(block, lay.branch)[0],
+            mlp_linear=self.mlp_output(site),
         )

@@ -1,4 +1,4 @@
-"""Knock-outs, head importance, logit lens, direct logit attribution and the fast estimate (vitviz.capture.causal).
+"""Knock-outs, head importance, logit lens, direct logit attribution and the fast estimate (vitviz.causal).
 
 Every knock-out is checked against an independent recomputation: a test-local
 pre-hook on the output projection (found here by its module name, not through the
@@ -15,9 +15,9 @@ import pytest
 import torch
 from conftest import TINY, random_image
 
-from vitviz.capture import causal as C
+from vitviz import causal as C
 from vitviz.capture.forward import capture, input_size_for, preprocess
-from vitviz.models.hooks import installed_sites
+from vitviz.models.hooks import current, installed_sites
 
 LABELS = {"id2label": {0: "zero", 1: "one", 2: "two"}, "label2id": {"zero": 0, "one": 1, "two": 2}}
 _PROJ_NAME = re.compile(r"attention\.(o_proj|output\.dense|proj)$")
@@ -517,8 +517,8 @@ def test_shared_model_unchanged_after_knockouts_and_failures(models):
     block = loaded.model.beit.layers[1]
 
     def fail_in_forward(module, args, kwargs):
-        plan = C._PLAN.get()
-        if plan is not None and plan.edits:
+        state = current()
+        if state is not None and state.points is not None and state.points.edits:
             raise RuntimeError("failure inside a knocked-out forward")
 
     handle = block.register_forward_pre_hook(fail_in_forward, with_kwargs=True)
@@ -528,7 +528,7 @@ def test_shared_model_unchanged_after_knockouts_and_failures(models):
                 C.knock_out(loaded, img, [(0, 1)], from_cache=from_cache)
     finally:
         handle.remove()
-    assert C._PLAN.get() is None
+    assert current() is None
     assert _hook_count(loaded.model) == hooks
     assert torch.equal(_state(loaded.model), state)
     np.testing.assert_array_equal(_model_logits(loaded, other), before)
@@ -716,8 +716,8 @@ def test_zero_shot_label_scores_knockouts_equal_the_models_own_scores(two_tower,
 
 
 def test_a_capture_with_heads_knocked_out_shows_the_downstream_attention(demo_model):
-    from vitviz.capture.causal import capture_knocked_out, knock_out
     from vitviz.capture.forward import capture
+    from vitviz.causal import capture_knocked_out, knock_out
     from vitviz.data.shapes import make_sample
 
     loaded = demo_model
@@ -735,7 +735,7 @@ def test_a_capture_with_heads_knocked_out_shows_the_downstream_attention(demo_mo
 
 
 def test_lens_probabilities_and_ranks_by_hand():
-    from vitviz.capture.causal import LogitLens
+    from vitviz.causal import LogitLens
 
     logits = np.array([[0.0, 1.0, 2.0], [3.0, 1.0, 0.0], [np.nan, np.nan, np.nan]], np.float32)
     lens = LogitLens(logits, np.array([True, True, False]), "CLS", "")

@@ -1,7 +1,7 @@
-"""Activation patching between two images, attribution patching, and the per-patch logit lens.
+"""Activation patching between two images, and attribution patching (its first-order estimate).
 
-Definitions (``ALGORITHMS.md``, "Causal views"; Meng et al. 2022, Heimersheim & Nanda
-2024). Two images, the **target** and the **source**, each resized to the same model
+Definitions (docs/definitions.md#activation-patching; Meng et al. 2022, Heimersheim &
+Nanda 2024). Two images, the **target** and the **source**, each resized to the same model
 input. The measured scalar ``y`` is a :class:`~vitviz.capture.targets.Target` of the
 target's scores (default: the logit of the target's top-1 class; a zero-shot label's
 score; or a difference of two), always before softmax.
@@ -16,12 +16,10 @@ score; or a difference of two), always before softmax.
   run with itself gives ``clean`` everywhere.
 * **Attribution patching** (Nanda 2023; Syed et al. 2023): ``clean + grad_target(y) .
   (a_source - a_target)`` at each point, from one forward and one backward on the
-  target and one forward on the source (:mod:`vitviz.analysis.patching`).
-* **Per-patch logit lens** ``(L + 1, gh, gw)``: the residual at each patch token (row 0
-  the embeddings, row l block l's output) through the model's own final norm and head
-  as if every token the head reads were that patch token (ViT: the CLS slot; DeiT:
-  CLS and DIST; BEiT: the mean of the patches); ``y`` of that. Applied to the CLS
-  token, row l is the logit lens's row l (:func:`vitviz.capture.causal.logit_lens`).
+  target and one forward on the source (:mod:`vitviz.analysis.first_order`).
+
+Attention-pattern and path patching, head by head, are :mod:`vitviz.causal.paths`; the
+per-patch logit lens is :mod:`vitviz.causal.lens`.
 
 Cost (forward-equivalents: passes of the whole model over one image). One-grid models
 with a readout head reuse the target's clean run: a patch in block l runs blocks
@@ -30,9 +28,11 @@ l + 1 .. L - 1 only (residual; ``T (L - 1) / 2`` in all) or blocks l .. L - 1
 clean runs. Elsewhere (hierarchical models, zero-shot label scores) patches run full
 batched forwards; residual patching is not defined for hierarchical models (grids and
 widths change between stages). The estimate reads the gradient from the target run's
-graph: one backward pass, no forward. ``progress(done, total)`` is called after each
-batch; ``cancel()`` before each: True raises :class:`PatchingCancelled` carrying the
-partial result (NaN where not computed).
+graph: one backward pass, no forward. The exact grids are jobs of the edit grid
+(:mod:`vitviz.causal.grid`): ``progress(done, total)`` after each batch; ``cancel()``
+before each: True raises :class:`PatchingCancelled` carrying the partial result (NaN
+where not computed); ``max_work`` caps the work and ``slot`` lets other forwards run
+between batches.
 
 The source image only lends values: its head outputs and block outputs (and its scores),
 from one forward in inference mode that keeps nothing else (no attention, no summaries,
@@ -54,21 +54,22 @@ shared model.
 
 from __future__ import annotations
 
-import threading
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from PIL import Image
 
-from vitviz.analysis.patching import head_estimate, residual_estimate
-from vitviz.capture.causal import NotDefined, causal_notes
-from vitviz.capture.forward import DEFAULT_BUDGET_BYTES, check_budget, input_size_for, token_layout
-from vitviz.capture.run import Activations, Run, get_activations, get_run
-from vitviz.capture.targets import Target, TargetError, resolve_target
+from vitviz.analysis.first_order import head_estimate, residual_estimate
+from vitviz.cache import BoundedCache
+from vitviz.capture.forward import DEFAULT_BUDGET_BYTES, input_size_for, token_layout
+from vitviz.capture.run import SOURCE_PARTS, Activations, Run, get_activations, get_run
+from vitviz.capture.targets import Target
+from vitviz.causal.grid import CancelCheck, Job, Progress, chunk_size, chunks, replay_cost, run_grid
+from vitviz.causal.notes import NotDefined, causal_notes, target_of, target_values
 from vitviz.errors import VitvizError
 from vitviz.models.load import LoadedModel
 from vitviz.models.points import Edit
@@ -78,14 +79,7 @@ __all__ = [
     "Patching",
     "PatchingCancelled",
     "activation_patching",
-    "patch_lens",
-    "patch_lens_of_run",
-    "patching_arrays",
 ]
-
-Progress = Callable[[int, int], None]
-CancelCheck = Callable[[], bool]
-_MAX_CHUNK = 64
 
 
 class PatchingCancelled(VitvizError):
@@ -140,6 +134,7 @@ def _runs(
     budget_bytes: int,
     label_embeddings: np.ndarray | None,
     gradients: bool,
+    parts: tuple[str, ...] = SOURCE_PARTS,
 ) -> tuple[Run, Run | Activations]:
     hw = input_size_for(loaded, size, target_image.size)
     clean = get_run(
@@ -148,7 +143,7 @@ def _runs(
     # The source only lends values at the points patched (head outputs, block outputs): its cached Run if the
     # page made one, else one inference-mode forward that keeps nothing else (no attention, no summaries).
     source = get_activations(
-        loaded, source_image, size=hw, label_embeddings=label_embeddings, budget_bytes=budget_bytes
+        loaded, source_image, size=hw, label_embeddings=label_embeddings, budget_bytes=budget_bytes, parts=parts
     )
     if source.input_size != clean.input_size:  # a family that follows each image's aspect ratio (SigLIP 2 NaFlex)
         raise NotDefined(
@@ -169,44 +164,10 @@ def _runs(
     return clean, source
 
 
-def _resolve(run: Run, target: Target | int | None, class_index: int | None, labels: bool) -> Target:
-    n = int(run.scores.shape[0])
-    t = resolve_target(target, class_index=class_index, predicted=lambda: int(torch.argmax(run.scores)))
-    for i in (t.index, t.minus):
-        if i is not None and not 0 <= int(i) < n:
-            what = "label" if labels else "class"
-            raise TargetError(f"{what} {i} is outside 0..{n - 1} for '{run.loaded.name}'.")
-    return t
-
-
-def _y(t: Target, scores: torch.Tensor) -> np.ndarray:
-    """``(k, C)`` scores -> ``(k,)`` float64 of the target."""
-    return t.select(scores.detach().float().cpu().numpy().astype(np.float64))
-
-
 # --- exact patching ------------------------------------------------------------------------------
 
 
-def _chunks(n: int, size: int) -> list[range]:
-    return [range(i, min(i + size, n)) for i in range(0, n, size)]
-
-
-def _chunk_size(run: Run, chunk: int | None, budget_bytes: int) -> int:
-    if chunk is not None:
-        if chunk < 1:
-            raise ValueError(f"chunk must be at least 1, got {chunk}")
-        return int(chunk)
-    k = _MAX_CHUNK
-    while k > 1:
-        try:
-            check_budget(run.loaded, run.input_size, batch=k, gradients=False, budget=budget_bytes)
-            return k
-        except VitvizError:
-            k //= 2
-    return 1
-
-
-def _z_name(run: Run, layer: int) -> str | None:
+def z_name(run: Run, layer: int) -> str | None:
     name = run.name(run.sites[layer].index, "attn.z")
     return name if run.has(name) else None
 
@@ -214,7 +175,7 @@ def _z_name(run: Run, layer: int) -> str | None:
 def _head_tasks(clean: Run, source: Run | Activations) -> list[tuple[int, int]]:
     tasks = []
     for layer in range(clean.num_blocks):
-        name = _z_name(clean, layer)
+        name = z_name(clean, layer)
         if name is None or not source.has(name):
             continue
         a, b = clean.activation(name), source.activation(name)
@@ -225,34 +186,6 @@ def _head_tasks(clean: Run, source: Run | Activations) -> list[tuple[int, int]]:
             )
         tasks.extend((layer, h) for h in range(clean.num_heads[layer]))
     return tasks
-
-
-def _patched_heads(clean: Run, source: Run | Activations, layer: int, heads: list[int]) -> tuple[torch.Tensor, float]:
-    """Scores ``(k, C)`` of k copies of the target, copy i with head ``heads[i]`` of block ``layer`` patched."""
-    name = _z_name(clean, layer)
-    edits = [Edit(name, "patch", source, heads=(h,), rows=(i,)) for i, h in enumerate(heads)]
-    got = clean.edited(edits, batch=len(heads))
-    return got.scores, got.forward_equivalents
-
-
-def _patched_residual(clean: Run, source: Run | Activations, layer: int, tokens: range) -> tuple[torch.Tensor, float]:
-    """Scores ``(k, C)``: copy i has block ``layer``'s output at token ``tokens[i]`` replaced by the source's."""
-    site = clean.sites[layer].index
-    k = len(tokens)
-    if not clean.replayable:  # full forwards: the same patch as an edit of the named point
-        name = clean.name(site, "out")
-        edits = [Edit(name, "patch", source, tokens=(t,), rows=(i,)) for i, t in enumerate(tokens)]
-        got = clean.edited(edits, batch=k, reuse_prefix=False)
-        return got.scores, got.forward_equivalents
-    x = clean.block_tokens(site)[1]  # (1, T, D): block l's output, the residual entering block l + 1
-    src = source.block_tokens(site)[1]
-    idx = torch.arange(k, device=x.device)
-    tok = torch.as_tensor(list(tokens), device=x.device)
-    with torch.inference_mode():
-        xs = x.expand(k, *x.shape[1:]).clone()
-        xs[idx, tok] = src[0, tok].to(xs.dtype)
-        scores = clean._replay(layer + 1, xs)
-    return scores.float(), k * (clean.num_blocks - layer - 1) / clean.num_blocks
 
 
 def _residual_note(clean: Run) -> str:
@@ -270,31 +203,35 @@ def _residual_note(clean: Run) -> str:
 # --- attribution patching ------------------------------------------------------------------------
 
 
-_GRADS: OrderedDict[tuple, tuple[weakref.ref, list]] = OrderedDict()
-_GRADS_LOCK = threading.Lock()
 GRADS_KEPT = 4  # (run, target) gradient sets kept: another source image for the same target needs no backward
+GRADS_MB = 512  # ... and their bytes at most
+
+
+def _grads_bytes(entry: tuple[weakref.ref, list]) -> int:
+    return sum(g.untyped_storage().nbytes() for g in entry[1] if g is not None)
+
+
+_GRADS: BoundedCache[tuple[weakref.ref, list]] = BoundedCache(
+    max_entries=GRADS_KEPT, max_bytes=GRADS_MB * 2**20, size_of=_grads_bytes
+)
 
 
 def _target_gradients(clean: Run, t: Target, names: list[str]) -> tuple[list[torch.Tensor | None], bool]:
     """``d y / d x`` at each point of ``names`` in the target's clean run (one backward, kept for the next source
     image of the same run and target); and whether the backward ran now."""
     key = (id(clean), t, tuple(names))
-    with _GRADS_LOCK:
-        hit = _GRADS.get(key)
-        if hit is not None and hit[0]() is clean:
-            _GRADS.move_to_end(key)
-            return hit[1], False
+    ran = []
 
-    def y(out) -> torch.Tensor:
-        return t.select(clean.score_of(out))[0]
+    def compute() -> tuple[weakref.ref, list]:
+        def y(out) -> torch.Tensor:
+            return t.select(clean.score_of(out))[0]
 
-    grads = [None if g is None else g.detach() for g in clean.gradients(y, names)]
-    with _GRADS_LOCK:
-        _GRADS[key] = (weakref.ref(clean), grads)
-        _GRADS.move_to_end(key)
-        while len(_GRADS) > GRADS_KEPT:
-            _GRADS.popitem(last=False)
-    return grads, True
+        ran.append(True)
+        return weakref.ref(clean), [None if g is None else g.detach() for g in clean.gradients(y, names)]
+
+    # A kept entry of another Run that happened to get this one's id (the first was freed) is recomputed.
+    _, grads = _GRADS.get_or_compute(key, compute, accept=lambda entry: entry[0]() is clean)
+    return grads, bool(ran)
 
 
 def _estimates(
@@ -315,10 +252,10 @@ def _estimates(
     res_names = [clean.name(s.index, "out") for s in clean.sites] if residual else []
     z_names = []
     if heads:
-        z_names = [n for n in (_z_name(clean, i) for i in range(clean.num_blocks)) if n is not None and source.has(n)]
+        z_names = [n for n in (z_name(clean, i) for i in range(clean.num_blocks)) if n is not None and source.has(n)]
 
     grads, computed = _target_gradients(clean, t, [*res_names, *z_names])
-    y0 = float(_y(t, clean.scores[None])[0])
+    y0 = float(target_values(t, clean.scores[None])[0])
     res_est = head_est = None
     if residual:
         tokens = int(clean.activation(res_names[-1]).shape[1])
@@ -329,7 +266,7 @@ def _estimates(
             res_est[layer] = y0 + residual_estimate(_np(g)[:1], _np(a)[:1], _np(source.activation(name))[:1])[0]
     if heads:
         head_est = np.full((clean.num_blocks, max(clean.num_heads)), np.nan, np.float32)
-        layer_of = {_z_name(clean, i): i for i in range(clean.num_blocks)}
+        layer_of = {z_name(clean, i): i for i in range(clean.num_blocks)}
         for name, g in zip(z_names, grads[len(res_names) :], strict=True):
             layer = layer_of[name]
             z = clean.activation(name)
@@ -365,6 +302,8 @@ def activation_patching(
     cancel: CancelCheck | None = None,
     label_embeddings: np.ndarray | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
+    max_work: float | None = None,
+    slot: Callable[[], AbstractContextManager] | None = None,
 ) -> Patching:
     """Patch ``source_image``'s activations into ``target_image``'s run, point by point (module docstring).
 
@@ -372,10 +311,13 @@ def activation_patching(
     the older spelling; default: the target image's top-1). ``residual``, ``heads``: which grids; ``exact``:
     run the patched forwards; ``estimate``: attribution patching (one forward and one backward).
     ``label_embeddings`` ``(K, D)`` (zero-shot models): the scores are label scores, the target a label
-    index. Raises :class:`NotDefined` when nothing asked is defined for the model, with the reason.
+    index. ``max_work`` bounds the exact grids' work (forward-equivalents x tokens: a public server's bound on one
+    request; a capped result says so in ``notes["capped"]`` and is not ``complete``); ``slot`` is held around
+    each batch (a server's forward queue: other visitors' forwards run between the batches). Raises
+    :class:`NotDefined` when nothing asked is defined for the model, with the reason.
     """
     clean, source = _runs(loaded, target_image, source_image, size, budget_bytes, label_embeddings, estimate)
-    t = _resolve(clean, target, class_index, label_embeddings is not None)
+    t = target_of(clean, class_index if target is None else target, labels=label_embeddings is not None)
     names = loaded.id2label if label_embeddings is None else None
     notes: dict[str, str] = {}
     res_note = _residual_note(clean) if residual else ""
@@ -394,8 +336,8 @@ def activation_patching(
     tokens = int(clean.block_tokens(clean.sites[-1].index)[1].shape[1]) if do_res else 0
     res = np.full((n, tokens), np.nan, np.float32) if do_res and exact else None
     hd = np.full((n, max(clean.num_heads)), np.nan, np.float32) if do_heads and exact else None
-    clean_y = float(_y(t, clean.scores[None])[0])
-    source_y = float(_y(t, source.scores[None])[0])
+    clean_y = float(target_values(t, clean.scores[None])[0])
+    source_y = float(target_values(t, source.scores[None])[0])
     work = 2.0
     kinds, grid = token_layout(loaded, clean.input_size) if do_res else ((), (0, 0))
     num_prefix = len(kinds)
@@ -428,96 +370,44 @@ def activation_patching(
         elif backward:
             work += 1.0  # one backward pass through the target run's graph (about one forward)
     if exact:
-        size_k = _chunk_size(clean, chunk, budget_bytes)
-        jobs: list[tuple[str, int, list[int]]] = []
-        if do_res:
-            jobs += [("residual", layer, list(r)) for layer in range(n) for r in _chunks(tokens, size_k)]
+        size_k = chunk_size(clean, chunk, budget_bytes)
+        jobs: list[Job] = []
+        if do_res:  # block l's output at token t, from the source: a replay from block l + 1
+            for layer in range(n):
+                name = clean.name(clean.sites[layer].index, "out")
+                for r in chunks(tokens, size_k):
+                    edits = tuple(Edit(name, "patch", source, tokens=(tok,), rows=(i,)) for i, tok in enumerate(r))
+                    cells = tuple(("residual", layer, tok) for tok in r)
+                    jobs.append(Job(cells, edits, estimate=replay_cost(clean, layer + 1, len(r))))
         if do_heads:
             by_layer: dict[int, list[int]] = {}
             for layer, h in tasks:
                 by_layer.setdefault(layer, []).append(h)
             for layer, hs in by_layer.items():
-                jobs += [("heads", layer, [hs[i] for i in r]) for r in _chunks(len(hs), size_k)]
-        total = sum(len(j[2]) for j in jobs)
-        done = 0
-        for kind, layer, items in jobs:
-            if cancel is not None and cancel():
-                raise PatchingCancelled(
-                    f"activation patching cancelled after {done} of {total} patched runs",
-                    result(False, res_est, head_est),
-                )
-            if kind == "residual":
-                scores, w = _patched_residual(clean, source, layer, range(items[0], items[-1] + 1))
-                res[layer, items[0] : items[-1] + 1] = _y(t, scores)
-            else:
-                scores, w = _patched_heads(clean, source, layer, items)
-                hd[layer, items] = _y(t, scores)
-            work += w
-            done += len(items)
-            if progress is not None:
-                progress(done, total)
-    return result(True, res_est, head_est)
+                name = z_name(clean, layer)
+                for r in chunks(len(hs), size_k):
+                    chosen = [hs[i] for i in r]
+                    edits = tuple(Edit(name, "patch", source, heads=(h,), rows=(i,)) for i, h in enumerate(chosen))
+                    cells = tuple(("heads", layer, h) for h in chosen)
+                    jobs.append(Job(cells, edits, estimate=replay_cost(clean, layer, len(chosen))))
 
+        def store(job: Job, got) -> None:
+            for (kind, layer, item), y in zip(job.cells, target_values(t, got.scores), strict=True):
+                (res if kind == "residual" else hd)[layer, item] = y
 
-# --- the per-patch logit lens --------------------------------------------------------------------
-
-
-def patch_lens_of_run(run: Run, t: Target, *, chunk: int = 64) -> np.ndarray:
-    """``(L + 1, gh, gw)`` float32: ``y`` read out from each patch token's residual (module docstring)."""
-    loaded = run.loaded
-    if run.readout is None or not run.replayable:
-        raise NotDefined(
-            run.readout_problem
-            or causal_notes(loaded)["lens"]
-            or f"The per-patch logit lens is not defined for '{loaded.name}'."
+        outcome = run_grid(
+            clean, jobs, store, progress=progress, cancel=cancel, max_work=max_work, slot=slot, work=work
         )
-    kinds, grid = token_layout(loaded, run.input_size)
-    p = len(kinds)
-    rows = [run.block_tokens(run.sites[0].index)[0]] + [run.block_tokens(s.index)[1] for s in run.sites]
-    out = np.empty((len(rows), grid[0] * grid[1]), np.float32)
-    with torch.inference_mode():
-        for r, x in enumerate(rows):
-            patches = x[0, p:]  # (N, D)
-            t_count = x.shape[1]
-            for c in range(0, patches.shape[0], chunk):
-                v = patches[c : c + chunk]  # (k, D): every token of copy i is patch c + i
-                scores = run.readout(v[:, None, :].expand(v.shape[0], t_count, v.shape[1]))
-                out[r, c : c + v.shape[0]] = _y(t, scores)
-    return frozen(out.reshape(len(rows), *grid))
-
-
-def patch_lens(
-    loaded: LoadedModel,
-    image: Image.Image,
-    *,
-    target: Target | int | None = None,
-    class_index: int | None = None,
-    size: int | tuple[int, int] | None = None,
-    budget_bytes: int = DEFAULT_BUDGET_BYTES,
-) -> np.ndarray:
-    """The per-patch logit lens of ``image`` for ``target`` (default: the top-1 class): ``(L + 1, gh, gw)``."""
-    run = get_run(loaded, image, size=size, budget_bytes=budget_bytes)
-    if run.scores.numel() == 0:
-        raise NotDefined(causal_notes(loaded)["lens"] or f"'{loaded.name}' gives no class logits to read out.")
-    return patch_lens_of_run(run, _resolve(run, target, class_index, False))
-
-
-# --- export --------------------------------------------------------------------------------------
-
-
-def patching_arrays(p: Patching) -> dict[str, np.ndarray]:
-    """The ``patching_*`` keys of ``export --causal --patch-from`` (only the grids that were computed)."""
-    arrays = {
-        "patching_class": np.asarray(p.target.index, np.int64),
-        "patching_clean_logit": np.asarray(p.clean, np.float32),
-        "patching_source_logit": np.asarray(p.source, np.float32),
-    }
-    for key, value in (
-        ("patching_residual", p.residual),
-        ("patching_heads", p.heads),
-        ("patching_residual_estimate", p.residual_estimate),
-        ("patching_heads_estimate", p.heads_estimate),
-    ):
-        if value is not None:
-            arrays[key] = value.astype(np.float32)
-    return arrays
+        work = outcome.work
+        if outcome.stopped == "capped":
+            notes["capped"] = (
+                f"Stopped after {outcome.done} of {outcome.total} patched runs: the next batch would pass this "
+                f"server's bound on one request's work ({outcome.capped_at:,.0f} forward-equivalents x tokens)."
+            )
+            return result(False, res_est, head_est)
+        if outcome.stopped == "cancelled":
+            raise PatchingCancelled(
+                f"activation patching cancelled after {outcome.done} of {outcome.total} patched runs",
+                result(False, res_est, head_est),
+            )
+    return result(True, res_est, head_est)

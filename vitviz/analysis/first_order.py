@@ -1,6 +1,6 @@
 """Activation patching maths, numpy only: attribution-patching estimates and their rank agreement with the exact values.
 
-Definitions (``ALGORITHMS.md``, "Causal views"). Two images, target and source, at the
+Definitions (``docs/definitions.md#attribution-patching``). Two images, target and source, at the
 same input size. **Attribution patching** (Nanda 2023; Syed et al. 2023) estimates
 the effect of patching an activation ``a`` from the source into the target's run to
 first order: ``grad_target(y) . (a_source - a_target)`` at that point, where ``y`` is

@@ -7,11 +7,10 @@ import pytest
 import torch
 from conftest import random_image
 
-from vitviz.analysis.patching import head_estimate, rank_correlation, residual_estimate
-from vitviz.capture.causal import NotDefined, logit_lens
+from vitviz.analysis.first_order import head_estimate, rank_correlation, residual_estimate
 from vitviz.capture.forward import preprocess
-from vitviz.capture.patching import PatchingCancelled, activation_patching, patch_lens, patching_arrays
 from vitviz.capture.targets import Target
+from vitviz.causal import NotDefined, PatchingCancelled, activation_patching, logit_lens, patch_lens, patching_arrays
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -114,7 +113,7 @@ def test_patching_an_image_with_itself_gives_the_clean_logit_everywhere(key, tin
 def test_full_forward_edits_give_the_replayed_residual_grid(tiny_models):
     """Where a run cannot be replayed (zero-shot label scores) the residual patch is an edit of blocks.{l}.out
     in a full forward: the same numbers as the replay from block l + 1."""
-    from vitviz.capture.patching import _runs
+    from vitviz.causal.patching import _runs
     from vitviz.models.points import Edit
 
     loaded = tiny_models["vit"]
@@ -127,7 +126,7 @@ def test_full_forward_edits_give_the_replayed_residual_grid(tiny_models):
 
 
 def test_patching_every_token_of_the_last_block_gives_the_source_logit(demo_model):
-    from vitviz.capture.patching import _runs
+    from vitviz.causal.patching import _runs
 
     img_t, img_s = random_image(4, (64, 64)), random_image(5, (48, 70))
     clean, source = _runs(demo_model, img_t, img_s, None, 2**30, None, False)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import Counter, random_image
 
-from vitviz.capture import patching as P
 from vitviz.capture import run as S
+from vitviz.causal import patching as P
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -24,7 +24,7 @@ def fresh_cache():
 def _full_source_runs(monkeypatch):
     """The path before the light source: the source image got a full Run (attention, summaries, capture)."""
 
-    def full(loaded, image, *, size, label_embeddings, budget_bytes):
+    def full(loaded, image, *, size, label_embeddings, budget_bytes, parts=()):
         return S.get_run(
             loaded, image, size=size, label_embeddings=label_embeddings, budget_bytes=budget_bytes, gradients=False
         )
