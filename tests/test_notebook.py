@@ -44,9 +44,9 @@ def clip_run(one_thread):
 
 
 def _payload(view: HeadView) -> dict:
-    start = view.html.index("const D = ") + len("const D = ")
-    end = view.html.index(";\nconst L=")
-    return json.loads(view.html[start:end].replace("<\\/", "</"))
+    tag = '<script id="vitviz-data" type="application/json">'  # the page's data, JSON with <, > and & escaped
+    start = view.html.index(tag) + len(tag)
+    return json.loads(view.html[start : view.html.index("</script>", start)])
 
 
 def _z(fig) -> np.ndarray:

@@ -15,6 +15,7 @@ from vitviz.cli_checks import (
     input_size,
     query_point,
     read_labels_file,
+    terminal_text,
 )
 from vitviz.errors import VitvizError
 from vitviz.insertion_starts import DEFAULT_INSERTION_START, INSERTION_STARTS
@@ -41,11 +42,11 @@ def _export(args: argparse.Namespace) -> int:
         template = args.template if args.template is not None else (loaded.text.template if loaded.text else "{}")
         labels = parse_labels(args.labels, template)
         for note in labels.notes:
-            print(f"note: {note}", file=sys.stderr)
+            print(f"note: {terminal_text(note)}", file=sys.stderr)
         if loaded.text is not None:
             unknown = vocabulary_warning(loaded.text, labels, args.model)
             if unknown:
-                print(f"warning: {unknown}", file=sys.stderr)
+                print(f"warning: {terminal_text(unknown)}", file=sys.stderr)
     check_against_model(loaded, size, args.class_index, labels=labels)
     if args.class_minus is not None:
         check_against_model(loaded, size, args.class_minus, labels=labels)
@@ -54,7 +55,9 @@ def _export(args: argparse.Namespace) -> int:
         for text in (args.label, args.label_minus):
             if text is not None and text not in labels.names:
                 print(
-                    f"{PROG} export: error: --label {text!r} is not one of --labels ({', '.join(labels.names)})",
+                    terminal_text(
+                        f"{PROG} export: error: --label {text!r} is not one of --labels ({', '.join(labels.names)})"
+                    ),
                     file=sys.stderr,
                 )
                 return 2
@@ -62,9 +65,9 @@ def _export(args: argparse.Namespace) -> int:
         minus_index = None if args.label_minus is None else labels.names.index(args.label_minus)
     present = [p for p in args.images if p not in missing]
     if not present:
-        print(f"wrote 0 of {len(args.images)} images ({args.out} was not created)")
+        print(terminal_text(f"wrote 0 of {len(args.images)} images ({args.out} was not created)"))
         for p in missing:
-            print(f"error: {p}: no such file", file=sys.stderr)
+            print(terminal_text(f"error: {p}: no such file"), file=sys.stderr)
         return 1
     check_output_folder(args.out)  # created now: the options, the model and the inputs are checked
     with tqdm(total=len(present), unit="img", desc="export", file=sys.stderr) as bar:
@@ -87,7 +90,7 @@ def _export(args: argparse.Namespace) -> int:
             relevance_from_block=args.relevance_from_block,
         )
     report.failed[:0] = [(p, "no such file") for p in missing]
-    print(f"wrote {len(report.written)} of {len(args.images)} images to {args.out}")
+    print(terminal_text(f"wrote {len(report.written)} of {len(args.images)} images to {args.out}"))
     print_failures(report)
     return 1 if report.failed else 0
 
@@ -121,6 +124,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             args.out,
             methods=methods,
             limit=args.limit,
+            **({"max_rows": args.max_rows} if args.max_rows is not None else {}),
             size=size,
             seed=args.seed,
             engine=args.engine,
@@ -249,8 +253,8 @@ def _convert(args: argparse.Namespace) -> int:
 
         report = convert_open_clip(args.checkpoint, args.out)
         for note in report.notes:
-            print(f"note: {note}", file=sys.stderr)
-        print(f"wrote {report.out} (an HF CLIP folder): load it with --model {report.out}")
+            print(f"note: {terminal_text(note)}", file=sys.stderr)
+        print(terminal_text(f"wrote {report.out} (an HF CLIP folder): load it with --model {report.out}"))
         return 0
     labels = None
     if args.labels:
@@ -389,6 +393,14 @@ def build_parser() -> argparse.ArgumentParser:
         "CP-LRP inside attention, lxt's ViT recipe; not among the defaults)",
     )
     ev.add_argument("--limit", type=int, default=None, metavar="N", help="evaluate the first N images only")
+    ev.add_argument(
+        "--max-rows",
+        type=int,
+        default=None,
+        metavar="N",
+        help="read at most N rows of a --data CSV (or files of a folder), saying so when there are more "
+        "(default 100,000)",
+    )
     ev.add_argument("--size", type=int, nargs="+", metavar="PX", help="input size: one number (square) or H W")
     ev.add_argument("--seed", type=int, default=0, help="seed of the random baseline (per image: seed and image id)")
     ev.add_argument(
@@ -567,11 +579,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
-    except UsageError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+    except UsageError as exc:  # messages quote what was typed or read: control characters escaped, length bounded
+        print(f"{PROG}: error: {terminal_text(exc)}", file=sys.stderr)
         return 2
     except VitvizError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {terminal_text(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; files already written are kept", file=sys.stderr)

@@ -409,9 +409,11 @@ def _write_gif(
 
 
 def print_failures(report: ExportReport) -> None:
+    from vitviz.cli_checks import terminal_text  # file names and messages quote input: control characters escaped
+
     for name, written in report.renamed:
-        print(f"note: {name} written as {written} (another input has the same name)", file=sys.stderr)
+        print(terminal_text(f"note: {name} written as {written} (another input has the same name)"), file=sys.stderr)
     for key, why in report.notes.items():
-        print(f"note: {key} left out: {why}", file=sys.stderr)
+        print(terminal_text(f"note: {key} left out: {why}"), file=sys.stderr)
     for name, msg in report.failed:
-        print(f"error: {name}: {msg}", file=sys.stderr)
+        print(terminal_text(f"error: {name}: {msg}"), file=sys.stderr)

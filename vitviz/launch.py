@@ -91,8 +91,10 @@ def run_app(port: int = 8501, address: str = "127.0.0.1") -> int:
 
     try:  # the app's vitviz.toml (beside app.py, or $VITVIZ_CONFIG): a typo stops here, naming the file in full
         settings = load_settings(folder=app_script().parent)
-    except SettingsError as exc:
-        raise VitvizError(exc.detail) from None
+    except SettingsError as exc:  # exit 2, like any option that cannot work; Streamlit is never started
+        from vitviz.cli_checks import UsageError
+
+        raise UsageError(exc.detail) from None
     log_settings(settings)  # which file was read, and whether public mode is on
     cmd = app_command(port, address)
     print(f"vitviz app: open http://{address}:{port} in a browser (Ctrl-C stops it)", file=sys.stderr)

@@ -23,8 +23,9 @@ def _heads(**state) -> AppTest:
 def _start(at: AppTest) -> dict:
     frame = next(e for e in at.main if e.type == "iframe")
     page = frame.proto.srcdoc
-    i = page.index("Object.assign(") + len('Object.assign({scale: "map", opacity: 1}, ')
-    return json.loads(page[i : page.index(");", i)])
+    tag = '<script id="vitviz-data" type="application/json">'
+    i = page.index(tag) + len(tag)
+    return json.loads(page[i : page.index("</script>", i)])["start"]
 
 
 def test_heads_page_sends_the_maps_once_and_opens_on_the_sessions_layer_and_head():
@@ -41,3 +42,34 @@ def test_switching_the_instant_view_off_gives_the_server_drawn_page():
     at = _heads()
     at.toggle(key="instant_heads").set_value(False).run()
     assert not at.exception and charts(at)
+
+
+def test_a_typed_folder_with_a_hostile_name_runs_no_script_in_the_app(tiny_dirs, tmp_path):
+    """Issue 33.4: a local folder named ``m__DATA__<img ...>`` ran script in the app's own origin (the iframe
+    may run scripts of the same origin). Typed as a visitor would, its page runs nothing of the name."""
+    import shutil
+
+    from browser_tools import CHROMIUM, FLAGS, require_chromium
+
+    require_chromium()
+    folder = tmp_path / "m__DATA__<img src=x onerror=window.__pwned=1>"
+    shutil.copytree(tiny_dirs["vit"], folder)
+    at = _heads()
+    at.selectbox(key="model_pick").set_value("other (hub id or local folder)…").run()
+    at.text_input(key="model_text").input(str(folder)).run()
+    assert not at.exception and at.session_state.model_name == str(folder)
+    page_html = next(e for e in at.main if e.type == "iframe").proto.srcdoc
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        try:
+            page = browser.new_page()
+            page.set_content(page_html)
+            page.wait_for_function("document.body.dataset.ready !== undefined", timeout=20_000)
+            assert page.evaluate("document.body.dataset.ready") == "1"
+            assert page.evaluate("typeof window.__pwned") == "undefined"
+            assert page.evaluate("document.querySelectorAll('img').length") == 0
+            assert folder.name in page.inner_text("#title")  # the name, shown as text
+        finally:
+            browser.close()

@@ -219,3 +219,47 @@ def test_pane_b_of_a_model_with_other_classes_has_a_target_box_of_its_own():
     no_trouble(at)
     assert at.selectbox(key="sbs_b_target_index").value == top  # forgotten: from its top-1 again
     assert at.selectbox(key="sbs_b_target_minus").value is None
+
+
+# -- issue 33: pane B's image and model cost what the sidebar's do -------------------------------------------------
+
+
+def _images_page(image: bytes | None = None) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=180)
+    if image is not None:  # the session's image, as an upload leaves it
+        from ui.common import digest
+
+        at.session_state["image_bytes"], at.session_state["image_name"] = image, "big.png"
+        at.session_state["image_digest"], at.session_state["image_wh"] = digest(image), (300, 200)
+    at.run()
+    at.switch_page("pages/side_by_side.py").run()
+    at.radio(key="sbs_differs").set_value("images").run()
+    return at
+
+
+def test_the_flipped_copy_is_made_once_per_image_inside_the_decode_budget(monkeypatch):
+    """Issue 33.3: the flipped copy was decoded, mirrored and encoded outside the decode budget on every rerun (two
+    sessions with a 6300 x 6300 PNG took the server from 0.4 to 3.0 GB)."""
+    from PIL import Image, ImageOps
+
+    from ui import common
+    from vitviz.data import images
+
+    common.flipped_cache.clear()
+    held = []
+    real = ImageOps.mirror
+    monkeypatch.setattr(ImageOps, "mirror", lambda img: held.append(images.DECODE_BUDGET.used) or real(img))
+    buf = io.BytesIO()
+    random_image(3, (300, 200)).save(buf, format="PNG")
+    at = _images_page(buf.getvalue())
+    no_trouble(at)
+    for _ in range(2):  # reruns (a slider moved) and a second visitor with the same image
+        at.run()
+    other = _images_page(buf.getvalue())
+    no_trouble(other)
+    assert len(held) == 1, held  # once for the server, not once per rerun or session
+    assert held[0] >= images.decode_cost((300, 200), "RGB") + 300 * 200 * images.MIRROR_BYTES_PER_PIXEL
+    a, b = _z(other, "A."), _z(other, "B.")  # pane B shows the mirror image: its own forward of it
+    assert a.shape == b.shape and not np.allclose(a, b)
+    flipped = Image.open(io.BytesIO(common.flipped_image(buf.getvalue(), common.digest(buf.getvalue()))[0]))
+    assert np.array_equal(np.asarray(flipped), np.asarray(Image.open(buf).convert("RGB"))[:, ::-1])

@@ -305,16 +305,35 @@ def test_weights_with_nan_or_inf_are_refused_naming_the_tensors(tmp_path, capsys
 
 
 def test_a_config_promising_more_layers_than_the_weights_hold_is_refused(tmp_path, capsys):
+    """Refused before the model is built (issue 33.7): the config's model on the meta device against the header."""
+    from vitviz.models.estimate import checkpoint_elements
+
     folder = _tiny_vit(tmp_path / "deep", layers=2)
     config = json.loads((folder / "config.json").read_text())
     config["num_hidden_layers"] = 200
     (folder / "config.json").write_text(json.dumps(config))
     proc = _cli(capsys, "export", "x.png", "--model", str(folder), "--out", str(tmp_path / "o"))
     line = _one_line_error(proc, 1)
-    # 198 layers of 16 tensors each are missing (query/key/value/output/intermediate weights and biases, 2 norms)
-    per_layer, rest = 16, 40 - 2 * 16  # a 2-layer tiny ViT classifier has 40 tensors
-    assert f"lack {198 * per_layer} of the {rest + 200 * per_layer} tensors" in line and "promises 200 layers" in line
-    assert "vit.layers.2.attention.q_proj.weight" in line
+    held = checkpoint_elements([folder / "model.safetensors"])
+    assert "is refused before loading: its config.json asks for" in line
+    assert f"and its weights hold {held:,} values" in line
+
+
+def test_a_missing_layer_within_the_weights_count_is_refused_after_loading(tmp_path, capsys):
+    """The count matches (one layer's tensors under other names), so the load runs and finds the layer missing."""
+    from safetensors.torch import load_file, save_file
+
+    folder = _tiny_vit(tmp_path / "renamed", layers=2)
+    state = load_file(folder / "model.safetensors")
+    save_file(
+        {(f"unused.{k}" if ".layer.1." in k else k): v for k, v in state.items()},
+        folder / "model.safetensors",
+        metadata={"format": "pt"},
+    )
+    proc = _cli(capsys, "export", "x.png", "--model", str(folder), "--out", str(tmp_path / "o"))
+    line = _one_line_error(proc, 1)
+    assert "lack 16 of the 40 tensors" in line and "promises 2 layers" in line
+    assert "vit.layers.1.attention.q_proj.weight" in line
 
 
 def test_a_missing_head_alone_still_loads(tmp_path):
@@ -337,3 +356,55 @@ def test_demo_data_out_a_file_is_a_message(tmp_path, capsys):
     (tmp_path / "f").write_text("x")
     line = _one_line_error(_cli(capsys, "demo-data", "--n", "2", "--out", str(tmp_path / "f")), 2)
     assert "is a file" in line and (tmp_path / "f").read_text() == "x"
+
+
+# -- issue 33.7: configs that allocate before they are checked ----------------------------------------------
+
+GROWTH = """
+import json, resource, sys
+from vitviz.__main__ import main
+import vitviz.models.load, transformers  # noqa: F401  (what any load imports, before the baseline)
+from transformers import SwinForImageClassification  # noqa: F401
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+code = main(["export", "x.png", "--model", sys.argv[1], "--out", sys.argv[2]])
+print(json.dumps({"code": code, "grew_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before}))
+"""
+
+
+def test_a_tiny_swin_folder_with_a_huge_mlp_ratio_is_refused_before_it_is_built(tmp_path):
+    """mlp_ratio 20000 beside a tiny Swin's weights: export grew past 3.5 GB before the missing-weights check."""
+    import subprocess
+    import sys
+
+    from conftest import save_tiny
+
+    folder = save_tiny("swin", tmp_path / "swin")
+    config = json.loads((folder / "config.json").read_text())
+    config["mlp_ratio"] = 20000.0  # about 100 million parameters of MLP beside 36 thousand in the weights
+    (folder / "config.json").write_text(json.dumps(config))
+    proc = subprocess.run(
+        [sys.executable, "-c", GROWTH, str(folder), str(tmp_path / "o")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["code"] == 1, proc.stderr
+    assert "refused before loading: its config.json asks for" in proc.stderr and "Traceback" not in proc.stderr
+    assert result["grew_kb"] < 150 * 1024, result  # building it took about 0.5 GB here, 3.5 GB in the issue
+
+
+def test_a_model_over_max_bytes_is_refused_from_its_config(tiny_dirs):
+    from transformers import AutoConfig
+
+    from vitviz.errors import ModelLoadError
+    from vitviz.models.estimate import footprint
+    from vitviz.models.load import load_model, model_class_for
+
+    config = AutoConfig.from_pretrained(tiny_dirs["vit"])
+    need = footprint(model_class_for(config), config)
+    assert need.parameters == sum(p.numel() for p in load_model(str(tiny_dirs["vit"])).model.parameters())
+    with pytest.raises(ModelLoadError, match=r"asks for a model of .* more than the .* GiB allowed"):
+        load_model(str(tiny_dirs["vit"]), max_bytes=need.nbytes - 1)
+    assert load_model(str(tiny_dirs["vit"]), max_bytes=need.nbytes).model is not None

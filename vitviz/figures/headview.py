@@ -16,13 +16,17 @@ maps are deflated and base64-encoded; :data:`DEFAULT_MAX_BYTES` (8 MB) bounds th
 page: a record above it is refused with :class:`HeadViewTooLarge`, and the caller
 falls back to static figures (the app's server-drawn view, a notebook's Plotly figure).
 
+The data reach the page once, as JSON in a ``<script type="application/json">`` element with
+``<``, ``>`` and ``&`` escaped (:func:`script_json`); the page's script reads them with
+``JSON.parse`` and shows every name (title, layers, prefix tokens) as text. No string of a
+model or a visitor is ever spliced into the markup, and nothing is substituted after the data.
+
 No torch here: the input is the record's ``(L, H, T, T)`` attention stack.
 """
 
 from __future__ import annotations
 
 import base64
-import html
 import io
 import json
 import zlib
@@ -41,6 +45,7 @@ __all__ = [
     "record_problem",
     "pack_rows",
     "unpack_rows",
+    "script_json",
 ]
 
 DEFAULT_MAX_BYTES = 8_000_000  # the whole page; ViT-B/16 at 224 px needs about 4.5 MB
@@ -150,11 +155,14 @@ class HeadViewData:
     def nbytes(self) -> int:
         return len(self.maps) + len(self.maxima) + len(self.prefix_share) + len(self.image) + 4096
 
-    def to_json(self) -> str:
+    def to_dict(self) -> dict:
         d = self.__dict__.copy()
         d["grid"], d["prefix"], d["lut"] = list(self.grid), list(self.prefix), list(self.lut)
         d["layer_names"] = list(self.layer_names)
-        return json.dumps(d)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
 
 
 def head_view_data(
@@ -226,7 +234,6 @@ def head_view_html(
     (milliseconds per redraw) and sets ``document.body.dataset.ready = "1"`` once the maps are decoded,
     so a browser test can drive and time it.
     """
-    payload = data.to_json().replace("</", "<\\/")
     start = {
         "layer": min(max(data.layers - 1 if layer is None else int(layer), 0), data.layers - 1),
         "head": min(max(int(head), 0), data.heads - 1),
@@ -234,14 +241,22 @@ def head_view_html(
     }
     if opacity is not None:
         start["opacity"] = min(max(float(opacity), 0.0), 1.0)
-    return (
-        _PAGE.replace("__TITLE__", html.escape(data.title))
-        .replace("__HEIGHT__", str(int(height)))
-        .replace("__START__", json.dumps(start))
-        .replace("__DATA__", payload)
-    )
+    before, after = _PAGE.split(_SLOT)  # one slot: the data go in once, and nothing is searched again afterwards
+    return before + script_json({**data.to_dict(), "start": start}) + after
 
 
+def script_json(value: object) -> str:
+    """``value`` as JSON that is safe inside a ``<script type="application/json">`` element.
+
+    ``<``, ``>`` and ``&`` become ``\\u003c``, ``\\u003e`` and ``\\u0026`` (JSON escapes, so ``JSON.parse`` reads the
+    same strings back): no text of a model or visitor (a folder named ``</script><script>...``) can close the
+    element or open another, and the HTML parser never sees an entity or a comment in it.
+    """
+    text = json.dumps(value)  # ASCII only: U+2028 and other non-ASCII characters are \\u escapes already
+    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+
+
+_SLOT = "__VITVIZ_HEAD_VIEW_DATA__"
 _PAGE = r"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>vitviz head view</title>
 <style>
@@ -261,7 +276,7 @@ _PAGE = r"""<!DOCTYPE html>
 <body>
 <div id="err"></div>
 <div class="ctl">
- <b>__TITLE__</b>
+ <b id="title"></b>
  <label>Layer <input id="layer" type="range" min="0" value="0"><span id="layerv"></span></label>
  <label>Head <input id="head" type="range" min="0" value="0"><span id="headv"></span></label>
  <label>Query <select id="query"></select></label>
@@ -282,11 +297,14 @@ _PAGE = r"""<!DOCTYPE html>
 <div class="note">Attention from the query token to each patch, A[layer, head, query, patch], raw softmax weights
 (prefix tokens are not on the image: their share is printed under the map). Maps travel at 8 bits per map, relative
 to the map's maximum (error at most max/510). Click a patch of the large map to make it the query.</div>
+<script id="vitviz-data" type="application/json">__VITVIZ_HEAD_VIEW_DATA__</script>
 <script>
 (function(){
-const D = __DATA__;
+// every name shown (title, layers, prefix tokens) is set as text (textContent), never as markup
+const D = JSON.parse(document.getElementById("vitviz-data").textContent);
+document.getElementById("title").textContent = D.title;
 const L=D.layers, H=D.heads, T=D.tokens, gh=D.grid[0], gw=D.grid[1], N=gh*gw, P=D.prefix.length;
-const S = window.vitvizState = Object.assign({scale: "map", opacity: 1}, __START__);
+const S = window.vitvizState = Object.assign({scale: "map", opacity: 1}, D.start);
 window.vitvizTimings = [];
 let codes=null, maxima=null, share=null;
 const lut = D.lut.map(h=>[parseInt(h.slice(1,3),16),parseInt(h.slice(3,5),16),parseInt(h.slice(5,7),16)]);

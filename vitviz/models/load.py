@@ -29,7 +29,15 @@ from vitviz.models.weights_index import INDEX, index_problem
 from vitviz.models.zeroshot import TextTower, text_tower, text_tower_note
 from vitviz.record import PositionInfo
 
-__all__ = ["LoadedModel", "DEMO_NAME", "load_model", "pick_device", "resolve_source", "parse_model_name"]
+__all__ = [
+    "LoadedModel",
+    "DEMO_NAME",
+    "load_model",
+    "model_class_for",
+    "pick_device",
+    "resolve_source",
+    "parse_model_name",
+]
 
 DEMO_NAME = "demo"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
@@ -339,6 +347,76 @@ def _refuse_non_finite(name: str, model: torch.nn.Module) -> None:
         )
 
 
+def _weight_files(source: str, local: bool, hub_kwargs: dict) -> list[Path] | None:
+    """The safetensors files ``from_pretrained`` reads for ``source`` (a folder's own, or a hub id's from the cache,
+    fetched here when missing: the load reads the same files next); None where there are none (pickle weights)."""
+    if local:
+        folder = Path(source)
+        if (folder / "model.safetensors").is_file():
+            return [folder / "model.safetensors"]
+        if (folder / INDEX).is_file():  # its entries were checked by _check_local_weights: this folder's own files
+            import json
+
+            try:
+                shards = json.loads((folder / INDEX).read_text(encoding="utf-8"))["weight_map"].values()
+            except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+                return None
+            return [folder / name for name in sorted(set(shards))]
+        return None
+    from transformers.utils import cached_file
+
+    def fetch(name: str) -> str | None:
+        try:
+            return cached_file(
+                source,
+                name,
+                _raise_exceptions_for_missing_entries=False,
+                _raise_exceptions_for_connection_errors=False,
+                **hub_kwargs,
+            )
+        except OSError:
+            return None
+
+    single = fetch("model.safetensors")
+    if single:
+        return [Path(single)]
+    index = fetch(INDEX)
+    if not index:
+        return None
+    import json
+
+    try:
+        shards = sorted(set(json.loads(Path(index).read_text(encoding="utf-8"))["weight_map"].values()))
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if index_problem(Path(index).read_text(encoding="utf-8"), set(shards)) is not None:
+        return None  # from_pretrained reports it
+    paths = [fetch(name) for name in shards]
+    return None if not all(paths) else [Path(p) for p in paths]
+
+
+def _refuse_oversized(name: str, config, files: list[Path] | None, dtype: torch.dtype, max_bytes: int | None) -> None:
+    """Refuse a config whose model would not fit ``max_bytes``, or would hold more than its weights, before it is
+    built (:mod:`vitviz.models.estimate`: the model on the meta device, the weights from their headers)."""
+    from vitviz.models.estimate import checkpoint_elements, footprint, footprint_problem
+
+    try:
+        need = footprint(_auto_class(config), config, dtype)
+    except Exception as exc:  # a config the model class cannot be built from
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise ModelLoadError(f"'{name}' has a configuration no model can be built from: {why}") from None
+    try:
+        held = checkpoint_elements(files) if files else None
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"'{name}' has damaged weights ({exc}); use another copy of the checkpoint.") from None
+    problem = footprint_problem(need, held, max_bytes=max_bytes)
+    if problem:
+        raise ModelLoadError(
+            f"'{name}' is refused before loading: its config.json {problem}. Use a checkpoint whose config.json "
+            "matches its weights."
+        )
+
+
 def _auto_class(config):
     """The class the checkpoint declares (``architectures``) when it is a transformers class for this config.
 
@@ -357,6 +435,9 @@ def _auto_class(config):
     if any("ForImageClassification" in a for a in archs):
         return AutoModelForImageClassification
     return AutoModel
+
+
+model_class_for = _auto_class  # the class load_model builds for a config (public name, for size estimates)
 
 
 def _class_names(config) -> dict[int, str]:
@@ -455,6 +536,7 @@ def load_model(
     dtype: str = "float32",
     allow_pickle: bool = False,
     probe_timeout: float = 1.5,
+    max_bytes: int | None = None,
 ) -> LoadedModel:
     """Load ``name`` (``demo``, a local folder or a hub id) for capture.
 
@@ -463,6 +545,8 @@ def load_model(
         dtype: ``float32`` (default), or ``float16`` / ``bfloat16`` on a GPU.
         allow_pickle: accept checkpoints that only have pickle weights.
         probe_timeout: seconds to wait for the hub before failing an uncached id.
+        max_bytes: the memory the model's parameters and buffers may take (None: no limit), checked from the
+            config before anything is built; so is a config promising more parameters than its weights hold.
 
     Raises:
         ModelLoadError: missing, unreachable, unsafe or broken checkpoints.
@@ -504,6 +588,8 @@ def load_model(
         why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         raise ModelLoadError(f"Could not read the configuration of '{name}': {why}") from None
     family = family_for(config)  # raises UnsupportedModelError before any weights load
+    files = _weight_files(source, local, hub_kwargs) if use_safetensors else None
+    _refuse_oversized(name, config, files, _DTYPES[dtype], max_bytes)  # shapes only: nothing of that size is built
 
     try:
         with warnings.catch_warnings(), _quiet_transformers():

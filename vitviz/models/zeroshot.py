@@ -84,11 +84,14 @@ def parse_labels(text: str, template: str = DEFAULT_TEMPLATE) -> Labels:
     a label longer than ``MAX_LABEL_CHARS`` is cut, more than ``MAX_LABELS`` labels are cut
     to the first ones, and text beyond ``MAX_LABELS_TEXT`` characters is not read, each
     with a note saying so. Linear in the length of the text. ``{}`` in the template marks
-    where the label goes (``"{}"`` uses the labels as they are).
+    where the label goes (exactly one; ``"{}"`` uses the labels as they are).
     """
     template = (template or "").strip() or "{}"
-    if "{}" not in template:
-        raise ZeroShotError(f"The prompt template needs {{}} where the label goes, e.g. '{DEFAULT_TEMPLATE}'.")
+    if template.count("{}") != 1:  # a second {} stayed in every prompt as text, silently
+        raise ZeroShotError(
+            f"The prompt template needs {{}} exactly once, where the label goes (it has {template.count('{}')}), "
+            f"e.g. '{DEFAULT_TEMPLATE}'."
+        )
     if len(template) > MAX_TEMPLATE_CHARS:
         raise ZeroShotError(
             f"The prompt template is {len(template)} characters long; keep it under {MAX_TEMPLATE_CHARS}."
