@@ -4,42 +4,14 @@ from __future__ import annotations
 
 import ast
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from cli_tools import Result, _cli, _one_line_error  # noqa: F401 (the tests below use them)
 from conftest import random_image
-
-from vitviz.__main__ import main
 
 ROOT = Path(__file__).resolve().parents[2]
 _HF_CALLS = {"from_pretrained", "pipeline"}
-
-
-@dataclass
-class Result:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def _cli(capsys, *args: str) -> Result:
-    """``python -m vitviz ARGS`` in this process (argparse's exit codes included)."""
-    capsys.readouterr()
-    try:
-        code = main(list(args))
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out, err = capsys.readouterr()
-    return Result(code, out, err)
-
-
-def _one_line_error(proc: Result, code: int = 1) -> str:
-    assert proc.returncode == code, proc.stderr
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if "error" in line]
-    assert len(lines) == 1, proc.stderr
-    return lines[0]
 
 
 # -- 4. remote code ---------------------------------------------------------------------------------
@@ -362,7 +334,6 @@ def test_demo_data_out_a_file_is_a_message(tmp_path, capsys):
 
 GROWTH = """
 import json, resource, sys
-from vitviz.__main__ import main
 import vitviz.models.load, transformers  # noqa: F401  (what any load imports, before the baseline)
 from transformers import SwinForImageClassification  # noqa: F401
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from cli_tools import _cli, _one_line_error
 from conftest import random_image
-from test_cli_hardening import _cli, _one_line_error
 
 ROOT = Path(__file__).resolve().parents[2]
 
