@@ -336,6 +336,7 @@ GROWTH = """
 import json, resource, sys
 import vitviz.models.load, transformers  # noqa: F401  (what any load imports, before the baseline)
 from transformers import SwinForImageClassification  # noqa: F401
+from vitviz.__main__ import main
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 code = main(["export", "x.png", "--model", sys.argv[1], "--out", sys.argv[2]])
 print(json.dumps({"code": code, "grew_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before}))
