@@ -20,7 +20,7 @@ def _page(page: str) -> AppTest:
     at.switch_page(page)
     at.run()
     if page == "pages/heads.py":  # the photo panel is part of the server-drawn view (the instant view is the browser's)
-        at.toggle(key="instant_heads").set_value(False).run()
+        at.toggle(key="_w_instant_heads").set_value(False).run()
     return at
 
 

@@ -1,0 +1,79 @@
+"""Issue 32, "The first hour, round 3", in a real browser: what only a browser shows (Chromium + Playwright).
+
+One Streamlit server and one Chromium for the module (tests/browser_tools.py). Run one test at a time while
+developing: each costs tens of seconds on a shared 2-core machine.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from browser_tools import CHROMIUM, FLAGS, ROOT, instant_state, require_chromium, settle, streamlit_server
+
+require_chromium()
+pytestmark = pytest.mark.browser
+OUTPUT = ROOT / "test-output"
+
+
+@pytest.fixture(scope="module")
+def server():
+    OUTPUT.mkdir(exist_ok=True)
+    with (
+        open(OUTPUT / "streamlit-first-hour.log", "w") as log,
+        streamlit_server({"HF_HUB_OFFLINE": "1"}, log=log) as (url, _),
+    ):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield b
+        b.close()
+
+
+def _head_view(page):
+    """The instant head view's frame (its page decoded and drawn)."""
+    instant_state(page, timeout=120)
+    return next(f for f in page.frames if f.evaluate("!!document.getElementById('big')"))
+
+
+def _wait_text(page, text: str, timeout: float = 60) -> None:
+    deadline = time.time() + timeout
+    while text not in page.get_by_test_id("stMain").inner_text():
+        assert time.time() < deadline, f"{text!r} not on the page"
+        page.wait_for_timeout(250)
+
+
+def test_the_instant_views_choice_is_the_sessions_query_block_and_head(server, browser):
+    """Item 1: block 2, head 3 and a clicked patch in the instant view; Layers & rollout then names that patch as
+    the query, and the Heads page opens again on block 2, head 3, that patch. Switching stays in the browser."""
+    page = browser.new_page(viewport={"width": 1366, "height": 768})
+    try:
+        page.goto(f"{server}/heads")
+        frame = _head_view(page)
+        settle(page)
+        layers = int(frame.evaluate("+document.getElementById('layer').max")) + 1
+        heads = frame.locator("#thumbs canvas").count() // layers
+        frame.locator("#thumbs canvas").nth(2 * heads + 3).click()
+        # the view switched at once, in the browser
+        assert {k: frame.evaluate("window.vitvizState")[k] for k in ("layer", "head")} == {"layer": 2, "head": 3}
+        box = frame.locator("#big").bounding_box()
+        page.mouse.click(box["x"] + box["width"] * 0.6, box["y"] + box["height"] * 0.3)  # a patch: the query
+        chosen = frame.evaluate("window.vitvizState")
+        assert chosen["query"] > 0
+        page.wait_for_timeout(1500)  # the choice goes back to the server (debounced), which reruns the page
+        settle(page)
+        page.get_by_role("link", name="Layers & rollout").click()
+        _wait_text(page, "Query token: patch (")
+        page.get_by_role("link", name="Heads").click()
+        again = instant_state(page, timeout=120)
+        assert {k: again[k] for k in ("layer", "head", "query")} == {"layer": 2, "head": 3, "query": chosen["query"]}
+        # the knock-outs are on the page with the instant view, for the block and head chosen there
+        _wait_text(page, "Knock out block 2, head 3")
+    finally:
+        page.close()
