@@ -168,7 +168,10 @@ def size_ui() -> None:
     h, w = model.default_size
     p = model.patch_size
     st.subheader("Input resolution")
-    st.caption(f"The model's own: {w} x {h} px, patches of {p} px ({h // p} x {w // p} grid).")
+    st.caption(
+        f"The model's own: {w} x {h} px (width x height), patches of {p} px: a {h // p} x {w // p} grid "
+        "(rows x columns)."
+    )
     choices = sorted({max(p, round(h * f / p) * p) for f in (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)})
     current = ss.input_size[0] if ss.input_size else h
     side = st.select_slider("Height (px)", choices, value=current if current in choices else h)

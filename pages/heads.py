@@ -31,12 +31,12 @@ if not instant_on:  # the server-drawn view
                 horizontal=True,
                 key="_stage_pick",
                 on_change=_go_to_stage,
-                format_func=lambda s: f"{s + 1} ({cap.stages[s].grid[0]} x {cap.stages[s].grid[1]})",
+                format_func=lambda s: f"{s} ({cap.stages[s].grid[0]} x {cap.stages[s].grid[1]})",
             )
             blocks = list(cap.stages[stage_now].blocks)
             st.select_slider("Block", blocks, format_func=cap.block_label, **common.keep("layer"))
         else:
-            st.slider("Layer", 0, cap.num_blocks - 1, **common.keep("layer"))
+            st.slider("Block", 0, cap.num_blocks - 1, **common.keep("layer"))
     with c2:
         st.radio("Direction", common.DIRECTIONS, **common.keep("direction"), horizontal=True)
 
@@ -85,7 +85,7 @@ if not instant_on:  # the server-drawn view
     with side:
         maps = attention_views.draw_head_grid(cur, shown, key="head", cols=4, tile_px=110)
         st.caption(
-            f"{cap.block_label(ss.layer)}: maps on the {maps.grid[0]} x {maps.grid[1]} "
+            f"{cap.block_label(ss.layer)}: maps on the {maps.grid[0]} x {maps.grid[1]} (rows x columns) "
             f"{'key grid' if maps.grid != g.grid else 'token grid'}; all heads share one colour scale; click a head to "
             "show it large."
         )

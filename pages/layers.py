@@ -28,7 +28,7 @@ common.clamp_state(cap)
 if ss.metric not in SUMMARIES:
     ss.metric = "distance"
 
-st.header("Blocks, rollout and explanations" if cap.is_hierarchical else "Layers, rollout and explanations")
+st.header("Blocks, rollout and explanations")
 c1, c2 = st.columns(2)
 c1.selectbox("Head fusion", maps.FUSIONS, **common.keep("fusion"))
 c2.caption(f"Query token: **{cap.token_label(ss.query, ss.query_stage)}** (pick another on the Heads page).")
@@ -47,7 +47,7 @@ if cap.rollout_note:
 else:
     r1, r2 = st.columns(2)
     r1.slider(
-        "Blocks rolled out" if cap.is_hierarchical else "Layers rolled out",
+        "Blocks rolled out",
         0,
         cap.num_blocks - 1,
         **common.keep("rollout_range"),

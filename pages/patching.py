@@ -96,7 +96,7 @@ causal_views.draw_patching(cur, settings, key="patch", exact=exact, files_key="p
 # --- the per-patch logit lens --------------------------------------------------------------------------
 st.subheader("Logit lens per patch")
 st.caption(
-    "Each patch token's residual (row 0: the embeddings; row l: block l's output) through the model's own final "
+    "Each patch token's residual stream (the embeddings, or after block l) through the model's own final "
     "norm and head, as if the head read that token: the measured score, per patch."
 )
 drawn = causal_views.draw_patch_lens(cur, target, key="patch")
@@ -108,7 +108,7 @@ if drawn is not None:
         [f"Per-patch lens, {row}: {target.name(cur.model.id2label)}" for row in rows],
         index=layer,
         colorbar_title="score (raw)",
-        set_name="every layer",
+        set_name="every row",
         gif=lambda view: view_stack(cap, "lens", lens=lens),
         gif_views=("lens",),
         gif_key=(target,),

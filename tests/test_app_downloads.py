@@ -67,7 +67,7 @@ def test_heads_and_layers_csvs_have_headers_and_every_head(offered):
         "entropy / log(keys allowed)",
     ]
     assert csvs["logit_lens.csv"][0][0] == "residual stream"
-    assert [r[0] for r in csvs["logit_lens.csv"][1:3]] == ["embeddings", "after layer 0"]
+    assert [r[0] for r in csvs["logit_lens.csv"][1:3]] == ["embeddings", "after block 0"]
     assert sum(c.startswith("probability of") for c in csvs["logit_lens.csv"][0]) == 5
 
 

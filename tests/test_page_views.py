@@ -157,13 +157,13 @@ def test_one_view_drawn_twice_with_two_states_shows_each_states_own_numbers():
         exp = explain_classes(loaded, image, [top], start_block=1)[top]
         where = f"where {cap.token_label(query)} looks"
         refs[who] = {
-            f"{who}_head_map": (f"{who}. layer {block}, head {head}: {where}", maps[head]),
+            f"{who}_head_map": (f"{who}. block {block}, head {head}: {where}", maps[head]),
             f"{who}_mean_map": (
-                f"{who}. layer {block}, mean of {len(maps)} heads: {where}",
+                f"{who}. block {block}, mean of {len(maps)} heads: {where}",
                 maps.astype(np.float64).mean(axis=0),
             ),
             f"{who}_rollout_map": (
-                f"{who}. rollout of what the model reads, layers 0-{cap.num_blocks - 1}",
+                f"{who}. rollout of what the model reads, blocks 0-{cap.num_blocks - 1}",
                 row[cap.num_prefix_tokens :].reshape(cap.grid),
             ),
             f"{who}_relevance_map": (

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import streamlit as st
 
-from ui import cached, common
+from ui import cached, common, tiles
 from vitviz import figures
 from vitviz.analysis.scales import SCALES, scale_maps
 from vitviz.errors import VitvizError
@@ -140,17 +140,17 @@ def draw_method_maps(cur: common.Current, s: MethodMapsSettings, *, key: str) ->
     maps = target_maps(cur, s.target)
     names = list(maps)
     scaled = scale_maps(np.stack([np.asarray(maps[m].values, np.float64) for m in names]), s.scale)
-    fig = figures.small_multiples_figure(
+    tiles.draw_tiles(
         scaled.values,
         [f"{m} [{lo:.3g}, {hi:.3g}]" for m, (lo, hi) in zip(names, scaled.ranges, strict=True)],
+        key=f"{key}_maps",
         colorbar_title=scaled.colorbar_title,
-        cols=6,
         image=cur.cap.image,
+        tile_image=True,
         zmin=scaled.zmin,
         zmax=scaled.zmax,
+        title=f"Every method's map for {plotly_plain(s.target.name(cur.model.id2label))}",
     )
-    fig.update_layout(title=f"Every method's map for {plotly_plain(s.target.name(cur.model.id2label))}")
-    common.chart(fig, key=f"{key}_maps")
     st.caption("Each tile's title gives the map's own range [min, max] before scaling.")
     return maps
 
@@ -228,17 +228,13 @@ def draw_importance(cur: common.Current, s: ImportanceSettings, *, key: str):
     fig = figures.layer_head_figure(
         result.effects,
         title=f"{title} on '{plotly_plain(name)}': click a cell to open that head",
-        colorbar_title="estimated change of the logit" if s.fast else "change of the logit",
+        colorbar_title="estimated change of the logit (logits)" if s.fast else "change of the logit (logits)",
         marked=s.marked,
         row_labels=labels,
         stage_of_block=stages,
         diverging=True,
+        value_name="estimate" if s.fast else "change",  # every estimated number says so, the hover included
     )
-    if s.fast:  # every estimated number says so, the hover included
-        fig.update_traces(
-            hovertemplate="%{customdata}, head %{x}<br>estimate %{z:.4g}<extra></extra>",
-            selector=dict(type="heatmap"),
-        )
     common.chart(fig, key=f"{key}_map", on_select="rerun", selection_mode="points")
     if not s.fast:
         flips = np.argwhere(result.top1_changed)
@@ -292,11 +288,12 @@ def draw_attribution(cur: common.Current, s: AttributionSettings, *, key: str):
         figures.layer_head_figure(
             attr.heads,
             title=f"Direct contribution of each head to '{plotly_plain(name)}'",
-            colorbar_title="share of the logit",
+            colorbar_title="direct contribution (logits)",
             marked=s.marked,
             row_labels=labels,
             stage_of_block=stages,
             diverging=True,
+            value_name="contribution",
         ),
         key=f"{key}_map",
         on_select="rerun",

@@ -148,7 +148,7 @@ def draw(cur: common.Current) -> bool:
     ss = st.session_state
     ss.setdefault(KEY, True)
     on = st.toggle(
-        "Instant view (layer, head and query switch in the browser)",
+        "Instant view (block, head and query switch in the browser)",
         help="The attention maps are sent to the browser once for this image (8 bits per map, relative to its "
         "maximum); what you pick there becomes the query, block and head of the other pages. Turn it off for the "
         "server-drawn view with key direction ('who looks at') and the Swin windows.",

@@ -90,7 +90,7 @@ def photo_panel(
         config=overlay.image_config((w, h), filename=key, fmt=fmt),
     )
     st.caption(
-        f"The photo at {w} x {h} px (its own size, at most 2048 on the long side); the map upsampled {mode}; "
+        f"The photo at {w} x {h} px (width x height; its own size, at most 2048 on the long side); the map upsampled {mode}; "
         f"colour from {lo:.4g} (bottom) to {hi:.4g} (top), {SCALES[scale]}; cells below {threshold:.0%} of the "
         "scale are not coloured. The camera button saves the figure at that size too."
     )

@@ -251,7 +251,7 @@ def build_stages(loaded: LoadedModel, geometries: Sequence[Geometry], norms: dic
         first = geometries[idx[0]]
         if any(geometries[i].grid != first.grid or geometries[i].prefix_kinds != first.prefix_kinds for i in idx):
             raise CaptureError(
-                f"blocks of stage {s + 1} disagree on their grid; the {loaded.family.name} adapter is wrong"
+                f"blocks of stage {s} disagree on their grid; the {loaded.family.name} adapter is wrong"
             )
         parents = None if s == 0 else loaded.family.merge_parents(geometries[stages[-1].blocks[-1]], first)
         have = [i for i in idx if i in norms]  # a pooling head has no tokens of its own

@@ -77,8 +77,9 @@ def _patch_targets(
 ) -> go.Scatter:
     """Invisible markers on cell centres: the only hover/click targets (heatmaps cannot be selected).
 
-    ``customdata`` rows: ``[token, row, col, value, x, y]`` with (x, y) the cell centre in
-    pixels of the model input, so a click can pick the token at that point on any stage.
+    ``customdata`` rows: ``[token, row, col, value, x, y, patch]`` with (x, y) the cell centre in
+    pixels of the model input, so a click can pick the token at that point on any stage, and ``patch``
+    the cell's 0-based row-major index (p0..).
     """
     gh, gw = grid
     ch, cw = (cell, cell) if np.isscalar(cell) else cell
@@ -90,7 +91,7 @@ def _patch_targets(
         y=y,
         mode="markers",
         marker=dict(size=max(4, min(24, 400 // max(gh, gw))), opacity=0.0, symbol="square"),
-        customdata=np.stack([prefix + np.arange(gh * gw), rows, cols, vals, x, y], axis=1),
+        customdata=np.stack([prefix + np.arange(gh * gw), rows, cols, vals, x, y, np.arange(gh * gw)], axis=1),
         hovertemplate=hover,
         name="patches",
         showlegend=False,
@@ -110,10 +111,12 @@ def image_figure(image: np.ndarray, *, patch_size: int, num_prefix_tokens: int, 
             grid,
             patch_size,
             num_prefix_tokens,
-            "patch (row %{customdata[1]}, col %{customdata[2]})<br>index %{customdata[0]} in the sequence<extra></extra>",
+            "patch p%{customdata[6]} (row %{customdata[1]}, col %{customdata[2]})<br>index %{customdata[0]} in the "
+            "sequence<extra></extra>",
         )
     )
-    fig.update_layout(title=title or f"{grid[0]} x {grid[1]} patches of {patch_size} px", margin=_MARGIN, height=480)
+    default = f"{grid[0]} x {grid[1]} patches (rows x columns) of {patch_size} px; input {w} x {h} px (width x height)"
+    fig.update_layout(title=title or default, margin=_MARGIN, height=480)
     _image_axes(fig, h, w)
     return fig
 
@@ -224,8 +227,12 @@ def small_multiples_figure(
     tile_px: int = 170,
     image: np.ndarray | None = None,
     opacity: float = 1.0,
+    click_hint: str = "",
 ) -> go.Figure:
     """``(K, gh, gw)`` maps as a grid of tiles on one shared colour scale (default: shared min/max).
+
+    ``click_hint`` ends each tile's hover ("click to show it large" where a click does that); by default
+    the hover promises nothing.
 
     All tiles live in one heatmap with one-cell gaps: a single trace keeps the figure
     fast to build and to draw (12 subplots cost ten times as much). With ``image``
@@ -259,7 +266,7 @@ def small_multiples_figure(
                 marker=dict(size=tile_px // 2, opacity=0.0, symbol="square"),
                 customdata=np.arange(k)[:, None],
                 text=list(titles),
-                hovertemplate="%{text}: click to show it large<extra></extra>",
+                hovertemplate="%{text}" + (f": {click_hint}" if click_hint else "") + "<extra></extra>",
                 showlegend=False,
             ),
         ]
@@ -403,16 +410,18 @@ def layer_head_figure(
     row_labels: Sequence[str] | None = None,
     stage_of_block: Sequence[int] | None = None,
     diverging: bool = False,
+    value_name: str = "value",
 ) -> go.Figure:
     """A blocks x heads heatmap (rows = blocks in forward order); click a cell to open that head.
 
     ``diverging``: a red-blue scale centred on 0 (effects and attributions, which take both signs).
+    ``value_name``: how the hover names a cell's value ("estimate" for an estimate).
 
     ``nan`` cells (heads a block does not have) stay blank and are not clickable;
     a line separates stages.
     """
     num_layers, num_heads = values.shape
-    labels = list(row_labels) if row_labels is not None else [f"layer {i}" for i in range(num_layers)]
+    labels = list(row_labels) if row_labels is not None else [f"block {i}" for i in range(num_layers)]
     fig = go.Figure(
         go.Heatmap(
             z=values,
@@ -422,20 +431,21 @@ def layer_head_figure(
             zmid=0.0 if diverging else None,
             colorbar=dict(title=dict(text=colorbar_title, side="right"), thickness=12),
             customdata=np.broadcast_to(np.array(labels, dtype=object)[:, None], values.shape),
-            hovertemplate="%{customdata}, head %{x}<br>%{z:.4g}<extra></extra>",
+            hovertemplate=f"%{{customdata}}, head %{{x}}<br>{value_name} %{{z:.4g}}<extra></extra>",
             hoverongaps=False,
         )
     )
     cells_l, cells_h = np.nonzero(np.isfinite(values))
     fig.add_trace(
-        go.Scatter(
+        go.Scatter(  # the click targets lie over the cells: their hover carries the value too
             x=cells_h,
             y=cells_l,
             mode="markers",
             marker=dict(size=14, opacity=0.0, symbol="square"),
-            customdata=np.stack([cells_l, cells_h], axis=1),
+            customdata=np.stack([cells_l, cells_h, values[cells_l, cells_h]], axis=1),
             text=[labels[i] for i in cells_l],
-            hovertemplate="%{text}, head %{customdata[1]}: click to open<extra></extra>",
+            hovertemplate=f"%{{text}}, head %{{customdata[1]}}<br>{value_name} %{{customdata[2]:.4g}}<br>click to open"
+            "<extra></extra>",
             showlegend=False,
         )
     )
@@ -458,7 +468,7 @@ def layer_head_figure(
         title=title,
         xaxis=dict(title="head", dtick=1),
         yaxis=dict(
-            title="block" if stage_of_block else "layer",
+            title="block",
             tickvals=list(range(num_layers)),
             ticktext=labels,
             autorange="reversed",
@@ -505,7 +515,7 @@ def distance_depth_figure(
     ]
     notes = (
         [
-            dict(x=b, y=image_px, text=f"stage {i + 1}", showarrow=False, yanchor="top", xanchor="left")
+            dict(x=b, y=image_px, text=f"stage {i}", showarrow=False, yanchor="top", xanchor="left")
             for i, b in enumerate([0, *starts])
         ]
         if starts
@@ -513,7 +523,7 @@ def distance_depth_figure(
     )
     fig.update_layout(
         title="Mean attention distance by depth (one point per head)",
-        xaxis=dict(title="network depth (block)" if starts else "network depth (layer)", dtick=1),
+        xaxis=dict(title="network depth (block)", dtick=1),
         yaxis=dict(title="mean attention distance (pixels)", range=[0, image_px]),
         height=420,
         margin=_MARGIN,
@@ -614,25 +624,44 @@ def patch_components_figure(
     return fig
 
 
-def token_norms_figure(norms: np.ndarray, token_kinds: Sequence[str]) -> go.Figure:
-    """Residual-stream norm of every token after each layer (row 0 = embeddings)."""
-    labels = [k if k != "patch" else f"p{i}" for i, k in enumerate(token_kinds)]
+def token_norms_figure(
+    norms: np.ndarray, token_kinds: Sequence[str], *, row_labels: Sequence[str] | None = None
+) -> go.Figure:
+    """Residual-stream norm of every token ``(R, T)``: row 0 the tokens entering (the embeddings), row r after
+    block r - 1. ``row_labels`` ``(R,)``: what each row is (default "embeddings", "after block 0", ...; a later
+    stage's rows name its own blocks). Patches are named p0.. as on the Overview (prefix tokens by kind)."""
+    n_rows = norms.shape[0]
+    rows = (
+        list(row_labels) if row_labels is not None else ["embeddings", *(f"after block {b}" for b in range(n_rows - 1))]
+    )
+    if len(rows) != n_rows:
+        raise ValueError(f"{len(rows)} row labels for {n_rows} rows")
+    n_prefix = sum(k != "patch" for k in token_kinds)
+    tokens = [k if k != "patch" else f"p{i - n_prefix}" for i, k in enumerate(token_kinds)]
+    custom = np.stack(
+        [
+            np.broadcast_to(np.array(rows, dtype=object)[:, None], norms.shape),
+            np.broadcast_to(np.array(tokens, dtype=object)[None, :], norms.shape),
+        ],
+        axis=-1,
+    )
+    ticks = ["emb" if r == "embeddings" else r.removeprefix("after block ") for r in rows]
     fig = go.Figure(
         go.Heatmap(
             z=norms,
             x=np.arange(norms.shape[1]),
-            y=np.arange(norms.shape[0]),
+            y=np.arange(n_rows),
             colorscale=rgb_scale(NORM_SCALE),
-            customdata=np.broadcast_to(np.array(labels, dtype=object), norms.shape),
-            hovertemplate="after layer %{y}<br>token %{x} (%{customdata})<br>norm %{z:.3g}<extra></extra>",
+            customdata=custom,
+            hovertemplate="%{customdata[0]}<br>token %{x} (%{customdata[1]})<br>L2 norm %{z:.4g}<extra></extra>",
             colorbar=dict(title=dict(text="L2 norm (raw)", side="right"), thickness=12),
         )
     )
     fig.update_layout(
-        title="Token norms through the network (row 0: embeddings; high-norm outliers stand out)",
-        xaxis=dict(title="token (prefix tokens first)"),
-        yaxis=dict(title="layer", autorange="reversed", dtick=1),
-        height=min(520, 140 + 24 * norms.shape[0]),
+        title=f"Token norms through the network (row 0: {rows[0]}; then after each block; outliers stand out)",
+        xaxis=dict(title="token (prefix tokens first, then patches p0..)"),
+        yaxis=dict(title="block", autorange="reversed", tickvals=list(range(n_rows)), ticktext=ticks),
+        height=min(520, 140 + 24 * n_rows),
         margin=_MARGIN,
     )
     return fig
@@ -678,7 +707,7 @@ def lens_figure(
     """Logit lens: the probability of a few classes after each block (row 0: the embeddings) and the rank of
     the final top-1 class (1 = top), against depth. ``probabilities`` ``(L+1, K)``, ``ranks`` ``(L+1,)``;
     ``nan`` where the lens is not defined. ``row_labels`` ``(L+1,)``: what each row is, as the rest of the app
-    names blocks (default: "embeddings", then "after block 0" .. "after block L-1", 0-based like the Layer slider);
+    names blocks (default: "embeddings", then "after block 0" .. "after block L-1", 0-based like the Block slider);
     ``tick_labels`` ``(L+1,)``: their short forms on the x axis (default: "emb", then 0 .. L-1).
     """
     from plotly.subplots import make_subplots
@@ -689,7 +718,7 @@ def lens_figure(
     if len(row_labels) != len(depth):
         raise ValueError(f"{len(row_labels)} row labels for {len(depth)} rows")
     rows = np.asarray(list(row_labels), dtype=object)
-    # ticks: "emb", then the block's 0-based index, the numbers the Layer slider shows
+    # ticks: "emb", then the block's 0-based index, the numbers the Block slider shows
     if tick_labels is None:
         tick_labels = ["emb", *(str(b) for b in range(len(depth) - 1))]
     ticks = dict(tickmode="array", tickvals=depth, ticktext=list(tick_labels))
