@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
+from vitviz.figures.flat import flat_limits
 from vitviz.record import Prediction
 from vitviz.text import plotly_plain
 
@@ -141,7 +142,8 @@ def map_figure(
     """A ``(gh, gw)`` map over the image (or alone), clickable cell by cell.
 
     ``click_hint`` ends each cell's hover text ("click to make it the query" where a click does that);
-    by default the hover promises nothing.
+    by default the hover promises nothing. Without ``zmin`` and ``zmax``, the colour scale spans the map's
+    range, except for a flat map (:mod:`vitviz.figures.flat`), drawn on its fixed scale.
 
     Cells span the image evenly (``image`` height / gh by width / gw pixels), so maps
     on a stage grid or a coarser key grid sit where their tokens are; without an
@@ -149,6 +151,8 @@ def map_figure(
     ``windows`` (row edges, column edges in cells) draws window boundaries.
     """
     gh, gw = grid_map.shape
+    if zmin is None and zmax is None:  # a flat map on a fixed scale, not stretched (vitviz.figures.flat)
+        zmin, zmax = flat_limits(grid_map) or (None, None)
     if image is not None:
         h, w = image.shape[:2]
     else:
@@ -240,6 +244,8 @@ def small_multiples_figure(
     target whose ``customdata`` is ``[tile index]``.
     """
     k, gh, gw = maps.shape
+    if zmin is None and zmax is None:  # a flat set of tiles on a fixed scale, not stretched (vitviz.figures.flat)
+        zmin, zmax = flat_limits(maps) or (None, None)
     cols = max(1, min(cols, k))
     rows = -(-k // cols)
     big = np.full((rows * (gh + 1) - 1, cols * (gw + 1) - 1), np.nan)
@@ -377,7 +383,10 @@ def prefix_attention_figure(
     patch_total: float | None = None,
     title: str = "Attention to tokens not on the image (raw)",
 ) -> go.Figure:
-    """A bar per prefix token (values in [0, 1]), plus one for all patches together when ``patch_total`` is given."""
+    """A bar per prefix token (values in [0, 1]), plus one for all patches together when ``patch_total`` is given
+    (the default title then says so: the patches are on the image)."""
+    if patch_total is not None and title == "Attention to tokens not on the image (raw)":
+        title = "Where the query's attention goes: each token not on the image, and all patches together (raw)"
     names = list(kinds) + ([] if patch_total is None else ["all patches"])
     vals = [float(v) for v in values] + ([] if patch_total is None else [float(patch_total)])
     fig = go.Figure(
