@@ -78,19 +78,28 @@ exact = False
 if ss.get("patching_wanted") != want:
     st.button("Compute exact patching", type="primary", on_click=lambda: ss.update(patching_wanted=want))
 else:
-    st.button("Stop", on_click=lambda: ss.update(patching_wanted=None), help="Stops it; nothing partial is kept.")
+    # The Stop button lives while the grids are computed, and goes with them: once they are done nothing is left to
+    # stop, and the finished grids stay (a click on Stop then would have thrown them away).
+    stop = st.empty()
+    stop.button("Stop", on_click=lambda: ss.update(patching_wanted=None), help="Stops it; nothing partial is kept.")
     bar = st.progress(0.0, text="Patching…")
+
+    def _progress(done: int, total: int) -> None:
+        if ss.get("patching_wanted") != want:  # Stop (or another image or target) while a batch ran
+            bar.empty()
+            stop.empty()
+            st.stop()
+        bar.progress(done / max(total, 1), text=f"{done} of {total} patched positions")
+
     try:
-        causal_views.patching(
-            cur,
-            settings,
-            True,
-            progress=lambda d, t: bar.progress(d / max(t, 1), text=f"{d} of {t} patched positions"),
-        )
+        causal_views.patching(cur, settings, True, progress=_progress)
         exact = True
     except (VitvizError, ValueError) as exc:
         st.error(str(exc))
     bar.empty()
+    stop.empty()
+    if exact:
+        st.caption("Exact grids, kept for this image, source and target; the estimate is replaced below.")
 causal_views.draw_patching(cur, settings, key="patch", exact=exact, files_key="patching")
 
 # --- the per-patch logit lens --------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from ui import attention_views, common, target_boxes
 from vitviz import figures
 from vitviz.compare import depth_match, difference, token_of
 from vitviz.errors import VitvizError
+from vitviz.tables import long_table
 from vitviz.text import md_plain, plotly_plain
 
 cur = common.require_current()
@@ -198,6 +199,7 @@ elif scale.startswith("each map [0"):
 else:
     limits = [(float(np.nanmin(m)), float(np.nanmax(m))) for m in (map_a, map_b)]
 
+drawn_maps = []
 for col, cur_x, settings, (lo, hi), who in zip(st.columns(2), (cur, cur_b), shown, limits, ("A", "B"), strict=True):
     with col:  # the same view function, called once per pane with that pane's state
         drawn = DRAW[view](
@@ -211,6 +213,7 @@ for col, cur_x, settings, (lo, hi), who in zip(st.columns(2), (cur, cur_b), show
             height=420,
         )
         st.caption(f"Range of this map: {np.nanmin(drawn.values):.4g} .. {np.nanmax(drawn.values):.4g}")
+        drawn_maps.append(drawn)
 if differs == "models":
     st.caption(
         f"Pane B: {md_plain(what_b)}, {cap_b.block_label(block_b)} (the same relative depth as "
@@ -218,10 +221,26 @@ if differs == "models":
     )
 
 diff = difference(map_a, map_b)
+# the files name each pane's map and its unit (its colour bar), as drawn
+names = [f"{who}: {plotly_plain(m.title)} ({m.colorbar_title})" for who, m in zip("AB", drawn_maps, strict=True)]
 if diff is None:
     st.caption(
         f"No difference panel: the maps lie on different grids ({map_a.shape[0]} x {map_a.shape[1]} and "
-        f"{map_b.shape[0]} x {map_b.shape[1]})."
+        f"{map_b.shape[0]} x {map_b.shape[1]}, rows x columns)."
+    )
+    a_rows, b_rows = long_table(map_a, ("row", "col"), "value"), long_table(map_b, ("row", "col"), "value")
+    common.downloads(
+        "side_by_side",
+        "sbs",
+        csv={
+            "pane": ["A"] * map_a.size + ["B"] * map_b.size,
+            "map (unit)": [names[0]] * map_a.size + [names[1]] * map_b.size,
+            "row": np.concatenate([a_rows["row"], b_rows["row"]]),
+            "col": np.concatenate([a_rows["col"], b_rows["col"]]),
+            "value": np.concatenate([a_rows["value"], b_rows["value"]]),
+        },
+        a=map_a,
+        b=map_b,
     )
 else:
     bound = float(np.nanmax(np.abs(diff))) or 1.0
@@ -239,4 +258,12 @@ else:
         key="sbs_diff",
     )
     st.caption("Red: larger in A; blue: larger in B; symmetric scale around 0.")
-    common.downloads("side_by_side", "sbs", a=map_a, b=map_b, difference=diff)
+    table = long_table(map_a, ("row", "col"), names[0])
+    common.downloads(
+        "side_by_side",
+        "sbs",
+        csv={**table, names[1]: map_b.reshape(-1), "A - B (the difference panel, A's unit)": diff.reshape(-1)},
+        a=map_a,
+        b=map_b,
+        difference=diff,
+    )

@@ -137,7 +137,10 @@ def test_causal_views_drawn_twice_with_two_states_show_each_states_own_numbers()
         ):
             np.testing.assert_allclose(charts[f"{who}_{kind}_residual_grid"][1], res - p.clean, rtol=1e-4, atol=1e-5)
             np.testing.assert_allclose(charts[f"{who}_{kind}_heads_grid"][1], hd - p.clean, rtol=1e-4, atol=1e-5)
-            row = res[-1, p.num_prefix :].reshape(p.grid) - p.clean  # the slider's default: the last block
+            change = res[:, p.num_prefix :] - p.clean
+            block = int(np.argmax(np.abs(change).max(axis=1)))  # the slider's default: the block patches move most
+            assert at.slider(key=f"{who}_{kind}_block").value == block
+            row = change[block].reshape(p.grid)
             np.testing.assert_allclose(charts[f"{who}_{kind}_row_map"][1], row, rtol=1e-4, atol=1e-5)
             seen[kind] = charts[f"{who}_{kind}_residual_grid"][1]
         assert not np.allclose(ex.residual, est.residual_estimate, atol=1e-4)  # the exact grid is not the estimate

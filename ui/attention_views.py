@@ -178,6 +178,10 @@ def _draw(cur: common.Current, m: ViewMap, *, key: str, title_prefix: str, confi
     )
     clicks = {"on_select": "rerun", "selection_mode": "points"} if clickable else {}
     common.chart(fig, key=f"{key}_map", config=dict(config or {}), **clicks)
+    if "zmin" not in figure_kw and "zmax" not in figure_kw:  # the figure drew a flat map on its fixed scale
+        note = figures.flat_note(m.values)
+        if note:
+            st.caption(note)
 
 
 def head_looks(cur: common.Current, s: HeadSettings) -> bool:
@@ -323,17 +327,18 @@ def draw_knockout(cur: common.Current, s: KnockoutSettings, *, key: str):
     known = {p.index: p.label for p in ranked.ranked}
     cls = s.class_index if s.class_index in known else ranked.ranked[0].index
     after = ranked.rerank(ko.logits, cur.model.id2label)
+    what, score = ("label", "Image-text score") if ranked.labels else ("class", "Logit")  # zero-shot: labels, scores
     left, right = st.columns(2)
     with left:
-        title = f"Top classes before and after ({ranked.legend})"
+        title = f"Top {'labels' if ranked.labels else 'classes'} before and after ({ranked.legend})"
         common.chart(figures.comparison_figure(ranked.ranked[:5], after, title=title), key=f"{key}_predictions")
         top = (
-            f"The top class changes to '{md_plain(after[0].label)}'."
+            f"The top {what} changes to '{md_plain(after[0].label)}'."
             if after[0].index != ranked.ranked[0].index
-            else "The top class stays."
+            else f"The top {what} stays."
         )
         st.caption(
-            f"Logit of '{md_plain(known[cls])}': {ko.clean_logits[cls]:.3f} -> {ko.logits[cls]:.3f} "
+            f"{score} of '{md_plain(known[cls])}': {ko.clean_logits[cls]:.3f} -> {ko.logits[cls]:.3f} "
             f"(effect {ko.effect[cls]:+.3f}). {top}"
         )
     with right:
@@ -352,10 +357,15 @@ def draw_knockout(cur: common.Current, s: KnockoutSettings, *, key: str):
                 tile_image=True,
                 cols=4,
             )
+        elif first >= cap.num_blocks - 1:  # nothing after the last block: no attention downstream
+            st.caption(
+                f"{_titled('', cap.block_label(first))} is the model's last block: no block's attention comes after "
+                "it, so the knock-out shows only in the prediction."
+            )
         else:
             st.caption(
-                f"Pick a block after {cap.block_label(first)} to see how the knock-out changes the attention "
-                "downstream; blocks up to the first knocked-out one are unchanged."
+                f"Pick a block after {cap.block_label(first)} (on the Block slider, or in the instant view) to see how "
+                "the knock-out changes the attention downstream; blocks up to the first knocked-out one are unchanged."
             )
     return ko
 
@@ -477,7 +487,7 @@ def draw_rollout(
     if cur.cap.is_hierarchical:
         st.caption(
             f"On stage {m.stage}'s grid: windows undone, reduced keys spread over the tokens they came from, "
-            "merged tokens averaged (ALGORITHMS.md). The row sums to 1."
+            "merged tokens averaged (docs/definitions.md#rollout). The row sums to 1."
         )
     return m
 

@@ -396,7 +396,7 @@ def draw_target_relevance(cur: common.Current, s: TargetRelevanceSettings, *, ke
     )
     st.caption(
         f"Explained: {explained(target, name)}. Chefer et al.'s rule, the {exp.readout} row of R, through "
-        f"{through(exp.start_block, n_enc)}."
+        f"{through(exp.start_block, n_enc)}." + (f" {figures.flat_note(rel)}" if figures.is_flat(rel) else "")
     )
     common.downloads(
         "relevance_target",

@@ -12,6 +12,7 @@ import numpy as np
 import streamlit as st
 
 from ui import common
+from vitviz import figures
 from vitviz.data.images import read_image
 from vitviz.figures import animation, overlay
 from vitviz.text import plotly_plain
@@ -74,6 +75,9 @@ def photo_panel(
         index = st.selectbox("Map", range(len(titles)), format_func=lambda i: titles[i], key=f"{key}_photo_pick")
     photo = _photo(ss.image_digest, ss.image_bytes)
     lo, hi = overlay.colour_limits(maps, scale=scale)[index]
+    flat = figures.flat_limits(maps[index]) if scale == "per_map" else None
+    if flat is not None:  # a flat map on its fixed scale, not stretched (vitviz.figures.flat)
+        lo, hi = flat
     composite = overlay.photo_overlay(
         photo, maps[index], limits=(lo, hi), mode=mode, opacity=opacity, threshold=threshold
     )

@@ -43,6 +43,8 @@ def draw_tiles(
     ``tile_kw``: more options of ``figures.small_multiples_figure`` (``tile_px``, ``opacity``).
     """
     maps = np.asarray(maps)
+    if zmin is None and zmax is None:  # a flat set on its fixed scale (vitviz.figures.flat)
+        zmin, zmax = figures.flat_limits(maps) or (None, None)
     lo = float(np.nanmin(maps)) if zmin is None else float(zmin)
     hi = float(np.nanmax(maps)) if zmax is None else float(zmax)
     fig = figures.small_multiples_figure(
