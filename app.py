@@ -6,8 +6,6 @@ input size) shared by every page and the navigation; the pages live in ``pages/`
 
 from __future__ import annotations
 
-import math
-
 import streamlit as st
 
 from ui.navigation import leave_folder_mode, navigation
@@ -17,6 +15,8 @@ st.set_page_config(page_title="vitviz", page_icon=":material/visibility:", layou
 # The navigation is drawn before the engine is imported (torch takes seconds on a cold start): a first visit
 # sees the app's own pages at once. The page itself runs at the end, after the sidebar.
 page = navigation()
+
+import math  # noqa: E402
 
 from ui import common, target_boxes  # noqa: E402
 from vitviz.data.images import read_image  # noqa: E402

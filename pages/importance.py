@@ -65,8 +65,9 @@ st.caption(
 
 left, right = st.columns(2)
 with left:
-    # A table computed before (another "Replaced by", then back) is shown at once: results are kept per setting.
-    computed = cached.has_importance(cur, cls, ss.knockout_mode, fast)
+    # A table this session computed before (another "Replaced by", then back) is shown at once: kept per setting.
+    done = ss.setdefault("importance_done", set())
+    computed = key in done and cached.has_importance(cur, cls, ss.knockout_mode, fast)
     if ss.get("importance_wanted") != key and not computed:
         run, _ = st.columns([1, 2])
         run.button("Compute head importance", type="primary", on_click=lambda: ss.update(importance_wanted=key))
@@ -93,6 +94,7 @@ with left:
         else:
             bar.empty()
             stop.empty()
+            done.add(key)
             if fast:
                 exact_key = ("importance", *cur.key, cls, ss.knockout_mode, False)
                 st.warning(f"These are estimates. {trust_note(ss.knockout_mode)}")

@@ -77,3 +77,46 @@ def test_the_instant_views_choice_is_the_sessions_query_block_and_head(server, b
         _wait_text(page, "Knock out block 2, head 3")
     finally:
         page.close()
+
+
+# Every set of sidebar navigation links the page showed, recorded from the first paint by a MutationObserver (a
+# list drawn for a moment between two polls is caught too).
+NAV_WATCH_JS = """
+window.__navSeen = [];
+const record = () => {
+    const links = Array.from(document.querySelectorAll("[data-testid='stSidebarNav'] a, [data-testid='stSidebarNavLink']"));
+    if (!links.length) return;
+    const names = Array.from(new Set(links.map(a => a.innerText.trim()).filter(Boolean)));
+    const last = window.__navSeen[window.__navSeen.length - 1];
+    if (!last || last.join("|") !== names.join("|")) window.__navSeen.push(names);
+};
+new MutationObserver(record).observe(document, {childList: true, subtree: true, characterData: true});
+"""
+
+
+def test_a_first_visit_after_a_server_start_lists_only_the_apps_pages(browser):
+    """Item 11: right after a server start the sidebar listed the app's internal modules as pages for 20-40 s.
+    A fresh server, the page opened as soon as it answers; from the first paint until the first page has drawn,
+    every navigation list shown holds only the app's own page titles."""
+    from browser_tools import wait_for_title
+
+    from ui.navigation import PAGES
+
+    titles = {p.title for p in PAGES}
+    OUTPUT.mkdir(exist_ok=True)
+    with (
+        open(OUTPUT / "streamlit-first-visit.log", "w") as log,
+        streamlit_server({"HF_HUB_OFFLINE": "1"}, log=log) as (url, _),
+    ):
+        page = browser.new_page(viewport={"width": 1366, "height": 768})
+        try:
+            page.add_init_script(NAV_WATCH_JS)
+            page.goto(url, wait_until="commit")
+            wait_for_title(page, "Top predictions", timeout=180)  # the first page has drawn
+            seen = page.evaluate("window.__navSeen")
+        finally:
+            page.close()
+    assert seen, "no navigation was drawn"
+    strays = [names for names in seen if not set(names) <= titles]
+    assert not strays, strays
+    assert set(seen[-1]) == titles
