@@ -15,6 +15,8 @@ st.set_page_config(page_title="vitviz", page_icon=":material/visibility:", layou
 # The navigation is drawn before the engine is imported (torch takes seconds on a cold start): a first visit
 # sees the app's own pages at once. The page itself runs at the end, after the sidebar.
 page = navigation()
+# Streamlit's top padding (6rem) less by half: at 1366 x 768 each page's main map is in view as it opens
+st.html("<style>[data-testid='stMainBlockContainer'] { padding-top: 3rem; }</style>")
 
 import math  # noqa: E402
 

@@ -100,7 +100,7 @@ if not instant_on:  # the server-drawn view
     with big:
         if g.kind == "window":
             st.checkbox("Show the windows (shifted blocks show shifted windows)", **common.keep("show_windows"))
-        attention_views.draw_head_map(cur, shown, key="head", config=photo.camera_config("head_map"), height=440)
+        attention_views.draw_head_map(cur, shown, key="head", config=photo.camera_config("head_map"), height=420)
         photo.photo_panel(
             "head",
             list(maps.values),

@@ -69,8 +69,7 @@ with left:
     done = ss.setdefault("importance_done", set())
     computed = key in done and cached.has_importance(cur, cls, ss.knockout_mode, fast)
     if ss.get("importance_wanted") != key and not computed:
-        run, _ = st.columns([1, 2])
-        run.button("Compute head importance", type="primary", on_click=lambda: ss.update(importance_wanted=key))
+        st.button("Compute head importance", type="primary", on_click=lambda: ss.update(importance_wanted=key))
     if ss.get("importance_wanted") == key or computed:
         stop = st.empty()  # the Stop button lives while the importance is computed, and goes with it
         if not computed:

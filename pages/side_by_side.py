@@ -24,18 +24,19 @@ cur = common.require_current()
 ss = st.session_state
 st.header("Side by side")
 st.caption(
-    "Pane A is the sidebar's model and image; pane B differs in one thing. A click on either image sets the query at "
-    "the same point of the image in both panes (each on its own grid); the block is matched by relative depth, the "
-    "head by its index."
+    "Pane A: the sidebar's model and image; pane B differs in one thing. A click on either image sets the query at "
+    "the same point in both panes; blocks are matched by relative depth, heads by index."
 )
 
 DIFFERS = ["models", "images", "labels"] if cur.model.zero_shot else ["models", "images"]
-differs = st.radio("What differs", DIFFERS, horizontal=True, key="sbs_differs")
+# the controls in two rows: at 1366 x 768 both panes are in view as the page opens
+row1 = st.columns([2, 3, 3])
+differs = row1[0].radio("What differs", DIFFERS, horizontal=True, key="sbs_differs")
 VIEWS = {
     "head": "one head",
     "mean": "mean of the heads",
     "rollout": "rollout",
-    "relevance": "relevance (Chefer et al.)",
+    "relevance": "relevance",
 }
 
 
@@ -72,7 +73,8 @@ def _pane_b() -> tuple[common.Current, str] | None:
     return None if cur_b is None else (cur_b, what)
 
 
-pane = _pane_b()
+with row1[1]:
+    pane = _pane_b()
 if pane is None:
     st.stop()
 cur_b, what_b = pane
@@ -88,12 +90,12 @@ def _click(cap):
 common.take_click("sbs_a_map", _click(cap_a))
 common.take_click("sbs_b_map", _click(cap_b))
 
-c1, c2, c3 = st.columns([2, 2, 2])
+c1, c2, c3 = st.columns([4, 3, 1])
 view = c1.radio("View", list(VIEWS), format_func=VIEWS.get, horizontal=True, key="sbs_view")
 block_a = c2.slider("Block (pane A)", 0, cap_a.num_blocks - 1, cap_a.num_blocks - 1, key="sbs_block")
 block_b = depth_match(block_a, cap_a.num_blocks, cap_b.num_blocks)
 head = c3.number_input("Head", 0, max(cap_a.num_heads, cap_b.num_heads) - 1, 0, key="sbs_head")
-scale = st.radio(
+scale = row1[2].radio(
     "Colour scale",
     ["shared [0, max of both]", "each map [0, its max]", "each map [its min, its max]"],
     horizontal=True,
@@ -210,7 +212,7 @@ for col, cur_x, settings, (lo, hi), who in zip(st.columns(2), (cur, cur_b), show
             zmin=lo,
             zmax=hi,
             opacity=1.0,
-            height=420,
+            height=350,
         )
         st.caption(f"Range of this map: {np.nanmin(drawn.values):.4g} .. {np.nanmax(drawn.values):.4g}")
         drawn_maps.append(drawn)

@@ -65,7 +65,7 @@ def test_overview_shows_patches_sequence_and_predictions():
     at = _app()
     figs = _figures(at)
     titles = " ".join(str(f["layout"].get("title", {}).get("text", "")) for f in figs)
-    assert "12 x 12 patches (rows x columns) of 8 px" in titles
+    assert "12 x 12 patches (rows x columns) of 8 px" in titles.replace("<br>", " ")
     assert "Input sequence: 1 prefix token(s) + 144 patches = 145 tokens" in titles
     assert "Top predictions" in titles
     # the class selector drives the class-specific views
@@ -326,7 +326,7 @@ def test_every_page_on_the_modern_vits(modern_dirs, key):
     at.switch_page("pages/heads.py").run()
     titles = " ".join(str(f["layout"].get("title", {}).get("text", "")) for f in _figures(at))
     if key == "dinov3":  # registers are prefix tokens: the bar of tokens not on the image names them
-        prefix = _titled(at, "each token not on the image")["data"][0]["x"]
+        prefix = _titled(at, "Where the query's attention goes")["data"][0]["x"]
         assert list(prefix)[:3] == ["CLS", "REG0", "REG1"]
     if key.startswith("siglip"):  # no CLS: the default query is the pooled one
         assert "pooled query" in titles

@@ -122,7 +122,8 @@ def _titled(at: AppTest, words: str) -> dict:
 
 def test_blocks_heads_patches_and_sizes_are_named_one_way_on_every_page():
     at = _app()  # the overview: the patch grid says rows x columns and width x height
-    assert "12 x 12 patches (rows x columns)" in _titles(at)[0] and "(width x height)" in _titles(at)[0]
+    grid = _titles(at)[0].replace("<br>", " ")
+    assert "12 x 12 patches (rows x columns)" in grid and "96 x 96 px (width x height)" in grid
     sidebar = " ".join(c.value for c in at.sidebar.caption)
     assert "(width x height)" in sidebar and "(rows x columns)" in sidebar
     at.switch_page("pages/embedding.py").run()

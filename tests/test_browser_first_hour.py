@@ -120,3 +120,62 @@ def test_a_first_visit_after_a_server_start_lists_only_the_apps_pages(browser):
     strays = [names for names in seen if not set(names) <= titles]
     assert not strays, strays
     assert set(seen[-1]) == titles
+
+
+# The pages a new user opens, each with the title words of its main map (None: a page whose first figure is its main
+# map), for a plain ViT and a Swin; every page is also read for clipped and overlapping texts.
+LAYOUT_PAGES = {
+    "demo": [
+        ("Image & predictions", "Top predictions"),
+        ("Layers & rollout", "Rollout of"),
+        ("Head importance", "Direct contribution"),
+        ("Activation patching", "Residual patching"),
+        ("Compare explanations", "Every method"),
+        ("Side by side", "A. demo"),
+        ("Position embeddings", "Position embedding similarity"),
+        ("Patch embedding & norms", "Token norms"),
+    ],
+    "demo-swin": [
+        ("Heads", "head 0: where"),
+        ("Layers & rollout", "Rollout of"),
+        ("Activation patching", "Head patching"),
+        ("Position embeddings", None),
+    ],
+}
+
+
+def test_at_1366x768_main_maps_are_in_view_and_no_text_is_clipped_or_overlaps(server, browser):
+    """Item 10: at 1366 x 768 the main map of each page lies (at least three quarters of it) in the window before any
+    scrolling, and no figure title, axis title, tick label, tile title or button label is cut or drawn over another
+    (read from the bounding boxes of the texts Plotly draws)."""
+    from browser_tools import choose_model, wait_for_title
+    from layout_tools import layout_problems, map_box
+
+    page = browser.new_page(viewport={"width": 1366, "height": 768})
+    report = {}
+    try:
+        page.goto(server)
+        wait_for_title(page, "Top predictions", timeout=120)
+        settle(page)
+        for model, pages in LAYOUT_PAGES.items():
+            if model != "demo":
+                choose_model(page, model)
+                page.wait_for_timeout(2000)  # the model loads, the page reruns
+                settle(page)
+            for name, words in pages:
+                page.get_by_role("link", name=name).click()
+                page.wait_for_timeout(500)
+                if words:
+                    wait_for_title(page, words, timeout=240)
+                settle(page)
+                page.wait_for_timeout(500)
+                problems = layout_problems(page)
+                box = map_box(page, words or "")
+                shot = f"layout-{model}-{name.split()[0].lower()}.png"
+                page.screenshot(path=str(OUTPUT / shot))
+                seen = 0.0 if box is None else (768 - box["top"]) / max(box["bottom"] - box["top"], 1)
+                if problems or box is None or box["top"] < 0 or seen < 0.75:
+                    report[(model, name)] = {"main map": box, "in view": round(min(seen, 1.0), 2), "texts": problems}
+    finally:
+        page.close()
+    assert not report, report

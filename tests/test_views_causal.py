@@ -94,7 +94,7 @@ def test_causal_views_drawn_twice_with_two_states_show_each_states_own_numbers()
         title, z, _ = charts[f"{who}_method_maps"]
         assert title == f"Every method's map for {explained.name(loaded.id2label)}"
         values = [np.asarray(m.values, np.float64) for m in maps.values()]
-        tiles = _tiles(z, len(values), values[0].shape)
+        tiles = _tiles(z, len(values), values[0].shape, cols=4)  # Compare's tiles: four a row
         for name, tile, ref in zip(maps, tiles, values, strict=True):
             if who == "B":  # the shared scale: the raw values
                 np.testing.assert_allclose(tile, ref, rtol=1e-4, atol=1e-6, err_msg=name)
@@ -113,7 +113,7 @@ def test_causal_views_drawn_twice_with_two_states_show_each_states_own_numbers()
             results = [(r.method, r.deletion - m.deletion, r.insertion - m.insertion) for r, m in pairs]
         else:
             results = [(r.method, r.deletion, r.insertion) for r in results]
-        assert title == f"Deletion and insertion curves: {what} (Petsiuk et al. 2018)"
+        assert title.replace("<br>", " ") == f"Deletion and insertion curves: {what} (Petsiuk et al. 2018)"  # may wrap
         assert [t["name"] for t in traces] == [r[0] for r in results for _ in range(2)]
         for k, (_, deletion, insertion) in enumerate(results):
             np.testing.assert_allclose(_array(traces[2 * k]["y"]), deletion, rtol=1e-5, atol=1e-6)

@@ -422,7 +422,7 @@ def draw_summaries(cur: common.Current, s: SummarySettings, *, key: str) -> np.n
     with left:
         fig = figures.layer_head_figure(
             table[s.metric],
-            title=f"{SUMMARIES[s.metric]}: click a cell to open that head",
+            title=f"{SUMMARIES[s.metric]}<br>(click a cell to open that head)",
             colorbar_title=SUMMARIES[s.metric],
             marked=s.marked,
             row_labels=[cap.block_label(b) for b in range(cap.num_blocks)],

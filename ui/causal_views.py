@@ -150,6 +150,8 @@ def draw_method_maps(cur: common.Current, s: MethodMapsSettings, *, key: str) ->
         zmin=scaled.zmin,
         zmax=scaled.zmax,
         title=f"Every method's map for {plotly_plain(s.target.name(cur.model.id2label))}",
+        cols=4,  # tiles wide enough for their titles ("integrated_gradients [-0.104, 2]") at 1366 x 768
+        tile_px=200,
     )
     st.caption("Each tile's title gives the map's own range [min, max] before scaling.")
     flat = {m: maps[m].values for m in names if figures.is_flat(maps[m].values)}
@@ -234,7 +236,7 @@ def draw_importance(cur: common.Current, s: ImportanceSettings, *, key: str):
     title = "Fast estimate (first order, not exact)" if s.fast else "Effect of knocking out each head"
     fig = figures.layer_head_figure(
         result.effects,
-        title=f"{title} on '{plotly_plain(name)}': click a cell to open that head",
+        title=f"{title} on '{plotly_plain(name)}'<br>(click a cell to open that head)",
         colorbar_title=f"estimated change of the {score}" if s.fast else f"change of the {score}",
         marked=s.marked,
         row_labels=labels,

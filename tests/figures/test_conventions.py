@@ -42,5 +42,5 @@ def test_block_head_hovers_show_the_value_and_say_estimate_where_it_is_one():
 def test_the_patch_grid_says_rows_x_columns_and_pixels_width_x_height():
     image = np.zeros((96, 144, 3), np.uint8)  # 96 px high, 144 px wide: 12 x 18 patches of 8 px
     fig = figures.image_figure(image, patch_size=8, num_prefix_tokens=1)
-    title = fig.layout.title.text
+    title = fig.layout.title.text.replace("<br>", " ")  # it wraps to the figure's width
     assert "12 x 18 patches (rows x columns)" in title and "144 x 96 px (width x height)" in title

@@ -49,13 +49,14 @@ def test_small_multiples_tiles_share_one_scale():
     fig = figures.small_multiples_figure(maps, [f"h{i}" for i in range(5)], colorbar_title="raw", cols=3)
     heat = _trace(fig, "heatmap")[0]
     big = np.asarray(heat.z, dtype=float)
-    assert big.shape == (2 * 3 - 1, 3 * 4 - 1)
-    np.testing.assert_array_equal(big[3:5, 4:7], maps[4])  # tile 4: row 1, column 1
-    assert np.isnan(big[2]).all()  # gap row between the tile rows
+    gap = figures.tile_gap(2)  # tiles of two rows: three empty rows for the next row's titles
+    assert gap == 3 and big.shape == (2 * 2 + gap, 3 * 4 - 1)
+    np.testing.assert_array_equal(big[2 + gap : 4 + gap, 4:7], maps[4])  # tile 4: row 1, column 1
+    assert np.isnan(big[2 : 2 + gap]).all()  # gap rows between the tile rows
     assert (heat.zmin, heat.zmax) == (maps.min(), maps.max())
     assert [a.text for a in fig.layout.annotations] == [f"h{i}" for i in range(5)]
     targets = _trace(fig, "scatter")[0]
-    assert (targets.x[4], targets.y[4], targets.customdata[4][0]) == (5, 3.5, 4)  # centre of tile 4
+    assert (targets.x[4], targets.y[4], targets.customdata[4][0]) == (5, 2 + gap + 0.5, 4)  # centre of tile 4
     with_image = figures.small_multiples_figure(
         maps, ["a"] * 5, colorbar_title="raw", cols=3, image=np.zeros((16, 24, 3), np.uint8)
     )

@@ -83,7 +83,7 @@ def patching_grid_figure(
         title=title,
         xaxis=dict(title=x_title),
         yaxis=dict(title="block", tickvals=list(range(n_rows)), ticktext=rows, autorange="reversed"),
-        height=min(720, 120 + 24 * n_rows),
+        height=min(720, max(240, 120 + 24 * n_rows)),  # the colour bar's title fits beside a few blocks
         margin=_MARGIN,
         shapes=shapes,
     )

@@ -21,10 +21,12 @@ from vitviz.text import plotly_plain
 
 __all__ = [
     "ATTENTION_SCALE",
+    "fit_text",
     "rgb_scale",
     "image_figure",
     "map_figure",
     "small_multiples_figure",
+    "tile_gap",
     "token_sequence_figure",
     "predictions_figure",
     "prefix_attention_figure",
@@ -62,6 +64,25 @@ def rgb_scale(scale: str | Sequence) -> list[list]:
             colour = "rgb({}, {}, {})".format(*hex_to_rgb(colour))
         out.append([float(pos), colour])
     return out
+
+
+def fit_text(fig: go.Figure, *, title_chars: int = 80) -> go.Figure:
+    """Room for every text of ``fig`` (changed in place, and returned): each axis grows the margin to hold its tick
+    labels and title (``automargin``), so neither is cut at the figure's edge nor drawn over the other; a title
+    longer than ``title_chars`` wraps at word boundaries, the top margin and the height growing by a line each.
+
+    The figures here keep margins of 10 px (maps fill their column); at 1366 x 768 a half-width column is about
+    450 px wide, where a bar chart's class names and a block x head table's block names did not fit.
+    """
+    fig.update_xaxes(automargin=True)
+    fig.update_yaxes(automargin=True)
+    title, extra = _wrapped(fig.layout.title.text, title_chars)
+    if extra:
+        top = fig.layout.margin.t if fig.layout.margin.t is not None else 40
+        fig.update_layout(title_text=title, margin_t=top + extra)
+        if fig.layout.height is not None:
+            fig.update_layout(height=fig.layout.height + extra)
+    return fig
 
 
 def _kind_colour(kind: str) -> str:
@@ -117,7 +138,9 @@ def image_figure(image: np.ndarray, *, patch_size: int, num_prefix_tokens: int, 
         )
     )
     default = f"{grid[0]} x {grid[1]} patches (rows x columns) of {patch_size} px; input {w} x {h} px (width x height)"
-    fig.update_layout(title=title or default, margin=_MARGIN, height=480)
+    # the title fits the figure's own width (about its plot height times the image's aspect ratio)
+    text, extra = _wrapped(title or default, max(28, int((480 - 50) * w / h / 8.5)))
+    fig.update_layout(title=text, margin={**_MARGIN, "t": _MARGIN["t"] + extra}, height=480 + extra)
     _image_axes(fig, h, w)
     return fig
 
@@ -199,9 +222,22 @@ def map_figure(
                 type="rect", x0=c * cw, x1=(c + 1) * cw, y0=r * ch, y1=(r + 1) * ch, line=dict(color="#00e5ff", width=3)
             )
         )
-    fig.update_layout(title=title, margin=_MARGIN, height=height, shapes=shapes)
+    # the title fits the figure's own width (about its height times the map's aspect ratio, plus the colour bar)
+    chars = max(28, int(((height - 50) * w / h + 90) / 8.5))
+    title, extra = _wrapped(title, chars)
+    fig.update_layout(title=title, margin={**_MARGIN, "t": _MARGIN["t"] + extra}, height=height + extra, shapes=shapes)
     _image_axes(fig, h, w)
     return fig
+
+
+def _wrapped(title: str, chars: int) -> tuple[str, int]:
+    """``title`` on lines of at most ``chars`` characters (at word boundaries), and the pixels the extra lines take."""
+    import textwrap
+
+    if not title or "<br>" in title or len(title) <= chars:
+        return title, 0
+    lines = textwrap.wrap(title, chars, break_long_words=False, break_on_hyphens=False)
+    return "<br>".join(lines), 20 * (len(lines) - 1)
 
 
 def _data_uri(image: np.ndarray, *, max_side: int | None = None, quality: int = 90) -> str:
@@ -217,6 +253,12 @@ def _data_uri(image: np.ndarray, *, max_side: int | None = None, quality: int = 
     buf = io.BytesIO()
     img.save(buf, format="JPEG", quality=quality)
     return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def tile_gap(rows: int) -> int:
+    """Empty cells between two rows of tiles of ``rows`` cells in :func:`small_multiples_figure` (one between
+    columns): room for a line of title over tiles of few, large cells."""
+    return 1 if rows >= 12 else (2 if rows >= 6 else 3)
 
 
 def small_multiples_figure(
@@ -248,10 +290,14 @@ def small_multiples_figure(
         zmin, zmax = flat_limits(maps) or (None, None)
     cols = max(1, min(cols, k))
     rows = -(-k // cols)
-    big = np.full((rows * (gh + 1) - 1, cols * (gw + 1) - 1), np.nan)
+    # rows of tiles lie ``gap`` cells apart: room for the next row's titles (a 6 x 6 grid's one cell was less than a
+    # line of text, and the titles sat on the tiles above)
+    gap = tile_gap(gh)
+    stride = gh + gap
+    big = np.full((rows * stride - gap, cols * (gw + 1) - 1), np.nan)
     for i, m in enumerate(maps):
         r, c = divmod(i, cols)
-        big[r * (gh + 1) : r * (gh + 1) + gh, c * (gw + 1) : c * (gw + 1) + gw] = m
+        big[r * stride : r * stride + gh, c * (gw + 1) : c * (gw + 1) + gw] = m
     tile_r, tile_c = np.divmod(np.arange(k), cols)
     fig = go.Figure(
         [
@@ -267,7 +313,7 @@ def small_multiples_figure(
             ),
             go.Scatter(
                 x=tile_c * (gw + 1) + (gw - 1) / 2,
-                y=tile_r * (gh + 1) + (gh - 1) / 2,
+                y=tile_r * stride + (gh - 1) / 2,
                 mode="markers",
                 marker=dict(size=tile_px // 2, opacity=0.0, symbol="square"),
                 customdata=np.arange(k)[:, None],
@@ -286,7 +332,7 @@ def small_multiples_figure(
                     xref="x",
                     yref="y",
                     x=c * (gw + 1) - 0.5,
-                    y=r * (gh + 1) - 0.5,
+                    y=r * stride - 0.5,
                     sizex=gw,
                     sizey=gh,
                     xanchor="left",
@@ -301,11 +347,11 @@ def small_multiples_figure(
         annotations=[
             dict(
                 x=(i % cols) * (gw + 1) + (gw - 1) / 2,
-                y=(i // cols) * (gh + 1) - 0.5,
+                y=(i // cols) * stride - 0.5,
                 text=t,
                 showarrow=False,
                 yanchor="bottom",
-                font=dict(size=12),
+                font=dict(size=11),
             )
             for i, t in enumerate(titles)
         ],
@@ -386,7 +432,7 @@ def prefix_attention_figure(
     """A bar per prefix token (values in [0, 1]), plus one for all patches together when ``patch_total`` is given
     (the default title then says so: the patches are on the image)."""
     if patch_total is not None and title == "Attention to tokens not on the image (raw)":
-        title = "Where the query's attention goes: each token not on the image, and all patches together (raw)"
+        title = "Where the query's attention goes (raw)"  # tokens off the image, and all patches together
     names = list(kinds) + ([] if patch_total is None else ["all patches"])
     vals = [float(v) for v in values] + ([] if patch_total is None else [float(patch_total)])
     fig = go.Figure(
@@ -482,8 +528,8 @@ def layer_head_figure(
             ticktext=labels,
             autorange="reversed",
         ),
-        height=min(720, 120 + 24 * num_layers),
-        margin=_MARGIN,
+        height=min(720, max(280, 120 + 24 * num_layers)) + (20 if "<br>" in title else 0),
+        margin={**_MARGIN, "t": 60 if "<br>" in title else 40},  # the colour bar's title fits beside a few blocks
         clickmode="event+select",
         dragmode=False,
         shapes=shapes,
@@ -585,7 +631,7 @@ def position_similarity_figure(similarity: np.ndarray, grid: tuple[int, int], *,
         title=f"Position embedding similarity, {g_rows} x {g_cols} positions{sub}",
         xaxis=dict(visible=False, constrain="domain"),
         yaxis=dict(visible=False, autorange="reversed", scaleanchor="x"),
-        height=640,
+        height=560,
         margin=_MARGIN,
     )
     return fig
@@ -762,7 +808,11 @@ def lens_figure(
     fig.update_xaxes(title_text="residual stream after block (emb: the embeddings)", **ticks)
     fig.update_yaxes(range=[0, 1], tickformat=".0%", row=1, col=1)
     fig.update_yaxes(autorange="reversed", title_text="rank (1 = top)", row=1, col=2)
-    fig.update_layout(title="Logit lens: what the model would predict after each block", height=380, margin=_MARGIN)
+    fig.update_layout(
+        title="Logit lens: what the model would predict after each block",
+        height=400,
+        margin=dict(l=10, r=10, t=80, b=10),  # the title above the two subplots' titles
+    )
     return fig
 
 
@@ -796,7 +846,9 @@ def curves_figure(fractions: np.ndarray, curves: dict[str, tuple[np.ndarray, np.
     fig.update_xaxes(title_text="fraction of patches", tickformat=".0%")
     fig.update_yaxes(title_text=f"probability of '{target}'", range=[0, 1], row=1, col=1)
     fig.update_yaxes(range=[0, 1], row=1, col=2)
-    fig.update_layout(title="Deletion and insertion curves (Petsiuk et al. 2018)", height=400, margin=_MARGIN)
+    fig.update_layout(
+        title="Deletion and insertion curves (Petsiuk et al. 2018)", height=420, margin=dict(l=10, r=10, t=80, b=10)
+    )
     return fig
 
 
@@ -824,5 +876,5 @@ def areas_figure(deletion: dict[str, np.ndarray], insertion: dict[str, np.ndarra
                 col=col,
             )
     fig.update_yaxes(range=[0, 1])
-    fig.update_layout(title="Areas over the images, per method", height=420, margin=_MARGIN)
+    fig.update_layout(title="Areas over the images, per method", height=440, margin=dict(l=10, r=10, t=80, b=10))
     return fig
