@@ -84,11 +84,18 @@ def test_the_instant_views_choice_is_the_sessions_query_block_and_head(server, b
 NAV_WATCH_JS = """
 window.__navSeen = [];
 const record = () => {
-    const links = Array.from(document.querySelectorAll("[data-testid='stSidebarNav'] a, [data-testid='stSidebarNavLink']"));
+    const links = Array.from(document.querySelectorAll(
+        "[data-testid='stSidebarNav'] a, [data-testid='stSidebarNavLink'], [data-testid='stSidebar'] [data-testid^='stPageLink'] a"
+    ));
     if (!links.length) return;
-    const names = Array.from(new Set(links.map(a => a.innerText.trim()).filter(Boolean)));
+    const label = a => {  // the link's words without its icon's (a Material icon is drawn from its name)
+        const copy = a.cloneNode(true);
+        copy.querySelectorAll("[data-testid='stIconMaterial']").forEach(i => i.remove());
+        return copy.innerText.trim();
+    };
+    const names = Array.from(new Set(links.map(label).filter(Boolean)));
     const last = window.__navSeen[window.__navSeen.length - 1];
-    if (!last || last.join("|") !== names.join("|")) window.__navSeen.push(names);
+    if (!last || last.names.join("|") !== names.join("|")) window.__navSeen.push({names, at: performance.now()});
 };
 new MutationObserver(record).observe(document, {childList: true, subtree: true, characterData: true});
 """
@@ -117,9 +124,9 @@ def test_a_first_visit_after_a_server_start_lists_only_the_apps_pages(browser):
         finally:
             page.close()
     assert seen, "no navigation was drawn"
-    strays = [names for names in seen if not set(names) <= titles]
-    assert not strays, strays
-    assert set(seen[-1]) == titles
+    strays = [s for s in seen if not set(s["names"]) <= titles]
+    assert not strays, (strays, seen)
+    assert set(seen[-1]["names"]) == titles
 
 
 # The pages a new user opens, each with the title words of its main map (None: a page whose first figure is its main
