@@ -183,16 +183,16 @@ def test_a_hierarchical_model_on_every_page(server, browser, hier_dirs):
         box.press("Enter")
         page.wait_for_selector("text=stage 1: 8 x 8 tokens", timeout=90_000)
         page.get_by_role("link", name="Heads").click()
-        wait_for_title(page, "Stage 2, block 1, head 0: where pooled query looks")
+        wait_for_title(page, "Stage 1, block 1, head 0: where pooled query looks")
         settle(page)
-        plot = page.locator(PLOTS).filter(has=page.locator("text=Stage 2, block 1, head 0")).first
+        plot = page.locator(PLOTS).filter(has=page.locator("text=Stage 1, block 1, head 0")).first
         box = plot.locator(".nsewdrag").first.bounding_box()
         page.mouse.click(box["x"] + box["width"] * 0.3, box["y"] + box["height"] * 0.6)  # cell (4, 2) of 8 x 8
-        clicked = wait_for_title(page, "Stage 2, block 1, head 0: where token (4, 2) looks")
+        clicked = wait_for_title(page, "Stage 1, block 1, head 0: where token (4, 2) looks")
         assert len(decode(clicked["z"][0])) == 8
         settle(page)
         page.get_by_text("0 (16 x 16)").click()  # stage 0: the same place on the finer grid
-        wait_for_title(page, "Stage 1, block 0, head 0: where token (9, 5) looks")  # centre (20, 36) px
+        wait_for_title(page, "Stage 0, block 0, head 0: where token (9, 5) looks")  # centre (20, 36) px
         settle(page)
         for link, words in [
             ("Layers & rollout", "Rollout of"),

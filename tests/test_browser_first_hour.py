@@ -57,6 +57,12 @@ def test_the_instant_views_choice_is_the_sessions_query_block_and_head(server, b
         page.goto(f"{server}/heads")
         frame = _head_view(page)
         settle(page)
+        # item 10: the frame holds the whole page (it was 610 px for 633 px of content: the last line cut)
+        frame_h, content_h = page.evaluate(
+            "() => { const f = document.querySelector('iframe.vitviz-head-view');"
+            " return [f.clientHeight, f.contentDocument.documentElement.scrollHeight]; }"
+        )
+        assert frame_h >= content_h, (frame_h, content_h)
         layers = int(frame.evaluate("+document.getElementById('layer').max")) + 1
         heads = frame.locator("#thumbs canvas").count() // layers
         frame.locator("#thumbs canvas").nth(2 * heads + 3).click()

@@ -44,3 +44,13 @@ def test_the_patch_grid_says_rows_x_columns_and_pixels_width_x_height():
     fig = figures.image_figure(image, patch_size=8, num_prefix_tokens=1)
     title = fig.layout.title.text.replace("<br>", " ")  # it wraps to the figure's width
     assert "12 x 18 patches (rows x columns)" in title and "144 x 96 px (width x height)" in title
+
+
+def test_a_stage_boundary_spans_the_heads_of_its_blocks_only():
+    """demo-swin's summaries: 2, 4 and 8 heads per stage; the line between stages 0 and 1 stopped at the table's
+    right edge, across cells neither block has."""
+    values = np.full((4, 8), np.nan)
+    values[0:2, :2], values[2, :4], values[3, :8] = 1.0, 2.0, 3.0
+    fig = figures.layer_head_figure(values, title="t", colorbar_title="c", stage_of_block=[0, 0, 1, 2])
+    lines = [(s.y0, s.x1) for s in fig.layout.shapes if s.type == "line"]
+    assert lines == [(1.5, 3.5), (2.5, 7.5)]

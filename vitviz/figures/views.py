@@ -504,8 +504,16 @@ def layer_head_figure(
             showlegend=False,
         )
     )
-    shapes = [
-        dict(type="line", x0=-0.5, x1=num_heads - 0.5, y0=b - 0.5, y1=b - 0.5, line=dict(color="white", width=3))
+    heads_of = np.isfinite(values).sum(axis=1)  # heads each block has (its finite cells)
+    shapes = [  # a stage's boundary spans the cells on either side of it, not the blank cells beyond them
+        dict(
+            type="line",
+            x0=-0.5,
+            x1=max(heads_of[b - 1], heads_of[b]) - 0.5,
+            y0=b - 0.5,
+            y1=b - 0.5,
+            line=dict(color="white", width=3),
+        )
         for b in _stage_starts(stage_of_block)
     ]
     if marked is not None:
