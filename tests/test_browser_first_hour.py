@@ -192,3 +192,37 @@ def test_at_1366x768_main_maps_are_in_view_and_no_text_is_clipped_or_overlaps(se
     finally:
         page.close()
     assert not report, report
+
+
+def test_the_data_set_page_at_1366x768_cuts_no_method_name(browser, tmp_path):
+    """Item 10 on the Data set page: the box plot's method names were cut. A last local run of six demo images."""
+    from browser_tools import wait_for_title
+    from layout_tools import layout_problems
+
+    from vitviz.__main__ import main
+    from vitviz.data.shapes import write_dataset
+
+    home = tmp_path / "home"
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VITVIZ_HOME", str(home))
+    try:
+        csv_path = write_dataset(tmp_path / "shapes", n=6, seed=31)
+        argv = ["evaluate", "--data", str(csv_path), "--out", str(tmp_path / "results.parquet"), "--size", "48"]
+        assert main([*argv, "--methods", "attention,rollout,integrated_gradients,random"]) == 0
+    finally:
+        mp.undo()
+    with (
+        open(OUTPUT / "streamlit-dataset.log", "w") as log,
+        streamlit_server({"HF_HUB_OFFLINE": "1", "VITVIZ_HOME": str(home)}, log=log) as (url, _),
+    ):
+        page = browser.new_page(viewport={"width": 1366, "height": 768})
+        try:
+            page.goto(f"{url}/dataset")
+            page.get_by_role("button", name="Open the last local run").click(timeout=120_000)
+            wait_for_title(page, "Areas over the images", timeout=120)
+            settle(page)
+            problems = layout_problems(page)
+            page.screenshot(path=str(OUTPUT / "layout-demo-dataset.png"), full_page=True)
+        finally:
+            page.close()
+    assert not problems, problems
