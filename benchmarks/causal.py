@@ -1,4 +1,4 @@
-"""Benchmarks of "Does this head matter?" (``vitviz.capture.causal``); each function returns a dict of numbers.
+"""Benchmarks of "Does this head matter?" (``vitviz.causal``); each function returns a dict of numbers.
 
     python -m benchmarks.causal [--runs 3] [--images 50] [--naive]
 
@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from vitviz.capture.causal import fast_estimate, head_importance  # noqa: E402
 from vitviz.capture.forward import preprocess  # noqa: E402
+from vitviz.causal import fast_estimate, head_importance  # noqa: E402
 from vitviz.models.load import load_model  # noqa: E402
 
 __all__ = ["head_importance_cost", "one_run_views", "fast_vs_exact_rank_correlation", "spearman"]
@@ -52,9 +52,9 @@ def _seconds(fn: Callable[[], object]) -> float:
 def one_run_views(folder: str | Path, *, runs: int = 3) -> dict:
     """Forward passes and wall time of six views of one image: each with its own clean forward, or one Run."""
     from vitviz.analysis.rollout import capture_rollout
-    from vitviz.capture.causal import direct_logit_attribution, logit_lens
     from vitviz.capture.gradients import explain_classes
     from vitviz.capture.run import clear_runs, get_run
+    from vitviz.causal import direct_logit_attribution, logit_lens
 
     loaded = load_model(str(folder))
     rng = np.random.default_rng(0)

@@ -1,4 +1,4 @@
-"""Benchmarks of activation patching (``vitviz.capture.patching``); each function returns a dict of numbers.
+"""Benchmarks of activation patching (``vitviz.causal.patching``); each function returns a dict of numbers.
 
     python -m benchmarks.patching [--runs 3] [--pairs 50] [--residual-size 96]
 
@@ -34,10 +34,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from vitviz.analysis.patching import rank_correlation  # noqa: E402
+from vitviz.analysis.first_order import rank_correlation  # noqa: E402
 from vitviz.capture.forward import preprocess  # noqa: E402
-from vitviz.capture.patching import activation_patching  # noqa: E402
 from vitviz.capture.run import clear_runs  # noqa: E402
+from vitviz.causal.patching import activation_patching  # noqa: E402
 from vitviz.models.load import load_model  # noqa: E402
 
 __all__ = ["patching_cost", "estimate_cost", "estimate_vs_exact"]
@@ -143,7 +143,7 @@ def estimate_cost(folder: str | Path, *, runs: int = 5, side: int | None = None)
     machine: other jobs' load does not count). ``now_another_source``: given the clean Run and an estimate made,
     the estimate for another source image of the same target (the gradients are kept: no backward). ``side``: the
     input size in px (default: the model's; larger inputs make the full Run's attention summaries weigh more)."""
-    import vitviz.capture.patching as P
+    import vitviz.causal.patching as P
     from vitviz.capture.run import get_activations, get_run
 
     loaded = load_model(str(folder))

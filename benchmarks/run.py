@@ -13,7 +13,9 @@ patching in forward-equivalents, estimate vs exact on 50 demo image pairs; ``ben
 ``headview`` (the instant head view in Chromium: input -> redraw, payload; ``benchmarks/headview.py``),
 ``compare_open`` (*Compare explanations*' first open on demo over one forward; ``benchmarks/compare_open.py``),
 ``side_by_side`` (the Side by side page with two models against the one-pane Heads page: reruns, a synced click,
-a new image; ``benchmarks/side_by_side.py``).
+a new image; ``benchmarks/side_by_side.py``), ``hybrid`` (R50+ViT-B/16 at 384 px: the Run against the plain
+forward, a ViT-B/16 at 384 as control; ``benchmarks/hybrid.py``), ``hiera`` (Hiera-B at 224: the Run's full
+analysis against plain inference; ``benchmarks/hiera.py``).
 With ``--sections``, the sections not run keep their figures from an existing ``--out`` file.
 
 Random weights throughout (speed does not depend on them). Every ratio compares
@@ -240,6 +242,8 @@ SECTIONS = (
     "attnlrp",
     "compare_open",
     "side_by_side",
+    "hybrid",
+    "hiera",
 )
 
 
@@ -339,6 +343,14 @@ def main(argv: list[str] | None = None) -> int:
             from benchmarks import compare_open
 
             results["compare_open"] = compare_open.compare_first_open(max(2, runs // 3))
+        if "hybrid" in sections:
+            from benchmarks import hybrid
+
+            results["hybrid"] = hybrid.hybrid_overhead(max(2, runs // 3))
+        if "hiera" in sections:
+            from benchmarks import hiera
+
+            results["hiera"] = hiera.overhead(hiera.make_hiera(Path(tmp) / "hiera"), runs)
     results["peak_rss_MiB"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     out.write_text(json.dumps(results, indent=2))
     print_table(results)
@@ -347,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_table(r: dict) -> None:
     print(f"\nvitviz benchmark on {r['device']} ({r['machine']})\n")
-    rows = [*r.get("overhead", []), *r.get("zeroshot", {}).get("overhead", [])]
+    rows = [*r.get("overhead", []), *r.get("zeroshot", {}).get("overhead", []), *([r["hiera"]] if "hiera" in r else [])]
     if rows:
         print(
             "| model | tokens (all stages) | blocks | plain inference (s) | vitviz full analysis (s) | overhead ratio "
@@ -429,6 +441,10 @@ def print_table(r: dict) -> None:
         from benchmarks.compare_open import print_row
 
         print_row(co)
+    if hy := r.get("hybrid"):
+        from benchmarks.hybrid import print_row as print_hybrid
+
+        print_hybrid(hy)
     if im := r.get("imports"):
         from benchmarks.imports import print_rows
 

@@ -69,6 +69,18 @@ st.caption(
     + (", so they do not explain the difference (shown for comparison)." if target.minus is not None else ".")
 )
 
+attnlrp = "attnlrp"
+if "attnlrp" not in skipped:
+    attnlrp = st.radio(
+        "AttnLRP's rules",
+        list(causal_views.ATTNLRP),
+        format_func=causal_views.ATTNLRP.get,
+        horizontal=True,
+        key="compare_attnlrp",
+        help="The paper's rules (the default) halve the relevance at attention's products and let the softmax "
+        "absorb some; CP-LRP, as the lxt library explains vision transformers, holds the attention weights "
+        "constant, so all of A v's relevance goes to the values (attnlrp_cp on the command line).",
+    )
 maps_bar = st.empty()  # per-method progress on the first open; gone once the maps are drawn
 
 
@@ -78,13 +90,13 @@ def _method_progress(done: int, total: int, name: str) -> None:
 
 
 try:
-    causal_views.target_maps(cur, target, progress=_method_progress)
+    causal_views.target_maps(cur, target, progress=_method_progress, attnlrp=attnlrp)
 except (VitvizError, ValueError) as exc:
     maps_bar.empty()
     st.error(str(exc))
     st.stop()
 maps_bar.empty()
-maps = causal_views.draw_method_maps(cur, causal_views.MethodMapsSettings(target, how), key="method")
+maps = causal_views.draw_method_maps(cur, causal_views.MethodMapsSettings(target, how, attnlrp), key="method")
 names = list(maps)
 photo.photo_panel(
     "method",
@@ -110,7 +122,7 @@ start = st.radio(
     help="Blur keeps each region's colour: where colour is the evidence (the demo shapes), insertion from blur is "
     "flat for every method. The default, the mean colour, hides colour and shape.",
 )
-key = ("curves", *cur.key, target, start)
+key = ("curves", *cur.key, target, start, attnlrp)
 if ss.get("curves_wanted") != key:
     st.button(
         "Compute the curves",
@@ -136,7 +148,7 @@ else:
             st.stop()
         bar.progress(done / max(total, 1), text=f"{done} of {total} images")
 
-    settings = causal_views.CurvesSettings(target, start)
+    settings = causal_views.CurvesSettings(target, start, attnlrp)
     try:
         causal_views.curves(cur, settings, progress=_curves_progress)
     except (VitvizError, ValueError) as exc:

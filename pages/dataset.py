@@ -108,10 +108,10 @@ except VitvizError as exc:
     st.stop()
 
 meta = results.meta
-skipped = meta.get("skipped", [])
+skipped = meta.get("skipped_total", len(meta.get("skipped", [])))  # the first 100 are listed; the total counts all
 if results.table.num_rows == 0:
     st.info(
-        f"This results file holds no results ({len(skipped)} inputs skipped). Run `python -m vitviz evaluate` "
+        f"This results file holds no results ({skipped:,} inputs skipped). Run `python -m vitviz evaluate` "
         "on images the model can read, then upload its results."
     )
     st.stop()
@@ -119,7 +119,7 @@ start = meta.get("insertion_start", "blur")
 st.caption(  # every field comes from the file: plain text
     f"**{md_plain(meta.get('model'))}** on {results.num_images} images ({md_plain(meta.get('data', '?'))}), methods "
     f"{md_plain(', '.join(results.methods))}; seed {md_plain(meta.get('seed'))}; insertion from "
-    f"{md_plain(INSERTION_START_NAMES.get(start, start))}; {len(skipped)} inputs skipped."
+    f"{md_plain(INSERTION_START_NAMES.get(start, start))}; {skipped:,} inputs skipped."
     + (
         f" Zero-shot labels {md_plain(', '.join(repr(x) for x in meta['labels']))} (template "
         f"'{md_plain(meta.get('template'))}'): each image was explained for the label the model picked."

@@ -63,15 +63,9 @@ if not instant_on:  # the server-drawn view
         windows=g.kind == "window" and ss.show_windows,
     )
     looking, what = attention_views.head_looks(cur, shown), attention_views.head_what(cur, shown)
-    if (
-        cur.model.family.name == "T2T-ViT"
-        and getattr(cur.model.config, "tokens_type", "") == "performer"
-        and block.stage < len(cap.stages) - 1
-    ):
-        st.caption(
-            "A Performer tokens-to-token layer forms no attention matrix: shown is the attention its random-feature "
-            "kernel implies, phi(q) . phi(k) / (phi(q) . sum phi(k)), which is what its output uses."
-        )
+    block_note = cur.model.family.block_note(cur.model.config, block.stage, len(cap.stages))
+    if block_note:
+        st.caption(block_note)
     if g.kind == "separable":
         st.caption(
             "MobileViT V2 attends with one context score per patch and offset (no query): every query sees this map."
@@ -112,7 +106,7 @@ if not instant_on:  # the server-drawn view
             gif_views=("head", "mean") + (() if cap.rollout_note else ("rollout",)),
             gif_key=(head, query, block.stage),
         )
-        if cur.model.family.name == "DAT" and looking:
+        if cur.model.family.sampled_keys and looking:
             attention_views.draw_deformable(cur, shown, key="deformable")
         if g.kind == "window":
             st.caption(

@@ -109,6 +109,27 @@ else:
         st.caption("Exact grids, kept for this image, source and target; the estimate is replaced below.")
 causal_views.draw_patching(cur, settings, key="patch", exact=exact, files_key="patching")
 
+# --- attention-pattern and path patching, head by head ------------------------------------------------
+st.subheader("Where a head looks, and what reaches the read-out")
+st.caption(
+    "**Attention-pattern patching** at (block l, head h): head h's attention probabilities in block l are the "
+    "source's, its values and everything else the target's own; the change runs through every later block. "
+    "**Path patching** to the read-out: head h's output z is the source's on the direct path only: every later "
+    "block reads the target's own activations (frozen), so only that head's output difference, through the output "
+    "projection, reaches the read-out. Each cell is the measured score; the colour its change from the clean score. "
+    "Definition: vitviz docs, Definitions > Attention-pattern patching; and Definitions > Path patching."
+)
+want_paths = ("patching_paths", *cur.key, source_digest, target)
+if ss.get("patching_paths_wanted") != want_paths:
+    st.button("Compute pattern and path patching", on_click=lambda: ss.update(patching_paths_wanted=want_paths))
+else:
+    for kind in ("pattern", "path"):
+        try:
+            with st.spinner("Patching head by head…"):
+                causal_views.draw_head_paths(cur, settings, kind, key="patch")
+        except (VitvizError, ValueError) as exc:
+            st.info(str(exc))
+
 # --- the per-patch logit lens --------------------------------------------------------------------------
 st.subheader("Logit lens per patch")
 st.caption(

@@ -7,15 +7,15 @@ view the Heads and Layers pages draw (:mod:`ui.attention_views`), called once pe
 
 from __future__ import annotations
 
-import io
+from dataclasses import replace
 
 import numpy as np
 import streamlit as st
-from PIL import Image, ImageOps
 
 from ui import attention_views, common, target_boxes
 from vitviz import figures
 from vitviz.compare import depth_match, difference, token_of
+from vitviz.data.images import read_image
 from vitviz.errors import VitvizError
 from vitviz.tables import long_table
 from vitviz.text import md_plain, plotly_plain
@@ -40,35 +40,73 @@ VIEWS = {
 }
 
 
-def _flipped(data: bytes) -> bytes:
-    buf = io.BytesIO()
-    ImageOps.mirror(Image.open(io.BytesIO(data)).convert("RGB")).save(buf, format="PNG")
-    return buf.getvalue()
+def _model_of_pane_b() -> str | None:
+    """Pane B's model. Each new choice is asked for as the sidebar's are (``common.request_model``: the server's
+    policy, and one model change of the visitor's limit), once: reruns that still show a refused choice do not ask
+    again (a rate-limited one is asked again, counted only once allowed). A refused choice keeps the model pane B
+    had; None (the reason shown) when it had none yet."""
+    options = common.model_options()
+    other = next((m for m in options if m != ss.model_name), ss.model_name)
+    what = st.selectbox("Model of pane B", options, index=options.index(other), key="sbs_model")
+    if what in (ss.model_name, ss.get("sbs_model_ok")):  # no new model to load
+        return what
+    refusal = ss.get("sbs_model_refusal")
+    if ss.get("sbs_model_asked") != what or (refusal and refusal[1]):
+        ss.sbs_model_asked = what
+        if common.request_model(what, refusal_key="sbs_model_refusal") is not None:
+            ss.sbs_model_ok = what
+            return what
+    elif refusal:
+        st.error(refusal[0])
+    return ss.get("sbs_model_ok")
+
+
+def _judge_upload(up) -> str | None:
+    """Why pane B's upload is refused (None when it is not), judged once per file: it counts as one of the visitor's
+    uploads, as the sidebar's do, and is checked as they are."""
+    seen = ss.get("sbs_upload_seen")
+    if seen is None or seen[0] != up.file_id:
+        try:
+            common.session_limits().uploads.acquire()  # public mode: the sidebar's limit, shared
+            read_image(up.getvalue(), max_bytes=common.upload_limit())
+            seen = (up.file_id, None)
+        except VitvizError as exc:
+            seen = (up.file_id, f"{md_plain(up.name)}: {exc}")
+        ss.sbs_upload_seen = seen
+    return seen[1]
 
 
 def _pane_b() -> tuple[common.Current, str] | None:
     """Pane B's model and capture, and what names it; None (with a message) when it cannot be shown."""
     state, what = common.state_from_session(), ""
     if differs == "models":
-        options = common.model_options()
-        other = next((m for m in options if m != ss.model_name), ss.model_name)
-        what = st.selectbox("Model of pane B", options, index=options.index(other), key="sbs_model")
+        what = _model_of_pane_b()
+        if what is None:
+            return None
         state = state.with_model(what)  # at its own input size, with its own labels
     elif differs == "images":
         source = st.radio("Image of pane B", ["flipped copy", "an example", "upload"], horizontal=True, key="sbs_src")
-        if source == "flipped copy":
-            data, what = _flipped(ss.image_bytes), "flipped"
+        if source == "flipped copy":  # made once per image for the whole server, inside the decode budget
+            try:
+                flipped, flipped_digest = common.flipped_image(ss.image_bytes, ss.image_digest)
+            except VitvizError as exc:
+                st.error(f"Pane B: {exc}")
+                return None
+            state, what = replace(state, image_bytes=flipped, image_digest=flipped_digest), "flipped"
         elif source == "an example":
             examples = sorted(p.name for p in common.EXAMPLES.iterdir() if p.suffix.lower() in {".jpg", ".png"})
             pick = st.selectbox("Example", examples, key="sbs_example")
-            data, what = (common.EXAMPLES / pick).read_bytes(), pick
+            state, what = state.with_image((common.EXAMPLES / pick).read_bytes()), pick
         else:
             up = st.file_uploader("Image of pane B", type=["png", "jpg", "jpeg", "webp"], key="sbs_upload")
             if up is None:
                 st.info("Upload an image for pane B.")
                 return None
-            data, what = up.getvalue(), up.name
-        state = state.with_image(data)
+            refused = _judge_upload(up)
+            if refused:
+                st.error(f"Pane B: {refused}")
+                return None
+            state, what = state.with_image(up.getvalue()), up.name
     cur_b = common.current_of(state, name="Pane B")
     return None if cur_b is None else (cur_b, what)
 

@@ -60,3 +60,11 @@ def charts(at: AppTest) -> list:
         if el.type == "plotly_chart"
         or (el.type == "bidi_component" and el.proto.component_name == "vitviz_click_chart")
     ]
+
+
+def example_image(name: str):
+    """The example gallery's image ``name`` as the app reads it."""
+    from ui.common import EXAMPLES
+    from vitviz.data.images import read_image
+
+    return read_image((EXAMPLES / name).read_bytes()).image

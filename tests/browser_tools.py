@@ -1,7 +1,7 @@
 """What the real-browser tests and the load test share: Chromium's flags, the app's server, reading Plotly figures.
 
 Debian's Chromium driven by Playwright against ``streamlit run app.py``. The JavaScript
-snippets are plain strings so that the sync helpers here (``tests/test_browser.py``) and the
+snippets are plain strings so that the sync helpers here (``tests/app/test_browser.py``) and the
 async load generator (``benchmarks/load.py``) read the page the same way.
 """
 

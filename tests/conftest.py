@@ -18,6 +18,19 @@ from PIL import Image
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # belt and braces: tests never touch the network
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
+
+def pytest_collection_modifyitems(config, items):
+    """The tiers (tests/tiers.py): ``browser`` and ``slow`` marks, so ``-m "not slow and not browser"`` is fast."""
+    from tiers import tier_marks
+
+    for item in items:
+        browser, slow = tier_marks(item)
+        if browser:
+            item.add_marker(pytest.mark.browser)
+        if slow:
+            item.add_marker(pytest.mark.slow)
+
+
 TINY = dict(
     hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=32, patch_size=8
 )
@@ -61,6 +74,7 @@ def _hier_configs():
     """Tiny hierarchical models: (architecture, config, input side in px)."""
     from transformers import (
         CvtConfig,
+        HieraConfig,
         MobileViTConfig,
         MobileViTV2Config,
         PvtConfig,
@@ -103,10 +117,17 @@ def _hier_configs():
             MobileViTV2Config(image_size=128, width_multiplier=0.125, n_attn_blocks=[1, 2, 1], **labels),
             128,
         ),
+        # 16 x 16 tokens in 2 x 2 mask units of 8 x 8; stages 1-2 in mask units (stage 3's first block too, lagged),
+        # stage 4 global; every later stage starts with a query-pooling block.
+        "hiera": (
+            "HieraForImageClassification",
+            HieraConfig(image_size=[64, 64], embed_dim=8, depths=[1, 2, 2, 2], num_heads=[1, 2, 2, 4], **labels),
+            64,
+        ),
     }
 
 
-HIER_KEYS = ("swin", "swinv2", "cvt", "pvt", "pvt_v2", "mobilevit", "mobilevitv2")
+HIER_KEYS = ("swin", "swinv2", "cvt", "pvt", "pvt_v2", "mobilevit", "mobilevitv2", "hiera")
 
 
 def _liven(model: torch.nn.Module) -> None:

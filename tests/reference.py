@@ -1,4 +1,4 @@
-"""Brute-force references of ALGORITHMS.md's definitions, written without vitviz's code.
+"""Brute-force references of the definitions in docs/definitions.md, written without vitviz's code.
 
 Family tests build each block's dense (T x T) matrix themselves (their own loops
 over windows, shifts and reduced keys) and the merge matrices from the written

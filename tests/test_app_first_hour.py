@@ -261,7 +261,9 @@ def test_notes_that_say_what_they_mean(tiny_dirs):
     assert any(i.value.startswith("Direct logit attribution is not defined") for i in at.info)
     at.switch_page("pages/layers.py").run()
     rollout = " ".join(c.value for c in at.caption if "windows undone" in c.value)
-    assert "docs/definitions.md#rollout" in rollout and "ALGORITHMS" not in rollout
+    assert (
+        "Definitions > Rollout through stages" in rollout and "ALGORITHMS" not in rollout
+    )  # the docs, not a team file
 
     # the last block knocked out: no block after it to pick
     at = _app("pages/heads.py", instant_heads=False, knockout=[(3, 0)])

@@ -55,3 +55,40 @@ def test_the_navigation_comes_before_the_engine_in_app_py():
     nav = order.index(("navigation", ""))
     before = [m for kind, m in order[:nav] if kind == "import"]
     assert before and all(m == "streamlit" or m.startswith(("ui.navigation", "__future__")) for m in before), before
+
+
+def _family_forward_calls(path: Path) -> list[int]:
+    """Lines where ``path`` calls a family adapter's ``forward`` (``fam.forward(...)``, ``loaded.family.forward``)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "forward":
+            owner = node.func.value
+            name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else ""
+            if name in ("fam", "family"):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_one_module_calls_the_models_forward():
+    """Every forward pass of a loaded model goes through vitviz.capture.forward (``run_forward`` with a recorder,
+    ``forward_output`` without): one place where a model runs, whatever reads it (the Run, the methods, the
+    evaluation's batched path, AttnLRP's rule copy)."""
+    callers = {
+        path.relative_to(ENGINE.parent).as_posix() for path in ENGINE.rglob("*.py") if _family_forward_calls(path)
+    }
+    assert callers == {"vitviz/capture/forward.py"}, callers
+
+
+def test_the_forward_call_check_finds_a_call(tmp_path):
+    src = tmp_path / "x.py"
+    src.write_text("def f(loaded, x):\n    return loaded.family.forward(loaded.model, x)\n")
+    assert _family_forward_calls(src) == [2]
+
+
+def test_pages_ask_capabilities_not_family_names():
+    """A page asks the adapter what it can do (``sampled_keys``, ``block_note``, ...), never which family it is."""
+    bad = []
+    for path in [*(ENGINE.parent / "pages").glob("*.py"), *(ENGINE.parent / "ui").glob("*.py")]:
+        text = path.read_text()
+        bad += [f"{path.name}: {m.group(0)}" for m in re.finditer(r"family\.name\s*(==|!=|in\b)", text)]
+    assert not bad, bad

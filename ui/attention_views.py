@@ -34,7 +34,7 @@ import streamlit as st
 
 from ui import cached, common, tiles
 from vitviz import figures
-from vitviz.analysis.blocks import HeadMaps, global_query, head_maps, row_map, select, window_edges
+from vitviz.analysis.blocks import HeadMaps, global_query, head_maps, row_map, select, summed_to, window_edges
 from vitviz.analysis.masks import mass_masks
 from vitviz.analysis.stats import SUMMARIES, summary_table
 from vitviz.capture.targets import Target
@@ -213,7 +213,7 @@ def head_map(cur: common.Current, s: HeadSettings) -> ViewMap:
         h_px, w_px = cap.input_size
         marked = (int(centre[1] * maps.grid[0] // h_px), int(centre[0] * maps.grid[1] // w_px))
     g = block.geometry
-    windows = window_edges(g) if g.kind == "window" and s.windows else None
+    windows = window_edges(g, maps.grid) if g.kind == "window" and s.windows else None  # a finer key grid: scaled
     title = f"{cap.block_label(s.block)}, {which}: {head_what(cur, s)}"
     return ViewMap(values, title, colorbar, block.stage, marked, windows)
 
@@ -376,7 +376,8 @@ def draw_blocks(cur: common.Current, s: BlocksSettings, *, key: str) -> np.ndarr
     cap = cur.cap
     stage = cap.stages[s.stage]
     rows = [row_map(cap.blocks[b].geometry, select(cap.blocks[b], fusion=s.fusion), s.query) for b in stage.blocks]
-    maps = np.stack([r.values for r in rows])
+    gathered = len({r.grid for r in rows}) > 1  # Hiera: a query-pooling block's keys are the finer tokens before it
+    maps = np.stack([summed_to(r.values, stage.grid) if gathered else r.values for r in rows])
     where = (
         f"stage {stage.index} ({stage.grid[0]} x {stage.grid[1]} tokens, rows x columns): "
         if len(cap.stages) > 1
@@ -391,6 +392,11 @@ def draw_blocks(cur: common.Current, s: BlocksSettings, *, key: str) -> np.ndarr
         colorbar_title=f"attention (raw, {precision})",
         image=cap.image,  # the large map over the image (a cell spans its share of the image on any grid)
     )
+    if gathered:
+        st.caption(
+            "The stage's first block pools its queries and attends to the previous stage's tokens: its tile sums "
+            "the weight on the tokens inside each token of this stage (the Heads page shows them one by one)."
+        )
     return maps
 
 
@@ -487,7 +493,7 @@ def draw_rollout(
     if cur.cap.is_hierarchical:
         st.caption(
             f"On stage {m.stage}'s grid: windows undone, reduced keys spread over the tokens they came from, "
-            "merged tokens averaged (docs/definitions.md#rollout). The row sums to 1."
+            "merged tokens averaged. The row sums to 1. Definition: vitviz docs, Definitions > Rollout through stages."
         )
     return m
 
@@ -523,7 +529,7 @@ def draw_relevance(
 
 def draw_lens(cur: common.Current, s: LensSettings, *, key: str):
     """The logit lens of a classifier (chart ``f"{key}_chart"``, downloads ``f"{key}-npz"``, ``f"{key}-csv"``),
-    or why there is none; returns the ``Lens`` (``vitviz.capture.causal.logit_lens``) or None."""
+    or why there is none; returns the ``Lens`` (``vitviz.causal.logit_lens``) or None."""
     cap = cur.cap
     ranked = common.classes(cur)
     notes = cached.get_causal_notes(cap.model_name)

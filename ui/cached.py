@@ -95,7 +95,7 @@ def _labels_key(cur: common.Current) -> tuple[str, ...] | None:
 
 def get_knockout(cur: common.Current, heads: tuple[tuple[int, int], ...], mode: str):
     """``(Capture, Knockout)`` of the session's image with ``heads`` knocked out: one forward, cached, queued."""
-    from vitviz.capture.causal import capture_knocked_out
+    from vitviz.causal import capture_knocked_out
 
     def compute():
         image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
@@ -109,7 +109,7 @@ def get_knockout(cur: common.Current, heads: tuple[tuple[int, int], ...], mode: 
 
 def get_importance(cur: common.Current, class_index: int, mode: str, fast: bool, progress=None):
     """Head importance (exact, in batches) or the fast first-order estimate, for one class; cached, queued."""
-    from vitviz.capture.causal import fast_estimate, head_importance
+    from vitviz.causal import fast_estimate, head_importance
 
     def compute():
         image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
@@ -127,7 +127,7 @@ def has_importance(cur: common.Current, class_index: int, mode: str, fast: bool)
 
 
 def get_attribution(cur: common.Current, class_index: int):
-    from vitviz.capture.causal import direct_logit_attribution
+    from vitviz.causal import direct_logit_attribution
 
     def compute():
         image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
@@ -139,7 +139,7 @@ def get_attribution(cur: common.Current, class_index: int):
 
 
 def get_lens(cur: common.Current):
-    from vitviz.capture.causal import logit_lens
+    from vitviz.causal import logit_lens
 
     def compute():
         image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
@@ -163,14 +163,14 @@ def get_deformable(cur: common.Current) -> dict:
 @st.cache_resource(max_entries=16, show_spinner=False)
 def get_causal_notes(model_name: str) -> dict[str, str]:
     """Which causal analyses a model supports ("" where defined, else why not); no forward pass."""
-    from vitviz.capture.causal import causal_notes
+    from vitviz.causal import causal_notes
 
     return causal_notes(common.get_model(model_name))
 
 
 @st.cache_resource(max_entries=16, show_spinner=False)
 def get_knockable_blocks(model_name: str) -> tuple[int, ...]:
-    from vitviz.capture.causal import knockable_blocks
+    from vitviz.causal import knockable_blocks
 
     return knockable_blocks(common.get_model(model_name))
 
@@ -184,26 +184,45 @@ def labelled_model(model: LoadedModel, labels: Labels | None) -> LoadedModel:
     return as_classifier(model, labels, common.get_label_embeddings(model.name, labels.prompts))
 
 
-def get_method_maps(cur: common.Current, class_index: int, labels: Labels | None = None, progress=None) -> dict:
+def _methods(model: LoadedModel, attnlrp: str) -> list[str] | None:
+    """The methods the Compare page runs: every available one (None), AttnLRP by the rules ``attnlrp`` names
+    (``"attnlrp"``, the paper's; ``"attnlrp_cp"``, ``vitviz.methods.VARIANTS``)."""
+    if attnlrp == "attnlrp":
+        return None
+    from vitviz.methods import available_methods
+
+    return [attnlrp if m == "attnlrp" else m for m in available_methods(model)]
+
+
+def get_method_maps(
+    cur: common.Current, class_index: int, labels: Labels | None = None, progress=None, attnlrp: str = "attnlrp"
+) -> dict:
     """Every explanation method's map of the session's image for one class or label (``vitviz.methods``): cached, queued.
 
     ``progress(done, total, name)``: called before each method and at the end (see ``explain_many``).
+    ``attnlrp``: AttnLRP's rules (``_methods``).
     """
     from vitviz.methods import explain_many
 
     def compute():
         image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
         model = labelled_model(cur.model, labels)
+        methods = _methods(model, attnlrp)
         return common.in_queue(
-            lambda: explain_many(model, image, class_index=class_index, size=cur.key[2], progress=progress)
+            lambda: explain_many(model, image, methods, class_index=class_index, size=cur.key[2], progress=progress)
         )
 
     prompts = None if labels is None else labels.prompts
-    return results_cache().get_or_compute(("methods", *cur.key, class_index, prompts), compute)
+    return results_cache().get_or_compute(("methods", *cur.key, class_index, prompts, attnlrp), compute)
 
 
 def get_curves(
-    cur: common.Current, class_index: int, progress=None, labels: Labels | None = None, insertion_start: str = "mean"
+    cur: common.Current,
+    class_index: int,
+    progress=None,
+    labels: Labels | None = None,
+    insertion_start: str = "mean",
+    attnlrp: str = "attnlrp",
 ) -> dict:
     """Deletion and insertion curves of every method (``vitviz.evaluate``), computed on request: cached, queued.
 
@@ -212,7 +231,7 @@ def get_curves(
 
     def compute():
         image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
-        maps = get_method_maps(cur, class_index, labels)
+        maps = get_method_maps(cur, class_index, labels, attnlrp=attnlrp)
         model = labelled_model(cur.model, labels)
 
         def run():
@@ -222,7 +241,8 @@ def get_curves(
         return common.in_queue(run)
 
     prompts = None if labels is None else labels.prompts
-    return results_cache().get_or_compute(("curves", *cur.key, class_index, prompts, insertion_start), compute)
+    key = ("curves", *cur.key, class_index, prompts, insertion_start, attnlrp)
+    return results_cache().get_or_compute(key, compute)
 
 
 def target_scalar(cur: common.Current, target):
@@ -250,14 +270,16 @@ def get_target_relevance(cur: common.Current, target, start_block: int = 0):
     return results_cache().get_or_compute(("target_relevance", *cur.key, target, start_block), compute)
 
 
-def get_target_maps(cur: common.Current, target, labels: Labels | None = None, progress=None) -> dict:
+def get_target_maps(
+    cur: common.Current, target, labels: Labels | None = None, progress=None, attnlrp: str = "attnlrp"
+) -> dict:
     """Every method's map for ``target`` (a class or label, or the difference of two): cached, queued.
 
     A single class or label is :func:`get_method_maps` (same cache); a difference runs every method on
     ``logit[A] - logit[B]`` (zero-shot: label A's score minus label B's), the class-agnostic ones unchanged.
     """
     if target.minus is None:
-        return get_method_maps(cur, target.index, labels, progress=progress)
+        return get_method_maps(cur, target.index, labels, progress=progress, attnlrp=attnlrp)
     from vitviz.capture.targets import Target
     from vitviz.methods import explain_many
 
@@ -265,14 +287,23 @@ def get_target_maps(cur: common.Current, target, labels: Labels | None = None, p
         image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
         model = labelled_model(cur.model, labels)  # zero-shot: label scores are its class logits
         t = Target.of_class(target.index, target.minus)
-        return common.in_queue(lambda: explain_many(model, image, target=t, size=cur.key[2], progress=progress))
+        methods = _methods(model, attnlrp)
+        return common.in_queue(
+            lambda: explain_many(model, image, methods, target=t, size=cur.key[2], progress=progress)
+        )
 
     prompts = None if labels is None else labels.prompts
-    return results_cache().get_or_compute(("methods", *cur.key, target.index, target.minus, prompts), compute)
+    key = ("methods", *cur.key, target.index, target.minus, prompts, attnlrp)
+    return results_cache().get_or_compute(key, compute)
 
 
 def get_target_curves(
-    cur: common.Current, target, progress=None, labels: Labels | None = None, insertion_start: str = "mean"
+    cur: common.Current,
+    target,
+    progress=None,
+    labels: Labels | None = None,
+    insertion_start: str = "mean",
+    attnlrp: str = "attnlrp",
 ) -> list:
     """Deletion and insertion of every method's map for ``target``: cached, queued.
 
@@ -282,14 +313,16 @@ def get_target_curves(
     trapezoid rule is linear).
     """
     if target.minus is None:
-        return get_curves(cur, target.index, progress=progress, labels=labels, insertion_start=insertion_start)
+        return get_curves(
+            cur, target.index, progress=progress, labels=labels, insertion_start=insertion_start, attnlrp=attnlrp
+        )
     import dataclasses
 
     from vitviz.evaluate.faithfulness import Perturbations
 
     def compute():
         image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
-        maps = list(get_target_maps(cur, target, labels).values())
+        maps = list(get_target_maps(cur, target, labels, attnlrp=attnlrp).values())
         model = labelled_model(cur.model, labels)
 
         def run():
@@ -312,5 +345,5 @@ def get_target_curves(
         return common.in_queue(run)
 
     prompts = None if labels is None else labels.prompts
-    key = ("curves", *cur.key, target.index, target.minus, prompts, insertion_start)
+    key = ("curves", *cur.key, target.index, target.minus, prompts, insertion_start, attnlrp)
     return results_cache().get_or_compute(key, compute)

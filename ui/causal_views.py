@@ -68,6 +68,7 @@ class MethodMapsSettings:
 
     target: object
     scale: str = SCALES[0]  # vitviz.analysis.scales.SCALES
+    attnlrp: str = "attnlrp"  # AttnLRP's rules: "attnlrp" (the paper's, the default) or "attnlrp_cp" (ATTNLRP)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class CurvesSettings:
 
     target: object
     start: str = "mean"
+    attnlrp: str = "attnlrp"  # as MethodMapsSettings
 
 
 @dataclass(frozen=True)
@@ -129,15 +131,23 @@ def _block_labels(cur: common.Current) -> tuple[list[str], list[int] | None]:
 # --- Compare ------------------------------------------------------------------------------------------
 
 
-def target_maps(cur: common.Current, target, progress=None) -> dict:
-    """Every method's map for ``target`` by method name (``cached.get_target_maps``), cached."""
-    return cached.get_target_maps(cur, target, _labels(cur), progress=progress)
+# AttnLRP's rules on the Compare page: the paper's (the default) or CP-LRP inside attention, as lxt explains ViTs
+ATTNLRP = {
+    "attnlrp": "the paper's rules (AttnLRP, the default)",
+    "attnlrp_cp": "CP-LRP inside attention (lxt's ViT recipe)",
+}
+
+
+def target_maps(cur: common.Current, target, progress=None, attnlrp: str = "attnlrp") -> dict:
+    """Every method's map for ``target`` by method name (``cached.get_target_maps``), cached; AttnLRP by the rules
+    ``attnlrp`` names (:data:`ATTNLRP`)."""
+    return cached.get_target_maps(cur, target, _labels(cur), progress=progress, attnlrp=attnlrp)
 
 
 def draw_method_maps(cur: common.Current, s: MethodMapsSettings, *, key: str) -> dict:
     """Every method's map for ``s.target``, one tile each on ``s.scale`` (chart ``f"{key}_maps"``), each tile titled
     with its raw range. Returns the maps by method (``vitviz.methods`` results); raises what computing them raises."""
-    maps = target_maps(cur, s.target)
+    maps = target_maps(cur, s.target, attnlrp=s.attnlrp)
     names = list(maps)
     scaled = scale_maps(np.stack([np.asarray(maps[m].values, np.float64) for m in names]), s.scale)
     tiles.draw_tiles(
@@ -165,7 +175,9 @@ def draw_method_maps(cur: common.Current, s: MethodMapsSettings, *, key: str) ->
 
 def curves(cur: common.Current, s: CurvesSettings, progress=None) -> list:
     """Deletion and insertion results of every method (``cached.get_target_curves``), cached."""
-    return cached.get_target_curves(cur, s.target, progress=progress, labels=_labels(cur), insertion_start=s.start)
+    return cached.get_target_curves(
+        cur, s.target, progress=progress, labels=_labels(cur), insertion_start=s.start, attnlrp=s.attnlrp
+    )
 
 
 def draw_curves(cur: common.Current, s: CurvesSettings, *, key: str) -> list:
@@ -339,7 +351,7 @@ def draw_attribution(cur: common.Current, s: AttributionSettings, *, key: str):
 
 def patching(cur: common.Current, s: PatchingSettings, exact: bool, progress=None):
     """The estimate (instant) or the exact grids of the pane's image patched with the source; cached, queued."""
-    from vitviz.capture.patching import activation_patching
+    from vitviz.causal.patching import activation_patching
     from vitviz.data.images import read_image
 
     labels = cached.label_embeddings(cur)
@@ -347,8 +359,9 @@ def patching(cur: common.Current, s: PatchingSettings, exact: bool, progress=Non
     def compute():
         image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
         source = read_image(s.source, max_bytes=common.upload_limit()).image
-        return common.in_queue(
-            lambda: activation_patching(
+
+        def run(**bounds):
+            return activation_patching(
                 cur.model,
                 image,
                 source,
@@ -358,8 +371,13 @@ def patching(cur: common.Current, s: PatchingSettings, exact: bool, progress=Non
                 estimate=not exact,
                 progress=progress,
                 label_embeddings=labels,
+                **bounds,
             )
-        )
+
+        if not exact:  # one forward and one backward: one turn in the queue
+            return common.in_queue(run)
+        # The exact grids: batch by batch in the queue (others' forwards run between), within the work bound
+        return run(max_work=common.patching_work_bound(), slot=common.batch_slot)
 
     key = ("patching", *cur.key, common.digest(s.source), s.target, exact, None if labels is None else labels.tobytes())
     return cached.results_cache().get_or_compute(key, compute)
@@ -498,9 +516,65 @@ def _patching_table(shown, res, heads, kind: str, *, measured: str) -> dict[str,
     }
 
 
+def head_paths(cur: common.Current, s: PatchingSettings, kind: str, progress=None):
+    """Attention-pattern patching (``kind`` "pattern") or path patching to the read-out ("path") of the pane's image
+    with the source, head by head; cached, run batch by batch in the queue, within the server's work bound."""
+    from vitviz.causal import path_patching, pattern_patching
+    from vitviz.data.images import read_image
+
+    labels = cached.label_embeddings(cur)
+    grid = pattern_patching if kind == "pattern" else path_patching
+
+    def compute():
+        image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
+        source = read_image(s.source, max_bytes=common.upload_limit()).image
+        return grid(
+            cur.model,
+            image,
+            source,
+            target=s.target,
+            size=cur.key[2],
+            progress=progress,
+            label_embeddings=labels,
+            max_work=common.patching_work_bound(),
+            slot=common.batch_slot,
+        )
+
+    key = (kind, *cur.key, common.digest(s.source), s.target, None if labels is None else labels.tobytes())
+    return cached.results_cache().get_or_compute(key, compute)
+
+
+def draw_head_paths(cur: common.Current, s: PatchingSettings, kind: str, *, key: str):
+    """The block x head grid of :func:`head_paths` (chart ``f"{key}_{kind}_grid"``) and its files."""
+    shown = head_paths(cur, s, kind)
+    what = "Attention-pattern patching" if kind == "pattern" else "Path patching to the read-out"
+    blocks, _ = _block_labels(cur)
+    common.chart(
+        patching_grid_figure(
+            shown.values,
+            clean=shown.clean,
+            source=shown.source,
+            title=f"{what}: block x head",
+            x_title="head",
+            row_labels=blocks,
+        ),
+        key=f"{key}_{kind}_grid",
+    )
+    for note in shown.notes.values():
+        st.info(note)
+    st.caption(f"{shown.forward_equivalents:g} forward-equivalents (passes of the model over one image).")
+    common.downloads(
+        f"patching_{kind}",
+        f"{key}_{kind}",
+        csv=long_table(shown.values, ("block", "head"), f"{shown.target_name} after the patch (logit)"),
+        **{kind: shown.values},
+    )
+    return shown
+
+
 def patch_lens(cur: common.Current, target) -> np.ndarray:
     """The per-patch logit lens ``(L + 1, gh, gw)`` of the pane's image for ``target``; cached, queued."""
-    from vitviz.capture.patching import patch_lens as lens_of
+    from vitviz.causal import patch_lens as lens_of
     from vitviz.data.images import read_image
 
     def compute():

@@ -28,12 +28,13 @@ import streamlit as st
 
 from ui import click_chart
 from ui.navigation import leave_folder_mode
+from ui.startup import preload
 from vitviz.cache import BoundedCache
 from vitviz.capture import forward as vcapture
 from vitviz.capture.forward import predictions_from_logits
 from vitviz.capture.targets import Target
 from vitviz.data.images import configure as configure_images
-from vitviz.data.images import read_image
+from vitviz.data.images import mirrored_png, read_image
 from vitviz.errors import VitvizError
 from vitviz.models.load import LoadedModel, parse_model_name
 from vitviz.models.zeroshot import (
@@ -49,6 +50,7 @@ from vitviz.models.zeroshot import (
 from vitviz.presets import PRESETS
 from vitviz.record import POOLED, Prediction
 from vitviz.serve import (
+    AddressLimits,
     ForwardQueue,
     ModelCache,
     ModelRequest,
@@ -65,6 +67,7 @@ from vitviz.serve import (
 from vitviz.serve.settings import log_settings, server_log
 from vitviz.tables import csv_bytes, long_table
 
+preload()  # before sessions draw figures in parallel threads (pandas half-imported by one broke another's Plotly)
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "assets" / "examples"
@@ -181,16 +184,40 @@ def hub_downloads() -> RateLimit:
 def get_model(name: str, progress: Callable[[str], None] | None = None) -> LoadedModel:
     """The shared model ``name``, (re)loaded through the memory-bounded cache with ``progress`` messages."""
     req = vetted_requests().get(name) or ModelRequest(name)
-    return model_cache().get(
-        name, lambda: load_request(req, on_progress=progress), on_progress=progress, expected_bytes=req.memory_bytes
-    )
+    settings = serve_settings()
+    limit = settings.model_memory_bytes if settings.public else None  # public: too large is refused before building
+
+    def load() -> LoadedModel:
+        return load_request(req, on_progress=progress, max_bytes=limit)
+
+    return model_cache().get(name, load, on_progress=progress, expected_bytes=req.memory_bytes)
 
 
 def session_limits() -> SessionLimits:
+    """The limits this visitor's uploads and model changes count against: the session's (kept in its state, as
+    ``_limits``) and, in public mode with ``per_address``, those of the client's address, which a new session
+    (a page reload) does not reset."""
     ss = st.session_state
     if "_limits" not in ss:
         ss._limits = SessionLimits.from_settings(serve_settings())
-    return ss._limits
+    settings = serve_settings()
+    address = client_address() if settings.public and settings.per_address else None
+    return ss._limits if address is None else ss._limits.with_address(address_limits().get(address))
+
+
+@st.cache_resource(show_spinner=False)
+def address_limits() -> AddressLimits:
+    """Each client address's limits, server-wide, in a bounded table (the least recently seen forgotten first)."""
+    return AddressLimits(serve_settings())
+
+
+def client_address() -> str | None:
+    """The visitor's address as the server sees the connection (``st.context.ip_address``): a proxy's address
+    behind a proxy; None for a visitor on this machine (Streamlit gives none for localhost) and in tests."""
+    try:
+        return st.context.ip_address or None
+    except Exception:  # no session context (a bare script run)
+        return None
 
 
 @st.cache_resource(ttl=300, show_spinner=False)
@@ -201,17 +228,17 @@ def hub_online() -> bool:
     return reachable()
 
 
-def request_model(text: str) -> str | None:
+def request_model(text: str, *, refusal_key: str = "model_refusal") -> str | None:
     """What a visitor typed or picked -> the name to load, after the public-mode policy; shows why not.
 
-    Call it once per choice a user makes (each call counts as a model change in public mode);
-    the refusal is also kept in ``model_refusal`` (message, whether asking again later may work).
+    Call it once per choice a user makes, in any pane (each call counts as a model change in public
+    mode); the refusal is also kept in ``refusal_key`` (message, whether asking again later may work).
     """
     from vitviz.serve.limits import RateLimitError
     from vitviz.serve.offline import HUB_OFFLINE, loads_offline
 
     settings = serve_settings()
-    st.session_state.model_refusal = None
+    st.session_state[refusal_key] = None
     try:
         if settings.public:
             session_limits().model_changes.acquire()
@@ -224,7 +251,7 @@ def request_model(text: str) -> str | None:
             hub_downloads().acquire()
     except VitvizError as exc:
         st.error(str(exc))
-        st.session_state.model_refusal = (str(exc), isinstance(exc, RateLimitError))
+        st.session_state[refusal_key] = (str(exc), isinstance(exc, RateLimitError))
         return None
     vetted_requests()[req.name] = req
     return req.name
@@ -277,9 +304,56 @@ def get_capture(
     def compute() -> vcapture.Capture:
         image = read_image(image_bytes, max_bytes=upload_limit()).image
         model = get_model(model_name)
+        check_tokens(model, size, image.size)  # public mode: before any forward
         return in_queue(lambda: get_run(model, image, size=size).capture)
 
     return capture_cache().get_or_compute((model_name, image_digest, size), compute)
+
+
+def batch_slot():
+    """One batch of a long analysis (a patching grid) in the server's queue: the slot is held for that batch
+    alone and its place is not kept, so other visitors' forwards run between the batches."""
+    return forward_queue().slot(None)
+
+
+def patching_work_bound() -> float | None:
+    """The most work one patching request may cost (forward-equivalents x tokens; None: no bound)."""
+    return serve_settings().patching_max_work or None
+
+
+def check_tokens(model: LoadedModel, size: tuple[int, int] | None, image_wh: tuple[int, int]) -> None:
+    """Refuse, before any forward, an input larger than the server's token bound (public mode's ``max_tokens``)."""
+    from vitviz.errors import BudgetError
+
+    bound = serve_settings().max_tokens
+    if not bound:
+        return
+    hw = vcapture.input_size_for(model, size, image_wh)
+    kinds, (gh, gw) = vcapture.token_layout(model, hw)
+    tokens = len(kinds) + gh * gw
+    if tokens > bound:
+        raise BudgetError(
+            f"This server analyses at most {bound:,} tokens per image; an input of {hw[1]} x {hw[0]} px is "
+            f"{tokens:,} tokens ({gh} x {gw} patches). Choose a smaller input size, or untick 'Keep the image's "
+            "aspect ratio'."
+        )
+
+
+@st.cache_resource(show_spinner=False)
+def flipped_cache() -> BoundedCache:
+    """Mirrored copies of images (PNG bytes and digest) by the image's digest, server-wide, bounded in bytes."""
+    return BoundedCache(max_entries=16, max_bytes=256 * 2**20, size_of=lambda pair: len(pair[0]))
+
+
+def flipped_image(data: bytes, image_digest: str) -> tuple[bytes, str]:
+    """``data`` mirrored left to right as PNG, and that PNG's digest: made once per image digest for the whole
+    server (concurrent sessions wait for one), decoded, mirrored and encoded inside the decode budget."""
+
+    def compute() -> tuple[bytes, str]:
+        png = mirrored_png(data, max_bytes=upload_limit())
+        return png, digest(png)
+
+    return flipped_cache().get_or_compute(image_digest, compute)
 
 
 def upload_limit() -> int:

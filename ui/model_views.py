@@ -256,9 +256,13 @@ def draw_token_sequence(cur: common.Current, *, key: str) -> None:
     """The flattened input sequence of the first stage, prefix tokens first (chart ``key``), and how it is made."""
     cap = cur.cap
     common.chart(figures.token_sequence_figure(cap.token_kinds, cap.grid), key=key)
+    made = cur.model.family.token_note(cur.model.config)  # a hybrid's CNN cells, Hiera's unrolled patches, ...
     st.caption(
-        "As in the ViT paper, the image is cut into patches, each flattened and linearly projected, "
-        "and the sequence starts with the prefix tokens (CLS, and DeiT's DIST or DINOv2's registers)."
+        (
+            made
+            or "As in the ViT paper, the image is cut into patches, each flattened and linearly projected, "
+            "and the sequence starts with the prefix tokens (CLS, and DeiT's DIST or DINOv2's registers)."
+        )
         + (
             " Hierarchical models start from this first-stage grid and merge tokens between stages."
             if cap.is_hierarchical

@@ -13,6 +13,7 @@ import streamlit as st
 
 from ui import common
 from vitviz import figures
+from vitviz.capture.forward import seen_part
 from vitviz.data.images import read_image
 from vitviz.figures import animation, overlay
 from vitviz.text import plotly_plain
@@ -25,6 +26,12 @@ SCALES = {"shared": "shared by the set", "per_map": "each map its own"}
 def _photo(image_digest: str, _data: bytes) -> np.ndarray:
     """The photo, RGB uint8, at most 2048 px on its long side (keyed by the image's digest)."""
     return overlay.fit_photo(read_image(_data, max_bytes=common.upload_limit()).image)
+
+
+def _seen(data: bytes, cur) -> np.ndarray:
+    """The part of the photo a centre-cropping model saw (a converted checkpoint), at most 2048 px long."""
+    image = read_image(data, max_bytes=common.upload_limit()).image
+    return overlay.fit_photo(seen_part(cur.model, image, cur.cap.input_size))
 
 
 def camera_config(filename: str) -> dict:
@@ -74,6 +81,9 @@ def photo_panel(
     if index is None:
         index = st.selectbox("Map", range(len(titles)), format_func=lambda i: titles[i], key=f"{key}_photo_pick")
     photo = _photo(ss.image_digest, ss.image_bytes)
+    cur = common.current()
+    if cur is not None and cur.model.center_crop is not None:  # the model saw the photo's centre: the maps cover it
+        photo = _seen(ss.image_bytes, cur)
     lo, hi = overlay.colour_limits(maps, scale=scale)[index]
     flat = figures.flat_limits(maps[index]) if scale == "per_map" else None
     if flat is not None:  # a flat map on its fixed scale, not stretched (vitviz.figures.flat)
@@ -116,8 +126,11 @@ def photo_panel(
     if made is None or made[0] != wanted:  # drawn once per setting, kept while the settings stay
         with st.spinner("Drawing the frames…"):
             frames_maps, labels = gif(view)
+            image = read_image(ss.image_bytes, max_bytes=common.upload_limit()).image
+            if cur is not None:
+                image = seen_part(cur.model, image, cur.cap.input_size)  # the photo itself, or the model's crop
             frames = animation.gif_frames(
-                read_image(ss.image_bytes, max_bytes=common.upload_limit()).image,
+                image,
                 frames_maps,
                 labels,
                 scale=scale,

@@ -15,6 +15,7 @@ from vitviz.cli_checks import (
     input_size,
     query_point,
     read_labels_file,
+    terminal_text,
 )
 from vitviz.errors import VitvizError
 from vitviz.insertion_starts import DEFAULT_INSERTION_START, INSERTION_STARTS
@@ -31,7 +32,9 @@ def _export(args: argparse.Namespace) -> int:
     from vitviz.models.zeroshot import parse_labels, vocabulary_warning
 
     size = input_size(args.size)
-    check_output_folder(args.out)
+    # Everything is checked before anything is created: the folder is made only once the model has loaded (its
+    # problems are reported whatever the inputs) and at least one input exists: a typo never leaves an empty --out.
+    check_output_folder(args.out, create=False)
     missing = [p for p in args.images if not Path(p).is_file()]
     loaded = load_model(args.model, device=args.device, dtype=args.dtype, allow_pickle=args.allow_pickle)
     labels = None
@@ -39,11 +42,11 @@ def _export(args: argparse.Namespace) -> int:
         template = args.template if args.template is not None else (loaded.text.template if loaded.text else "{}")
         labels = parse_labels(args.labels, template)
         for note in labels.notes:
-            print(f"note: {note}", file=sys.stderr)
+            print(f"note: {terminal_text(note)}", file=sys.stderr)
         if loaded.text is not None:
             unknown = vocabulary_warning(loaded.text, labels, args.model)
             if unknown:
-                print(f"warning: {unknown}", file=sys.stderr)
+                print(f"warning: {terminal_text(unknown)}", file=sys.stderr)
     check_against_model(loaded, size, args.class_index, labels=labels)
     if args.class_minus is not None:
         check_against_model(loaded, size, args.class_minus, labels=labels)
@@ -52,13 +55,21 @@ def _export(args: argparse.Namespace) -> int:
         for text in (args.label, args.label_minus):
             if text is not None and text not in labels.names:
                 print(
-                    f"{PROG} export: error: --label {text!r} is not one of --labels ({', '.join(labels.names)})",
+                    terminal_text(
+                        f"{PROG} export: error: --label {text!r} is not one of --labels ({', '.join(labels.names)})"
+                    ),
                     file=sys.stderr,
                 )
                 return 2
         class_index = labels.names.index(args.label)
         minus_index = None if args.label_minus is None else labels.names.index(args.label_minus)
     present = [p for p in args.images if p not in missing]
+    if not present:
+        print(terminal_text(f"wrote 0 of {len(args.images)} images ({args.out} was not created)"))
+        for p in missing:
+            print(terminal_text(f"error: {p}: no such file"), file=sys.stderr)
+        return 1
+    check_output_folder(args.out)  # created now: the options, the model and the inputs are checked
     with tqdm(total=len(present), unit="img", desc="export", file=sys.stderr) as bar:
         report = export_images(
             loaded,
@@ -79,7 +90,7 @@ def _export(args: argparse.Namespace) -> int:
             relevance_from_block=args.relevance_from_block,
         )
     report.failed[:0] = [(p, "no such file") for p in missing]
-    print(f"wrote {len(report.written)} of {len(args.images)} images to {args.out}")
+    print(terminal_text(f"wrote {len(report.written)} of {len(args.images)} images to {args.out}"))
     print_failures(report)
     return 1 if report.failed else 0
 
@@ -113,6 +124,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             args.out,
             methods=methods,
             limit=args.limit,
+            **({"max_rows": args.max_rows} if args.max_rows is not None else {}),
             size=size,
             seed=args.seed,
             engine=args.engine,
@@ -163,6 +175,7 @@ def _train_demo(args: argparse.Namespace) -> int:
     else:
         from vitviz.demo.vit import DEMO_DIR as folder
         from vitviz.demo.vit import train_demo as train
+    out = _demo_out(args, Path(folder))
     steps = args.steps or (1000 if args.arch == "clip" else 2000)
     sizes = {} if args.train_images is None else {"train_images": args.train_images, "held_out": args.held_out}
     if args.label_smoothing is not None:
@@ -175,9 +188,28 @@ def _train_demo(args: argparse.Namespace) -> int:
         if not (math.isfinite(args.lr) and args.lr > 0):
             raise UsageError(f"--lr must be a positive number, got {args.lr}")
         sizes["lr"] = args.lr
-    score = train(args.out or folder, seed=args.seed, steps=steps, batch_size=args.batch_size, **sizes)
+    score = train(out, seed=args.seed, steps=steps, batch_size=args.batch_size, **sizes)
     accuracy, in_box = _DEMO_GOALS[args.arch]
     return 0 if score.accuracy >= accuracy and score.peak_in_box >= in_box else 1
+
+
+def _demo_out(args: argparse.Namespace, bundled: Path) -> Path:
+    """Where ``train-demo`` writes: ``--out``, or the bundled model's own folder with ``--overwrite-bundled``;
+    a folder inside the bundled one needs ``--overwrite-bundled`` too (it is the installed package's)."""
+    if args.out is None:
+        if not args.overwrite_bundled:
+            raise UsageError(
+                f"train-demo writes a new model folder: give --out FOLDER (load it with --model FOLDER), or "
+                f"--overwrite-bundled to replace the bundled model in {bundled}."
+            )
+        return bundled
+    out = Path(args.out)
+    if out.resolve().is_relative_to(bundled.resolve()) and not args.overwrite_bundled:
+        raise UsageError(
+            f"--out {out} is inside the bundled model's folder ({bundled}): choose another folder, or give "
+            "--overwrite-bundled to replace the bundled model."
+        )
+    return out
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -193,13 +225,36 @@ def _convert(args: argparse.Namespace) -> int:
         )
         return 2
     check_output_folder(args.out, must_be_empty=True, create=False)
+    npz_only = [opt for opt, v in (("--variant", args.variant), ("--num-classes", args.num_classes)) if v is not None]
+    if npz_only and args.arch != "vit-npz":
+        raise UsageError(f"{' and '.join(npz_only)} apply to --arch vit-npz only")
+    if args.arch == "vit-npz":
+        from vitviz.zoo.vit_npz import convert_vit_npz
+
+        if args.num_classes is not None and args.num_classes < 1:
+            raise UsageError(f"--num-classes must be at least 1, got {args.num_classes}")
+        report = convert_vit_npz(
+            args.checkpoint,
+            args.out,
+            variant=args.variant,
+            num_classes=args.num_classes,
+            labels=read_labels_file(args.labels) if args.labels else None,
+        )
+        for note in report.notes:
+            print(f"note: {note}", file=sys.stderr)
+        checked = f", checked against {report.variant}" if report.variant else ""
+        print(
+            f"wrote {report.out} ({report.model_class}, {report.layout.image_size} px{checked}): "
+            f"load it with --model {report.out}"
+        )
+        return 0
     if args.arch == "open_clip":
         from vitviz.zoo.open_clip import convert_open_clip
 
         report = convert_open_clip(args.checkpoint, args.out)
         for note in report.notes:
-            print(f"note: {note}", file=sys.stderr)
-        print(f"wrote {report.out} (an HF CLIP folder): load it with --model {report.out}")
+            print(f"note: {terminal_text(note)}", file=sys.stderr)
+        print(terminal_text(f"wrote {report.out} (an HF CLIP folder): load it with --model {report.out}"))
         return 0
     labels = None
     if args.labels:
@@ -223,7 +278,10 @@ def _app(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import vitviz
+
     parser = argparse.ArgumentParser(prog=PROG, description="Look inside Vision Transformers.")
+    parser.add_argument("--version", action="version", version=f"vitviz {vitviz.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     ex = sub.add_parser("export", help="write attention, rollout and summaries of images as .npz + PNG")
@@ -262,7 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--methods",
         default=None,
         metavar="M1,M2",
-        help="also write method_<name>: explanation maps on the patch grid (e.g. attnlrp,rollout,relevance)",
+        help="also write method_<name>: explanation maps on the patch grid (e.g. attnlrp,rollout,relevance); "
+        "attnlrp is the paper's rules (the default AttnLRP), attnlrp_cp CP-LRP inside attention (lxt's ViT recipe)",
     )
     ex.add_argument(
         "--class-minus",
@@ -330,9 +389,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="M1,M2",
         help="comma-separated methods (default: all that apply): attention, rollout, relevance, "
-        "gradcam, integrated_gradients, attnlrp, random",
+        "gradcam, integrated_gradients, attnlrp (the paper's rules), random; also attnlrp_cp (AttnLRP with "
+        "CP-LRP inside attention, lxt's ViT recipe; not among the defaults)",
     )
     ev.add_argument("--limit", type=int, default=None, metavar="N", help="evaluate the first N images only")
+    ev.add_argument(
+        "--max-rows",
+        type=int,
+        default=None,
+        metavar="N",
+        help="read at most N rows of a --data CSV (or files of a folder), saying so when there are more "
+        "(default 100,000)",
+    )
     ev.add_argument("--size", type=int, nargs="+", metavar="PX", help="input size: one number (square) or H W")
     ev.add_argument("--seed", type=int, default=0, help="seed of the random baseline (per image: seed and image id)")
     ev.add_argument(
@@ -390,16 +458,35 @@ def build_parser() -> argparse.ArgumentParser:
     ev.set_defaults(func=_evaluate)
 
     cv = sub.add_parser(
-        "convert", help="an official CCT / T2T-ViT / DAT checkpoint (.pth state dict) -> a folder vitviz loads"
+        "convert",
+        help="an official CCT / T2T-ViT / DAT checkpoint (.pth state dict), or the ViT paper's JAX .npz "
+        "(plain or hybrid ViT) -> a folder vitviz loads",
     )
     cv.add_argument(
         "--arch",
         metavar="NAME",
-        help="official model name, e.g. cct_14_7x2_224 (see --list), or open_clip (--checkpoint: an open_clip folder)",
+        help="official model name, e.g. cct_14_7x2_224 (see --list); open_clip (--checkpoint: an open_clip folder); "
+        "vit-npz (--checkpoint: one of the ViT paper's .npz files, e.g. R50+ViT-B_16.npz)",
     )
-    cv.add_argument("--checkpoint", metavar="FILE.pth", help="the authors' checkpoint (read with weights_only=True)")
+    cv.add_argument(
+        "--checkpoint",
+        metavar="FILE.pth",
+        help="the authors' checkpoint (.pth read with weights_only=True; .npz read with allow_pickle=False)",
+    )
     cv.add_argument("--out", metavar="FOLDER", help="the folder to write (must not exist or be empty)")
     cv.add_argument("--labels", metavar="FILE.txt", help="class names, one per line (default: LABEL_0, ...)")
+    cv.add_argument(
+        "--variant",
+        metavar="NAME",
+        help="vit-npz: the vit_jax model name to check the arrays against, e.g. R50+ViT-B_16 or R26_S_32 "
+        "(default: the name in the file name, if any)",
+    )
+    cv.add_argument(
+        "--num-classes",
+        type=int,
+        metavar="N",
+        help="vit-npz: the classes the head must have (e.g. 1000 for an ImageNet-1k fine-tune; refused otherwise)",
+    )
     cv.add_argument("--list", action="store_true", help="list the official model names and exit")
     cv.set_defaults(func=_convert)
 
@@ -418,7 +505,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=tuple(_DEMO_GOALS),
         help="vit: 'demo'; swin: 'demo-swin'; clip: 'demo-clip' (zero-shot, own tokenizer)",
     )
-    tr.add_argument("--out", default=None, help="output folder (default: the bundled model's folder)")
+    tr.add_argument("--out", default=None, help="output folder (required unless --overwrite-bundled)")
+    tr.add_argument(
+        "--overwrite-bundled",
+        action="store_true",
+        help="write over the bundled model of --arch in the installed package (without --out)",
+    )
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--steps", type=int, default=None, help="default: 2000 (vit, swin), 1000 (clip)")
     tr.add_argument("--train-images", type=int, default=None, help="training images (default: the trainer's)")
@@ -438,7 +530,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tr.set_defaults(func=_train_demo)
 
-    ap = sub.add_parser("app", help="start the web app (Streamlit) in this machine's browser")
+    ap = sub.add_parser(
+        "app",
+        help="start the web app (Streamlit); it prints its address: open it in a browser",
+        description="Start the web app (Streamlit). It opens no browser (it may run on a server): it prints its "
+        "address, which you open in a browser. Ctrl-C or SIGTERM stops it.",
+    )
     ap.add_argument("--port", type=int, default=8501, help="port to listen on (default 8501)")
     ap.add_argument(
         "--address",
@@ -482,11 +579,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
-    except UsageError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+    except UsageError as exc:  # messages quote what was typed or read: control characters escaped, length bounded
+        print(f"{PROG}: error: {terminal_text(exc)}", file=sys.stderr)
         return 2
     except VitvizError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {terminal_text(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; files already written are kept", file=sys.stderr)

@@ -1,7 +1,8 @@
-"""A thread-safe LRU cache bounded by entries *and* bytes, for captures shared between sessions.
+"""A thread-safe LRU cache bounded by entries *and* bytes: every cache vitviz keeps (captures, Runs, results).
 
 ``st.cache_resource`` bounds only the number of entries; one DINOv2-base capture at
-518 px holds about 0.5 GB, so a count alone does not bound memory.
+518 px holds about 0.5 GB, and one Run with its autograd graph can hold several, so a
+count alone does not bound memory.
 """
 
 from __future__ import annotations
@@ -44,9 +45,28 @@ class BoundedCache(Generic[V]):
         with self._lock:
             return len(self._key_locks)
 
-    def get_or_compute(self, key: Hashable, compute: Callable[[], V]) -> V:
+    def peek(self, key: Hashable) -> V | None:
+        """The value kept under ``key`` (now the most recently used), or None; computes nothing."""
         with self._lock:
-            if key in self._data:
+            if key not in self._data:
+                return None
+            self._data.move_to_end(key)
+            return self._data[key][0]
+
+    def discard(self, where: Callable[[Hashable, V], bool]) -> None:
+        """Drop every entry for which ``where(key, value)`` is true."""
+        with self._lock:
+            for key in [k for k, (v, _) in self._data.items() if where(k, v)]:
+                _, size = self._data.pop(key)
+                self.nbytes -= size
+
+    def get_or_compute(
+        self, key: Hashable, compute: Callable[[], V], *, accept: Callable[[V], bool] | None = None
+    ) -> V:
+        """The value under ``key``, computed once (concurrent callers wait for it) when missing, or when the kept
+        one is not ``accept``-ed (then it is replaced)."""
+        with self._lock:
+            if key in self._data and (accept is None or accept(self._data[key][0])):
                 self._data.move_to_end(key)
                 return self._data[key][0]
             entry = self._key_locks.setdefault(key, [threading.Lock(), 0])
@@ -54,7 +74,7 @@ class BoundedCache(Generic[V]):
         try:
             with entry[0]:  # one computation per key; other keys proceed in parallel
                 with self._lock:
-                    if key in self._data:
+                    if key in self._data and (accept is None or accept(self._data[key][0])):
                         self._data.move_to_end(key)
                         return self._data[key][0]
                 value = compute()  # exceptions propagate and nothing is stored
@@ -69,6 +89,8 @@ class BoundedCache(Generic[V]):
     def _store(self, key: Hashable, value: V) -> None:
         size = int(self._size_of(value))
         with self._lock:
+            if key in self._data:  # a replacement: the old value's bytes leave with it
+                self.nbytes -= self._data.pop(key)[1]
             if size > self.max_bytes:
                 return
             self._data[key] = (value, size)

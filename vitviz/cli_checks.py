@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -25,9 +26,28 @@ __all__ = [
     "check_against_model",
     "read_labels_file",
     "unique_targets",
+    "terminal_text",
+    "MAX_ECHO_CHARS",
 ]
 
 MAX_SIZE = 8192  # pixels per side of the model input; memory budgets refuse far less long before
+MAX_ECHO_CHARS = 2000  # of one message printed to the terminal; the rest is counted, not printed
+# C0 controls but tab and newline, DEL, C1 controls (an 8-bit CSI), and the Unicode bidi overrides and isolates,
+# which reorder what the terminal shows after them
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def terminal_text(text: object, max_chars: int = MAX_ECHO_CHARS) -> str:
+    """``text`` as it may be printed to a terminal: control characters escaped, at most ``max_chars`` characters.
+
+    Whatever a user or a file supplied (labels, template, CSV cells, file names) may hold escape
+    sequences (``ESC [2J`` clears the screen, ``ESC ]0;...BEL`` retitles the window) or bidi overrides;
+    each such character is shown as its escape (``\\x1b``, ``\\u202e``) instead. Tab and newline pass.
+    """
+    text = _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
+    if len(text) > max_chars:
+        text = f"{text[:max_chars]}... ({len(text) - max_chars:,} more characters not shown)"
+    return text
 
 
 class UsageError(VitvizError):

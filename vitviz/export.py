@@ -14,9 +14,9 @@ from vitviz.analysis.blocks import global_query, head_maps
 from vitviz.analysis.embeddings import position_similarity
 from vitviz.analysis.rollout import capture_rollout
 from vitviz.analysis.stats import summary_table
-from vitviz.capture.causal import NotDefined, causal_arrays
-from vitviz.capture.forward import Capture, capture_batch
+from vitviz.capture.forward import Capture, capture_batch, seen_part
 from vitviz.capture.targets import Target, targets_arrays
+from vitviz.causal import NotDefined, causal_arrays
 from vitviz.cli_checks import unique_targets
 from vitviz.data.images import load_image
 from vitviz.errors import VitvizError
@@ -193,7 +193,8 @@ def export_images(
 
     The PNG is the map over the photo at the photo's own size, scaled down to at most
     2048 px on its long side (:func:`vitviz.figures.overlay.fit_photo`), bilinear, 60 %
-    opacity, the map on its own min..max.
+    opacity, the map on its own min..max; for a model that sees a centre crop (a converted
+    checkpoint, :func:`vitviz.capture.forward.seen_part`), over that crop of the photo.
 
     Unreadable images are reported in ``failed`` and skipped; everything written
     before a failure stays. ``progress(n)`` is called after each ``n`` images.
@@ -205,9 +206,11 @@ def export_images(
     ``minus_index`` making it ``logit[class] - logit[minus_index]`` (or label minus label), and
     ``logit_lens_patches`` (L + 1, gh, gw): the target through the final norm and head at each patch token.
     ``patch_from`` (with ``causal``): a source image whose activations are patched into each image's run
-    (:func:`vitviz.capture.patching.activation_patching`): ``patching_class``, ``patching_residual`` (L, T),
+    (:func:`vitviz.causal.patching.activation_patching`): ``patching_class``, ``patching_residual`` (L, T),
     ``patching_heads`` (L, H), ``patching_clean_logit``, ``patching_source_logit``,
-    ``patching_residual_estimate``, ``patching_heads_estimate``.
+    ``patching_residual_estimate``, ``patching_heads_estimate``, ``patching_pattern`` (L, H: head h's attention
+    pattern in block l from the source, :func:`vitviz.causal.paths.pattern_patching`) and ``patching_path`` (L, H:
+    path patching from each head to the read-out, :func:`vitviz.causal.paths.path_patching`).
     ``gif``: also ``<stem>_<view>.gif``, the view stepping through the blocks
     (:func:`vitviz.figures.animation.view_stack`: ``head`` (``gif_head``), ``mean`` or
     ``rollout``; the query of ``query_xy`` where given), over the photo at most
@@ -275,13 +278,15 @@ def export_images(
             target = out / f"{stem}.npz"
             _write_npz(target, arrays)
             name, grid_map = overlay_map(cap, arrays)
-            photo = fit_photo(images[names.index(path)])  # the photo's own size, at most 2048 px on its long side
+            # the photo's own size, at most 2048 px on its long side; the part the model saw (its crop, if any)
+            seen = seen_part(loaded, images[names.index(path)], cap.input_size)
+            photo = fit_photo(seen)
             overlay(photo, grid_map).save(out / f"{stem}_{name}.png")
             if gif is not None:
                 _write_gif(
                     out / f"{stem}_{gif}.gif",
                     cap,
-                    images[names.index(path)],
+                    seen,
                     report,
                     gif,
                     gif_head,
@@ -343,6 +348,8 @@ _PATCHING_KEYS = (
     "patching_heads",
     "patching_residual_estimate",
     "patching_heads_estimate",
+    "patching_pattern",
+    "patching_path",
 )
 
 
@@ -351,7 +358,7 @@ def _target_arrays(loaded, image, causal: dict, minus_index, scorer, size, sourc
 
     Keys a model lacks are named under ``"_notes"`` (key -> why), which the caller pops.
     """
-    from vitviz.capture.patching import activation_patching, patch_lens, patching_arrays
+    from vitviz.causal import activation_patching, patch_lens, patching_arrays, path_patching, pattern_patching
 
     c = int(causal["explained_class"])
     if scorer is None:
@@ -369,6 +376,12 @@ def _target_arrays(loaded, image, causal: dict, minus_index, scorer, size, sourc
         notes["logit_lens_patches"] = "The per-patch logit lens of zero-shot label scores is not defined."
     if source is not None:
         text = None if scorer is None else scorer.text
+        for key, grid in (("patching_pattern", pattern_patching), ("patching_path", path_patching)):
+            try:  # attention-pattern and path patching, head by head: (L, H) float32 each. Pattern patching first:
+                # its source forward keeps what the others read too, so the source costs one forward.
+                arrays[key] = grid(loaded, image, source, target=target, size=size, label_embeddings=text).values
+            except NotDefined as exc:
+                notes[key] = str(exc)
         try:
             p = activation_patching(loaded, image, source, target=target, size=size, label_embeddings=text)
         except NotDefined as exc:
@@ -396,9 +409,11 @@ def _write_gif(
 
 
 def print_failures(report: ExportReport) -> None:
+    from vitviz.cli_checks import terminal_text  # file names and messages quote input: control characters escaped
+
     for name, written in report.renamed:
-        print(f"note: {name} written as {written} (another input has the same name)", file=sys.stderr)
+        print(terminal_text(f"note: {name} written as {written} (another input has the same name)"), file=sys.stderr)
     for key, why in report.notes.items():
-        print(f"note: {key} left out: {why}", file=sys.stderr)
+        print(terminal_text(f"note: {key} left out: {why}"), file=sys.stderr)
     for name, msg in report.failed:
-        print(f"error: {name}: {msg}", file=sys.stderr)
+        print(terminal_text(f"error: {name}: {msg}"), file=sys.stderr)

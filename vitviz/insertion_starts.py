@@ -1,7 +1,7 @@
 """What insertion starts from: the choices, the default, and each one's name and definition where it is shown.
 
 The images themselves are made in :mod:`vitviz.evaluate.faithfulness` (``insertion_start_image``; its module
-docstring and ``ALGORITHMS.md`` define them); the command line, the pages and the results read these. It sits
+docstring and ``docs/definitions.md#insertion-starts`` define them); the command line, the pages and the results read these. It sits
 outside :mod:`vitviz.evaluate`, whose package imports torch, so that ``python -m vitviz --help`` does not.
 """
 
@@ -20,7 +20,7 @@ INSERTION_START_NAMES = {
     "noise": "seeded noise",
 }
 
-# What the first image of the insertion curve is (README, "insertion start").
+# What the first image of the insertion curve is (docs/definitions.md#insertion-starts).
 INSERTION_START_MEANINGS = {
     "blur": "the input blurred, sigma = patch size / 2 (RISE's start; keeps colour: where colour is the evidence, "
     "as on the demo shapes, every curve starts near the top and ties with random)",

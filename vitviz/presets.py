@@ -23,6 +23,7 @@ PRESETS = (
     "microsoft/cvt-13",
     "apple/mobilevit-small",
     "apple/mobilevitv2-1.0-imagenet1k-256",
+    "facebook/hiera-base-224-in1k-hf",
     "openai/clip-vit-base-patch32",
     "openai/clip-vit-base-patch16",
     "google/siglip-base-patch16-224",

@@ -6,12 +6,17 @@ stages, each with its own token grid over the input, and blocks whose attention
 has another shape. The native forms (one image, no batch axis):
 
 * ``global``: ``(H, Tq, Tk)``, queries = prefix tokens + the stage grid, keys =
-  the same prefix tokens + the key grid (the stage grid itself, or a coarser grid
-  after spatial reduction: PvT, PvT v2, CvT);
+  the same prefix tokens + the key grid (the stage grid itself, a coarser grid
+  after spatial reduction: PvT, PvT v2, CvT, or the finer grid of the previous
+  stage where a block pools its queries: Hiera);
 * ``window`` (Swin): ``(nW, H, w*w, w*w)``: the grid is padded on the bottom and
   right to multiples of ``w``, rolled by ``(-shift, -shift)`` and cut into
   ``nW`` windows, row-major over the padded grid; rows and columns are the
-  window's tokens in row-major order, in the shifted frame;
+  window's tokens in row-major order, in the shifted frame. Hiera's mask units are
+  windows with no shift and no padding; where a block pools its queries, its keys
+  are the previous stage's tokens, ``key_stride`` times finer per axis (key rule
+  ``finer``): ``(nW, H, w*w, (w*f)*(w*f))``, the keys of each window row-major on
+  the key grid;
 * ``unfolded`` (MobileViT): ``(A, H, N, N)``: attention among the N patches of
   the block's patch grid, once per offset inside a patch (A = ph * pw offsets);
 * ``separable`` (MobileViT V2): ``(A, N)``: one context-score vector over the N
@@ -24,6 +29,10 @@ has another shape. The native forms (one image, no batch axis):
 Global attention may carry ``trailing`` tokens after the grid that are not on the
 image (SigLIP 2 NaFlex pads every image to a patch budget): they are left out of
 every map and reported as a padding share, like Swin's padding.
+
+The native forms list tokens in row-major grid order whatever order the model
+keeps them in: Hiera keeps its tokens "unrolled" (``Geometry.unroll``), and the
+capture puts them back (``vitviz.models.families.base.to_native``).
 
 Every record field is read-only. Where cells are placed on the image: token
 (r, c) of a grid (gh, gw) covers rows ``[r H / gh, (r + 1) H / gh)`` and columns
@@ -57,7 +66,7 @@ __all__ = [
 ]
 
 BlockKind = Literal["global", "window", "unfolded", "separable", "pool"]
-KeyRule = Literal["same", "strided", "centre"]
+KeyRule = Literal["same", "strided", "centre", "finer"]
 POOLED = -1  # the pooled query (mean of the grid tokens' rows): the global view of models without CLS
 
 
@@ -73,8 +82,17 @@ class Geometry:
 
     ``key_rule`` says how a key cell of a reduced key grid covers the stage tokens:
     ``same`` (keys are the stage grid), ``strided`` (key j came from the block of
-    ``stride`` tokens starting at ``j * stride``; the last key takes the rest), or
-    ``centre`` (a token belongs to the key cell that contains its centre).
+    ``stride`` tokens starting at ``j * stride``; the last key takes the rest),
+    ``centre`` (a token belongs to the key cell that contains its centre), or
+    ``finer`` (the keys are a grid ``key_stride`` times finer than the stage grid,
+    the previous stage's tokens: key j lies inside stage token ``j // stride``;
+    Hiera's query-pooling blocks, global or in windows).
+
+    ``unroll``: None for every family but Hiera. Hiera lists its tokens in its
+    "unrolled" order and its raw probabilities as ``(B, H, nW, Tq, Tk)``; ``unroll``
+    is the tuple of (row, col) strides its queries are still unrolled by (possibly
+    empty), the keys of a ``finer`` block by ``(key_stride, *unroll)``. The native
+    form is always in row-major grid order: ``to_native`` undoes the unrolling.
     """
 
     stage: int
@@ -90,6 +108,18 @@ class Geometry:
     padded: tuple[int, int] | None = None  # window: grid padded to multiples of w
     offsets: int = 1  # unfolded / separable: A = ph * pw
     trailing: int = 0  # global / pool: tokens after the grid that are not on the image (padding)
+    unroll: tuple[tuple[int, int], ...] | None = None  # Hiera: strides its raw token order is unrolled by
+
+    def __post_init__(self) -> None:
+        if self.key_rule == "finer":
+            fy, fx = self.key_stride
+            need = (self.grid[0] * fy, self.grid[1] * fx)
+            if self.key_grid != need:
+                raise ValueError(
+                    f"keys {self.key_stride} times finer than a {self.grid} grid lie on {need}, not {self.key_grid}"
+                )
+            if self.kind == "window" and (self.shift or self.padded != self.grid or fy != fx):
+                raise ValueError("windows with finer keys have no shift, no padding and a square key stride")
 
     @property
     def num_prefix(self) -> int:
@@ -106,6 +136,15 @@ class Geometry:
             return 0
         return (self.padded[0] // self.window) * (self.padded[1] // self.window)
 
+    @property
+    def key_window(self) -> int:
+        """Side of a window's key block: ``window``, or ``window * key_stride`` where the keys are finer."""
+        if self.key_rule == "finer":
+            if self.key_stride[0] != self.key_stride[1]:
+                raise ValueError(f"windows with finer keys need a square key stride, got {self.key_stride}")
+            return self.window * self.key_stride[0]
+        return self.window
+
     def native_shape(self) -> tuple[int, ...]:
         gh, gw = self.grid
         p = self.num_prefix
@@ -115,7 +154,7 @@ class Geometry:
         if self.kind == "pool":
             return (self.num_heads, p + gh * gw + self.trailing)
         if self.kind == "window":
-            return (self.num_windows, self.num_heads, self.window**2, self.window**2)
+            return (self.num_windows, self.num_heads, self.window**2, self.key_window**2)
         if self.kind == "unfolded":
             return (self.offsets, self.num_heads, gh * gw, gh * gw)
         return (self.offsets, gh * gw)

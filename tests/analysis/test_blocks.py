@@ -197,3 +197,109 @@ def test_a_pooling_head_is_one_row_per_head_and_starts_the_readout():
     assert stage_index == 0
     with pytest.raises(ValueError, match="probe is not a token"):
         blocks.dense(pool, probe[0])
+
+
+# --- finer keys (Hiera's query-pooling blocks) ----------------------------------------------------
+
+
+def _finer_window_geometry():
+    """A 4 x 6 stage grid in 2 x 2 windows whose keys are the 8 x 12 grid before it, 4 x 4 keys per window."""
+    return Geometry(
+        stage=1,
+        kind="window",
+        num_heads=2,
+        grid=(4, 6),
+        window=2,
+        padded=(4, 6),
+        key_grid=(8, 12),
+        key_rule="finer",
+        key_stride=(2, 2),
+    )
+
+
+def _finer_by_loops(g: Geometry, mat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the ``(N, Nk)`` rows of every stage query over the key grid, the ``(N, N)`` dense view) the slow way."""
+    (gh, gw), (kh, kw) = g.grid, g.keys
+    w, wk = g.window, g.key_window
+    rows = np.zeros((gh * gw, kh * kw))
+    for win in range(mat.shape[0]):
+        wr, wc = divmod(win, gw // w)
+        for i in range(w * w):
+            q = (wr * w + i // w) * gw + wc * w + i % w
+            for j in range(wk * wk):
+                rows[q, (wr * wk + j // wk) * kw + wc * wk + j % wk] = mat[win, i, j]
+    dense = np.zeros((gh * gw, gh * gw))
+    for k in range(kh * kw):
+        kr, kc = divmod(k, kw)
+        dense[:, (kr // 2) * gw + kc // 2] += rows[:, k]
+    return rows, dense
+
+
+def test_windows_with_finer_keys_match_the_loops():
+    rng = np.random.default_rng(5)
+    g = _finer_window_geometry()
+    assert g.native_shape() == (6, 2, 4, 16)
+    mat = _random_rows(rng, (6, 4, 16))
+    rows, ref = _finer_by_loops(g, mat)
+    np.testing.assert_allclose(blocks.dense(g, mat), ref, atol=1e-6)
+    np.testing.assert_allclose(blocks.row_sums(g, mat), 1.0, atol=1e-6)
+    r = rng.random(24)
+    np.testing.assert_allclose(blocks.left_apply(g, mat, r), r @ ref, rtol=1e-5)
+    for q in (0, 9, 23):
+        m = blocks.row_map(g, mat, q)
+        assert m.grid == (8, 12) and m.padding == 0.0
+        np.testing.assert_allclose(m.values.ravel(), rows[q], atol=1e-7)
+        col = blocks.column_map(g, mat, q)
+        assert col.grid == (4, 6)
+        np.testing.assert_allclose(col.values.ravel(), ref[:, q], atol=1e-6)
+    np.testing.assert_allclose(blocks.row_map(g, mat, POOLED).values.ravel(), rows.mean(0), atol=1e-7)
+    assert (blocks.allowed_keys(g) == 16).all() and blocks.allowed_keys(g).shape == (6, 4)
+    assert blocks.window_edges(g) == ([2], [2, 4])
+    assert blocks.window_edges(g, (8, 12)) == ([4], [4, 8])  # the same edges on the key grid
+
+
+def test_summaries_of_a_window_block_with_finer_keys_match_the_definition():
+    rng = np.random.default_rng(6)
+    g = _finer_window_geometry()
+    native = _random_rows(rng, (6, 2, 4, 16))
+    dist, ent, norm = blocks.block_summaries(g, native, (16, 24))  # 4 px stage cells, 2 px key cells
+    qc, kc = centres(g.grid, (16, 24)), centres(g.keys, (16, 24))
+    for h in range(2):
+        rows, _ = _finer_by_loops(g, native[:, h])
+        assert dist[h] == pytest.approx(mean_distance_reference(rows, qc, kc), rel=1e-5)
+        flat = native[:, h].reshape(-1, 16)  # every query's native row over its 16 keys
+        assert ent[h] == pytest.approx(float(-(flat * np.log(flat)).sum(1).mean()), rel=1e-5)
+        assert norm[h] == pytest.approx(ent[h] / np.log(16), rel=1e-5)
+
+
+def test_global_finer_keys_fall_on_the_token_holding_them():
+    rng = np.random.default_rng(7)
+    g = Geometry(stage=2, kind="global", num_heads=1, grid=(3, 2), key_grid=(6, 4), key_rule="finer", key_stride=(2, 2))
+    mat = _random_rows(rng, (6, 24))
+    d = blocks.dense(g, mat)
+    for t in range(6):
+        r, c = divmod(t, 2)
+        inside = [(2 * r + a) * 4 + 2 * c + b for a in (0, 1) for b in (0, 1)]
+        np.testing.assert_allclose(d[:, t], mat[:, inside].sum(1), atol=1e-6)
+        assert list(blocks.keys_in_token(g, t)) == inside
+        np.testing.assert_allclose(blocks.column_map(g, mat, t).values.ravel(), d[:, t], atol=1e-6)
+    np.testing.assert_allclose(d.sum(1), 1.0, atol=1e-6)
+    r = rng.random(6)
+    np.testing.assert_allclose(blocks.left_apply(g, mat, r), r @ d, rtol=1e-5)
+    m = blocks.row_map(g, mat, 4)
+    assert m.grid == (6, 4)
+    np.testing.assert_allclose(m.values.ravel(), mat[4])
+    with pytest.raises(ValueError, match="several finer keys"):
+        blocks.key_of_token(g, 3)
+    with pytest.raises(ValueError, match="lie on"):
+        Geometry(stage=2, kind="global", num_heads=1, grid=(3, 2), key_grid=(5, 4), key_rule="finer", key_stride=(2, 2))
+
+
+def test_a_map_on_finer_cells_sums_into_the_coarser_grid():
+    values = np.arange(24, dtype=np.float32).reshape(4, 6)
+    got = blocks.summed_to(values, (2, 3))
+    assert got[0, 0] == 0 + 1 + 6 + 7 and got[1, 2] == 16 + 17 + 22 + 23
+    assert got.sum() == values.sum()
+    np.testing.assert_array_equal(blocks.summed_to(values, (4, 6)), values)
+    with pytest.raises(ValueError, match="whole multiple"):
+        blocks.summed_to(values, (3, 3))

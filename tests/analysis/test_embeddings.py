@@ -38,3 +38,15 @@ def test_patch_components_recover_a_planted_direction():
 def test_token_norm_outliers():
     norms = np.array([[1.0, 1.1, 0.9, 10.0], [2.0, 2.0, 2.0, 2.0]])
     np.testing.assert_array_equal(token_norm_outliers(norms), [[False, False, False, True], [False] * 4])
+
+
+def test_a_zero_position_embedding_has_no_similarity_not_even_to_itself():
+    """docs/definitions.md#position-embedding-similarity: a zero row has no direction, so its row and column
+    of S are 0, its own cell included; the other rows keep their cosines (1 on the diagonal)."""
+    pos = np.array([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
+    s = position_similarity(pos)
+    np.testing.assert_array_equal(s[1], 0.0)
+    np.testing.assert_array_equal(s[:, 1], 0.0)
+    np.testing.assert_allclose(np.diag(s)[[0, 2]], 1.0)
+    assert s[0, 2] == pytest.approx(1 / np.sqrt(2))
+    np.testing.assert_array_equal(position_similarity(np.zeros((3, 4))), np.zeros((3, 3)))

@@ -11,7 +11,7 @@ import pytest
 from conftest import random_image
 
 from vitviz.capture.forward import capture
-from vitviz.capture.patching import patch_lens
+from vitviz.causal import patch_lens
 from vitviz.models.load import load_model
 
 

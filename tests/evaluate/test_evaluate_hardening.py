@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from cli_tools import _cli, _one_line_error
 from conftest import random_image
-from test_cli_hardening import _cli, _one_line_error
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -138,3 +138,111 @@ def test_evaluate_out_that_cannot_be_written_is_a_message(tmp_path, capsys, wher
     proc = _cli(capsys, *args)
     assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr
     assert str(out.parent) in _one_line_error(proc, proc.returncode)
+
+
+# -- issue 33.14: what evaluate echoes to the terminal ------------------------------------------------
+
+
+def test_control_characters_in_labels_and_csv_cells_never_reach_the_terminal(tmp_path, capsys, one_thread):
+    """Escape sequences typed in --labels (or written in a CSV's cells) were echoed raw: ESC [2J clears a screen."""
+    from vitviz.data.shapes import write_dataset
+
+    data = write_dataset(tmp_path / "shapes", n=1, seed=5)
+    with data.open("a") as fh:  # a row naming a file that is not there: its reason quotes the cell
+        fh.write("\x1b[2J\x1b]0;owned\x07gone.png,star,,,,\n")
+    labels = "\x1b[2J\x1b[31mstar,\x1b[2J\x1b[31mstar,circle\u202e"  # a repeat: the note names the label
+    args = ["evaluate", "--model", "demo-clip", "--data", str(data), "--out", str(tmp_path / "r.parquet")]
+    proc = _cli(capsys, *args, "--methods", "random", "--labels", labels)
+    shown = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in shown  # 1: a row was skipped
+    assert "\x1b" not in shown and "\x07" not in shown and "\u202e" not in shown
+    assert "\\x1b[2J\\x1b[31mstar" in shown and "\\x1b]0;owned\\x07gone.png" in shown  # shown, escaped
+
+
+def test_a_template_with_two_slots_is_refused(tmp_path, capsys):
+    """``--template "a {} of a {}"`` filled the first {} and left the second as text, silently."""
+    from vitviz.data.shapes import write_dataset
+    from vitviz.models.zeroshot import ZeroShotError, parse_labels
+
+    with pytest.raises(ZeroShotError, match=r"needs \{\} exactly once.*it has 2"):
+        parse_labels("cat, dog", "a {} of a {}")
+    data = write_dataset(tmp_path / "shapes", n=1, seed=5)
+    args = ["evaluate", "--model", "demo-clip", "--data", str(data), "--out", str(tmp_path / "r.parquet")]
+    line = _one_line_error(_cli(capsys, *args, "--labels", "star,circle", "--template", "a {} of a {}"), 1)
+    assert "needs {} exactly once" in line
+    assert not (tmp_path / "r.parquet").exists()
+
+
+def test_a_csv_of_200000_columns_gets_a_short_message(tmp_path, capsys):
+    """The message listing a CSV's columns printed 1.5 MB of names on one line."""
+    csv = tmp_path / "wide.csv"
+    csv.write_text(",".join(f"column_{i}" for i in range(200_000)) + "\n" + ",".join("1" * 200_000) + "\n")
+    proc = _cli(capsys, "evaluate", "--data", str(csv), "--out", str(tmp_path / "r.parquet"))
+    line = _one_line_error(proc, 1)
+    assert "lacks the column file" in line and "column_0" in line
+    assert len(proc.stderr) < 2_000
+
+
+# -- issue 33.9: a CSV of millions of rows -------------------------------------------------------------
+
+
+def _long_csv(folder: Path, rows: int) -> Path:
+    """One real image, then ``rows`` rows naming files that are not there (each one a skipped row)."""
+    from vitviz.data.shapes import write_dataset
+
+    csv = write_dataset(folder, n=1, seed=5)
+    with csv.open("a") as fh:
+        fh.writelines(f"missing-{i}.png,star,,,,\n" for i in range(rows))
+    return csv
+
+
+def test_a_csv_is_read_up_to_max_rows_and_says_so(tmp_path):
+    import tracemalloc
+
+    from vitviz.evaluate.data import KEPT_SKIPPED, MAX_ROWS, read_dataset
+
+    csv = _long_csv(tmp_path / "d", 300_000)
+    tracemalloc.start()
+    try:
+        ds = read_dataset(csv)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(ds.items) == 1 and ds.skipped.total == MAX_ROWS  # 1 image, MAX_ROWS - 1 bad rows, the note
+    assert len(ds.skipped) == KEPT_SKIPPED + 1  # the first ones with their reasons, and the note that the rest
+    assert f"the CSV has more than {MAX_ROWS:,} rows: the rest was not read" in ds.skipped[-1].reason
+    assert ds.skipped[-1].where == f"labels.csv:{MAX_ROWS + 2}"  # the header, then MAX_ROWS rows read
+    assert peak < 64 * 2**20, peak  # streamed: a 2,000,000-row CSV took a run past 3 GB
+    small = read_dataset(csv, max_rows=10)
+    assert small.skipped.total == 10 and "more than 10 rows" in small.skipped[-1].reason
+
+
+def test_skipped_rows_are_summarised_in_the_results_file_and_on_the_terminal(tmp_path, capsys, one_thread):
+    """300,000 skipped rows wrote a 76 MB results file: every one was in its metadata."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from vitviz.evaluate.data import KEPT_SKIPPED
+    from vitviz.evaluate.results import META_KEY, read_results
+
+    csv = _long_csv(tmp_path / "d", 20_000)
+    out = tmp_path / "r.parquet"
+    args = ["evaluate", "--data", str(csv), "--out", str(out), "--methods", "random", "--size", "48"]
+    proc = _cli(capsys, *args, "--max-rows", "5000")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "skipped 5000 of 5001 images" in proc.stderr  # 4,999 rows naming no file, and the rows not read
+    assert "more than 5,000 rows: the rest was not read" in proc.stderr
+    assert len(proc.stderr) < 10_000
+    meta = json.loads(pq.read_schema(out).metadata[META_KEY])
+    assert meta["skipped_total"] == 5000 and len(meta["skipped"]) == KEPT_SKIPPED + 1
+    assert out.stat().st_size < 200_000
+    assert read_results(out).num_images == 1
+
+
+def test_export_prints_file_names_with_control_characters_escaped(tmp_path, capsys):
+    """export's failures quote the file names given: a name holding ESC [2J cleared the terminal."""
+    odd = tmp_path / "\x1b[2Jgone.png"  # not there: the failure names it
+    proc = _cli(capsys, "export", str(odd), "--model", "demo", "--out", str(tmp_path / "o"))
+    shown = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "\x1b" not in shown and "\\x1b[2Jgone.png: no such file" in shown

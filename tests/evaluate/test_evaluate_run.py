@@ -205,7 +205,7 @@ def test_results_have_the_schema(demo, demo_csv: Path, tmp_path: Path) -> None:
     assert res.table.schema.names == SCHEMA.names
     assert res.meta["methods"] == list(METHODS) and res.meta["seed"] == 3 and res.meta["engine"] == "local"
     assert res.meta["images"] == 1 and res.meta["size"] == SIZE
-    assert res.meta["insertion_start"] == "mean"  # the default (README: blur is flat on the demo shapes)
+    assert res.meta["insertion_start"] == "mean"  # the default: docs/evaluate.md#insertion-starts
 
 
 def test_insertion_start_is_a_setting_recorded_in_the_results(demo, demo_csv: Path, tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Deletion and insertion against a brute-force, unbatched reading of ``ALGORITHMS.md`` ("Faithfulness")."""
+"""Deletion and insertion against a brute-force, unbatched reading of ``docs/definitions.md#faithfulness``."""
 
 import math
 
@@ -222,7 +222,7 @@ def test_images_no_map_changes_are_forwarded_once(tiny_models):
 
 
 def test_rollout_and_relevance_beat_random_on_the_demo(demo_model):
-    """Deletion and insertion areas on five shapes images; measured numbers are in the README.
+    """Deletion and insertion areas on five shapes images; measured numbers are in docs/evaluate.md#demo-500.
 
     Only the ordering of the means is asserted: rollout and relevance delete faster (lower area) and insert
     faster from the default start, the image's mean colour (higher area), than the mean of the random baseline

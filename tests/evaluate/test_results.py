@@ -161,6 +161,29 @@ def test_read_results_refuses_newer_versions_and_missing_columns(tmp_path: Path,
         read_results(odd)
 
 
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"skipped": "[" * 100_000 + "]" * 100_000},  # RecursionError in json.loads
+        {"skipped": "[" * 500 + "]" * 500},  # parses, but no results header nests like that
+        {"skipped": "5"},  # the Data set page counts the skipped inputs: len(5)
+        {"methods": '"attention"'},
+        {"labels": '[["a"]]'},
+    ],
+    ids=["deep", "nested", "skipped-number", "methods-text", "labels-nested"],
+)
+def test_a_header_of_the_wrong_shape_is_not_a_results_file(tmp_path: Path, results_file: Path, change) -> None:
+    """Issue 33.12: deeply nested 'vitviz' metadata showed "Something went wrong (RecursionError)"."""
+    table = pq.read_table(results_file)
+    meta = json.loads(table.schema.metadata[META_KEY])
+    ((key, raw),) = change.items()
+    text = json.dumps({k: v for k, v in meta.items() if k != key})[:-1] + f', "{key}": {raw}}}'  # the field last
+    odd = tmp_path / "odd.parquet"
+    pq.write_table(table.replace_schema_metadata({META_KEY: text.encode()}), odd)
+    with pytest.raises(ResultsError, match="not a results header"):
+        read_results(odd)
+
+
 def test_write_is_atomic_and_leaves_no_temporary_file(tmp_path: Path, results_file: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["r.parquet"]
     empty = write_results(SCHEMA.empty_table(), tmp_path / "empty.parquet", run_metadata(methods=[]))

@@ -137,3 +137,57 @@ def test_a_record_whose_last_block_is_a_pooling_head_is_drawn_on_the_server():
     assert "pooling head" in record_problem(cap)
     cap.num_blocks = 2
     assert record_problem(cap) == ""
+
+
+# Issue 33.4: a model folder named like this ran script in the page (the title was escaped, then the data's JSON
+# replaced ``__DATA__`` everywhere, inside the title too). Every field the page shows gets a hostile name.
+HOSTILE = [
+    "m__DATA__<img src=x onerror=window.__pwned=1>",
+    "</script><script>window.__pwned=2</script>",
+    "__START__<svg onload=window.__pwned=3>",
+    "a&amp;b<!--",
+    "\u2028\u2029 quote\" ' `",
+]
+
+
+def _hostile_data():
+    att = _attention(2, 2, 1 + 4, seed=6)
+    return head_view_data(
+        att,
+        grid=(2, 2),
+        prefix_kinds=(HOSTILE[1],),
+        image=np.zeros((8, 8, 3), np.uint8),
+        title=HOSTILE[0],
+        layer_names=HOSTILE[2:4],
+    )
+
+
+def test_hostile_names_never_reach_the_page_as_markup():
+    page = head_view_html(_hostile_data())
+    for name in HOSTILE:
+        for part in ("<img", "<script>window", "<svg", "<!--"):
+            if part in name:
+                assert name not in page  # never verbatim: only as JSON with <, > and & escaped
+    assert page.count("<script") == 2  # the data's JSON element and the page's own script, nothing else
+    start = page.index('<script id="vitviz-data" type="application/json">')
+    body = page[start:].split(">", 1)[1].split("</script>", 1)[0]
+    assert "<" not in body and ">" not in body and "&" not in body
+    data = __import__("json").loads(body)
+    assert data["title"] == HOSTILE[0] and data["prefix"] == [HOSTILE[1]] and data["layer_names"] == HOSTILE[2:4]
+    outside = page.replace(body, "")
+    assert "__" not in outside  # the one placeholder was filled once; no text of the data outside its element
+
+
+def test_hostile_names_run_no_script_in_a_browser_and_show_as_text(page):
+    page.set_content(head_view_html(_hostile_data()))
+    page.wait_for_function("document.body.dataset.ready !== undefined", timeout=20_000)
+    assert page.evaluate("document.body.dataset.ready") == "1", page.inner_text("#err")
+    assert page.evaluate("typeof window.__pwned") == "undefined"
+    assert page.evaluate("document.querySelectorAll('img, svg').length") == 0
+    text = page.inner_text("body")
+    assert HOSTILE[0] in text  # the title, as text
+    assert page.evaluate("document.getElementById('layerv').textContent") == HOSTILE[3]  # the last layer's name
+    page.evaluate("window.vitvizSet({layer: 0, query: 0})")
+    assert page.evaluate("document.getElementById('layerv').textContent") == HOSTILE[2]
+    assert HOSTILE[1] in page.inner_text("#prefix")  # the prefix token's name
+    assert page.evaluate("typeof window.__pwned") == "undefined"

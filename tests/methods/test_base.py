@@ -20,7 +20,7 @@ from vitviz.methods import (
 from vitviz.methods.base import cell_of_pixels
 
 CLASSIFIERS = ("vit", "deit", "beit")
-HIER = ("swin", "swinv2", "cvt", "pvt", "pvt_v2", "mobilevit", "mobilevitv2")
+HIER = ("swin", "swinv2", "cvt", "pvt", "pvt_v2", "mobilevit", "mobilevitv2", "hiera")
 
 
 def _model(key, tiny_models, hier_models):

@@ -1,7 +1,7 @@
 """Relevance on the demo model's squares: vitviz against an independent reference, and that it finds the square.
 
 The demo shipped before (trained with label smoothing 0.1) put relevance beside the square on its
-square images, and the README told why (its logit pinned at p = 0.92, the local gradient near zero
+square images, and docs/evaluate.md#why-the-demo-is-trained-this-way tells why (its logit pinned at p = 0.92, the local gradient near zero
 and negative there). The bundled demo, trained without it, is the model these tests read: vitviz's
 map equals a from-scratch Chefer et al. 2021 relevance (the class logit's gradient with respect to
 Hugging Face's own ``output_attentions``, read from the CLS row, class "square" by ``id2label``) to
@@ -81,7 +81,7 @@ def _in_box(box) -> np.ndarray:
 def test_relevance_finds_the_square(demo):
     """The first 8 cells an insertion curve restores (relevance's top 8 of 144) lie in the square's box about half
     the time, and its positive mass there exceeds the box's share of the cells (what a flat map gives). The
-    label-smoothed demo shipped before gave 0.02 and 0.06 (a share *below* the box's 0.17): README."""
+    label-smoothed demo shipped before gave 0.02 and 0.06 (a share *below* the box's 0.17): docs/evaluate.md."""
     top8, share, cells, ig = [], [], [], []
     for s in _squares(6):
         values = explain(demo, s.image, "relevance", target=SQUARE).values

@@ -12,9 +12,9 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from conftest import FAMILY_KEYS, HIER_KEYS, MODERN_KEYS, TINY, random_image
+from conftest import TINY, random_image
 
-from vitviz.capture import causal as C
+from vitviz import causal as C
 from vitviz.capture.forward import input_size_for, preprocess
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 LABELS = {"id2label": {0: "zero", 1: "one", 2: "two"}, "label2id": {"zero": 0, "one": 1, "two": 2}}
 
 
-ZOO_KEYS = ("cct", "dat")  # T2T-ViT is built by its converter (tests/zoo/test_t2t.py)
+ZOO_KEYS = ("cct", "dat", "hybrid")  # T2T-ViT is built by its converter (tests/zoo/test_t2t.py)
 
 
 def _save_zoo(key: str, folder):
@@ -30,11 +30,25 @@ def _save_zoo(key: str, folder):
 
     from vitviz.zoo.cct import CctConfig, CctForImageClassification
     from vitviz.zoo.dat import DatConfig, DatForImageClassification
+    from vitviz.zoo.hybrid import HybridViTConfig, HybridViTForImageClassification
 
     torch.manual_seed(0)
     if key == "cct":
         config = CctConfig(image_size=32, embedding_dim=32, num_layers=2, num_heads=4, mlp_ratio=2, **LABELS)
         model = CctForImageClassification(config)
+    elif key == "hybrid":  # a ResNet of (1, 1) units (stride 8, 4 x 4 cells at 32 px) under 2 ViT blocks
+        config = HybridViTConfig(
+            image_size=32,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            resnet_depths=(1, 1),
+            resnet_width=8,
+            num_groups=4,
+            **LABELS,
+        )
+        model = HybridViTForImageClassification(config)
     else:
         config = DatConfig(
             image_size=32,
@@ -58,28 +72,47 @@ def _save_zoo(key: str, folder):
 
 
 @pytest.fixture(scope="module")
-def every_family(tiny_models, hier_dirs, modern_dirs, tmp_path_factory):
+def every_family(tmp_path_factory):
+    """Every registered model type's tiny model (tests/tiny.py), loaded on first use."""
+    from tiny import TINY as BUILDERS
+
     from vitviz.models.load import load_model
 
-    out = dict(tiny_models)
-    for key in HIER_KEYS:
-        out[key] = load_model(str(hier_dirs[key]), device="cpu")
-    for key in MODERN_KEYS:
-        out[key] = load_model(str(modern_dirs[key]), device="cpu")
-    root = tmp_path_factory.mktemp("contract-zoo")
-    for key in ZOO_KEYS:
-        out[key] = load_model(str(_save_zoo(key, root / key)), device="cpu")
-    return out
+    root = tmp_path_factory.mktemp("contract")
+    loaded: dict = {}
+
+    def get(model_type: str):
+        if model_type not in loaded:
+            folder = BUILDERS[model_type](root / model_type.replace("-", "_"))
+            loaded[model_type] = load_model(str(folder), device="cpu")
+        return loaded[model_type]
+
+    return get
 
 
-@pytest.mark.parametrize("key", FAMILY_KEYS + HIER_KEYS + MODERN_KEYS + ZOO_KEYS)
+def _model_types() -> list[str]:
+    from vitviz.models.families import supported_model_types
+
+    return sorted(supported_model_types())
+
+
+def test_every_registered_family_has_a_tiny_model():
+    """A family added to the registry without a tiny model in tests/tiny.py fails here (nothing escapes the
+    contract below)."""
+    from tiny import TINY as BUILDERS
+
+    missing = sorted(set(_model_types()) - set(BUILDERS))
+    assert not missing, f"add a tiny model to tests/tiny.py for: {missing}"
+
+
+@pytest.mark.parametrize("key", _model_types())
 def test_every_family_keeps_the_contract(every_family, key):
     from vitviz.capture.run import get_run
     from vitviz.models.families.base import BlockParts
-    from vitviz.models.hooks import installed_sites
-    from vitviz.models.points import block_name, installed_points
+    from vitviz.models.hooks import installed_points, installed_sites
+    from vitviz.models.points import block_name
 
-    loaded = every_family[key]
+    loaded = every_family(key)
     fam = loaded.family
     sites = installed_sites(loaded.model)
     points = installed_points(loaded.model)
@@ -119,6 +152,53 @@ def test_every_family_keeps_the_contract(every_family, key):
             assert len(str(exc)) > 20
         else:
             assert att.total == pytest.approx(att.logit, rel=1e-4, abs=1e-5)
+
+
+_PARTS = ("in", "attn.q", "attn.k", "attn.v", "attn.pattern", "attn.z", "attn.out", "resid_mid", "mlp.out", "out")
+
+
+@pytest.mark.parametrize("key", _model_types())
+def test_every_op_at_every_point_of_the_first_block(every_family, key):
+    """Every point of the first block takes every edit op (one batched forward: copy i gets op i) or refuses with its
+    reason. Identity edits (scale by 1, add 0, the identity function, a patch from the run itself) reproduce the
+    clean run's last block output; zero, replace and mean change it."""
+    from vitviz.capture.run import get_run
+    from vitviz.models.hooks import installed_points
+    from vitviz.models.points import Edit
+
+    loaded = every_family(key)
+    run = get_run(loaded, random_image(2, size=(70, 60)))
+    points = installed_points(loaded.model)
+    first, last = run.sites[0].index, run.name(run.sites[-1].index, "out")
+    clean = run.activation(last).reshape(1, -1)
+    edited = 0
+    for part in _PARTS:
+        name = run.name(first, part)
+        if name not in points:
+            continue
+        if not points.by_name[name].editable:
+            with pytest.raises(ValueError, match=r"recorded, not edited: .{30,}"):
+                run.edited([Edit(name, "zero")], reuse_prefix=False)
+            continue
+        width = run.activation(name).shape[-1]
+        edits = [
+            Edit(name, "scale", 1.0, rows=(0,)),
+            Edit(name, "add", 0.0, rows=(1,)),
+            Edit(name, "fn", lambda t: t, rows=(2,)),
+            Edit(name, "patch", run, rows=(3,)),
+            Edit(name, "zero", rows=(4,)),
+            Edit(name, "replace", torch.linspace(-1, 1, width), rows=(5,)),
+            Edit(name, "mean", rows=(6,)),
+        ]
+        got = run.edited(edits, batch=7, reuse_prefix=False, record=[last])
+        out = got.records[last].reshape(7, -1)
+        scale = float(clean.abs().max()) + 1e-6
+        for i in range(4):
+            assert float((out[i] - clean[0]).abs().max()) <= 1e-4 * scale, (key, part, edits[i].op)
+        for i in range(4, 7):
+            assert float((out[i] - clean[0]).abs().max()) > 1e-7 * scale, (key, part, edits[i].op)
+        edited += 1
+    assert edited >= 2  # at least the block's input and output
 
 
 # --- a DINOv2 whose layer scales sit under EVA's names -------------------------------------------------------
@@ -177,8 +257,8 @@ def dinov2_pair(tmp_path_factory):
         layers[i] = new
     renamed.requires_grad_(False)
     gamma = dataclasses.replace(plain, model=renamed, name="dinov2-gamma")
-    install(renamed, gamma.family.sites(renamed))
-    C.install_causal_hooks(gamma)  # what load_model does after the attention sites
+    install(renamed, gamma.family)
+    C.head_projections(gamma)  # the projections from the points install() put on it
     return plain, gamma
 
 

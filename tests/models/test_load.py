@@ -14,7 +14,8 @@ from vitviz.models.load import DEMO_NAME, load_model, parse_model_name, pick_dev
 @pytest.mark.parametrize("key", FAMILY_KEYS)
 def test_every_family_loads_with_eager_attention(tiny_models, key):
     loaded = tiny_models[key]
-    assert loaded.model.config._attn_implementation == "eager"
+    # vitviz's attention function: eager attention's numbers, its pattern a point (tests/models/test_registry.py)
+    assert loaded.model.config._attn_implementation == "vitviz"
     assert loaded.family.prefix_kinds(loaded.config) == EXPECTED_PREFIX[key]
     assert not any(p.requires_grad for p in loaded.model.parameters())
     assert not loaded.model.training

@@ -5,6 +5,7 @@ Each test reproduces one finding of the attack pass; the words checked are the v
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ def _reset_server_caches() -> None:
 
     for fn in (common.serve_settings, common.model_cache, common.forward_queue, common.vetted_requests):
         fn.clear()
+    common.address_limits.clear()
     common.hub_downloads.clear()
     getattr(common.hub_online, "clear", lambda: None)()  # (a test may have replaced it)
 
@@ -348,3 +350,111 @@ def test_a_patching_source_upload_counts_once_and_is_decoded_once(server, monkey
     assert at.session_state._limits.uploads.remaining() == before == 9  # one upload counted, once
     assert at.session_state.patch_upload_seen[1] is None
     assert not _rendered_links(at)
+
+
+def test_a_results_file_with_deeply_nested_metadata_is_not_a_results_file(server):
+    """Issue 33.12: "Something went wrong (RecursionError)" on the Data set page."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from vitviz.evaluate.results import META_KEY
+
+    table = pq.read_table(io.BytesIO(_results_bytes(rows=2)))
+    deep = table.schema.metadata[META_KEY][:-1] + b', "skipped": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    buf = io.BytesIO()
+    pq.write_table(table.replace_schema_metadata({META_KEY: deep}), buf)
+    at = _upload_results(_dataset_page(), "deep.parquet", buf.getvalue())
+    assert not at.exception
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and "not a results header" in errors[0], errors
+    assert "Something went wrong" not in errors[0]
+
+
+# -- issue 33.6: pane B of Side by side counts as the sidebar does ------------------------------------------
+
+
+def _png_of(colour) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (40, 30), colour).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _side_by_side(differs: str) -> AppTest:
+    at = _app()
+    at.switch_page("pages/side_by_side.py").run()
+    at.radio(key="sbs_differs").set_value(differs).run()
+    return at
+
+
+def test_pane_b_uploads_count_as_uploads(server, monkeypatch):
+    """12 pane-B uploads in 31 s were accepted against a limit of 10 per minute."""
+    monkeypatch.setenv("VITVIZ_UPLOADS_PER_MINUTE", "3")
+    at = _app()
+    at.file_uploader[0].set_value(("side.png", _png_of((200, 0, 0)), "image/png")).run()  # the sidebar's: one
+    at.switch_page("pages/side_by_side.py").run()
+    at.radio(key="sbs_differs").set_value("images").run()
+    at.radio(key="sbs_src").set_value("upload").run()
+    for i in range(2):
+        at.file_uploader(key="sbs_upload").set_value((f"b{i}.png", _png_of((0, 90 * i, 200)), "image/png")).run()
+        assert not at.exception and not at.error, [e.value for e in at.error]
+        for _ in range(2):  # reruns showing the same file count nothing
+            at.run()
+    assert at.session_state._limits.uploads.remaining() == 0
+    at.file_uploader(key="sbs_upload").set_value(("b9.png", _png_of((9, 9, 9)), "image/png")).run()
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and "You have uploaded 3 images in the last minute" in errors[0], errors
+    assert errors[0].startswith("Pane B: b9") and not at.exception
+
+
+def test_pane_b_model_changes_count_as_model_changes(server, monkeypatch):
+    """10 pane-B model switches in 28 s gave 20 loads against a limit of 5 changes per minute."""
+    monkeypatch.setenv("VITVIZ_MODEL_CHANGES_PER_MINUTE", "2")
+    at = _side_by_side("models")
+    assert at.selectbox(key="sbs_model").value == "demo-swin" and not at.error  # the first one: one change
+    at.selectbox(key="sbs_model").set_value("demo-clip").run()
+    assert not at.error and at.session_state._limits.model_changes.remaining() == 0
+    for _ in range(2):
+        at.run()  # reruns ask nothing
+    at.selectbox(key="sbs_model").set_value("demo-swin").run()
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and "You have changed the model 2 times in the last minute" in errors[0], errors
+    titles = [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in charts(at)]
+    assert any(t.startswith("B. demo-clip") for t in titles), titles  # pane B keeps the model it had
+    assert at.session_state.model_name == "demo" and not at.exception
+
+
+# -- issue 33.15: a new session from the same address gets no new uploads ---------------------------------------
+
+
+def test_uploads_count_per_client_address_across_sessions(server, monkeypatch):
+    """The 11th upload was refused, but a fresh session (a reload) uploaded at once."""
+    from ui import common
+
+    common.address_limits.clear()
+    monkeypatch.setenv("VITVIZ_UPLOADS_PER_MINUTE", "2")
+    monkeypatch.setattr(common, "client_address", lambda: "203.0.113.7")
+    at = _app()
+    for i in range(2):
+        at.file_uploader[0].set_value((f"u{i}.png", _png_of((80 * i, 0, 0)), "image/png")).run()
+        assert not at.error, [e.value for e in at.error]
+    fresh = _app()  # a reload: a new session from the same address
+    fresh.file_uploader[0].set_value(("again.png", _png_of((0, 0, 0)), "image/png")).run()
+    errors = [e.value for e in fresh.error]
+    assert len(errors) == 1 and "You have uploaded 2 images in the last minute" in errors[0], errors
+    assert fresh.session_state.image_name != "again.png"
+    monkeypatch.setattr(common, "client_address", lambda: "198.51.100.1")  # another visitor
+    other = _app()
+    other.file_uploader[0].set_value(("mine.png", _png_of((0, 99, 0)), "image/png")).run()
+    assert not other.error and other.session_state.image_name == "mine.png"
+    monkeypatch.setenv("VITVIZ_PER_ADDRESS", "0")  # behind a reverse proxy: the operator turns it off
+    _reset_server_caches()
+    monkeypatch.setattr(common, "client_address", lambda: "203.0.113.7")
+    off = _app()
+    off.file_uploader[0].set_value(("proxy.png", _png_of((1, 2, 3)), "image/png")).run()
+    assert not off.error and off.session_state.image_name == "proxy.png"
+    common.address_limits.clear()

@@ -94,6 +94,42 @@ def test_hierarchical_depths_count_in_all():
     assert DEFAULT_LIMITS.layers == 64
 
 
+SWIN_TINY = {
+    "model_type": "swin",
+    "depths": [2, 2, 6, 2],
+    "num_heads": [3, 6, 12, 24],
+    "embed_dim": 96,
+    "image_size": 224,
+    "patch_size": 4,
+    "window_size": 7,
+    "mlp_ratio": 4.0,
+}
+
+
+def test_every_familys_config_is_counted_before_any_weight(tmp_path):
+    """Issue 33.7: a Swin config with mlp_ratio 20000 passed the hub check (no field says its size)."""
+    from vitviz.serve.hub_checks import config_footprint
+
+    assert 27e6 < config_footprint(SWIN_TINY).parameters < 29e6  # Swin-T: 28 million
+    fake = _repo(tmp_path, SWIN_TINY)
+    assert vet_model_request("someone/swin", OPEN, hub=fake.hub()).hub
+    fake = _repo(tmp_path, {**SWIN_TINY, "mlp_ratio": 20000.0})
+    with pytest.raises(PolicyError) as err:
+        vet_model_request("someone/swin", OPEN, hub=fake.hub())
+    assert err.value.reason == "config_too_large" and "parameters and buffers" in str(err.value)
+    assert [c for c in fake.calls if c[0] == "download"] == [("download", "config.json")]
+
+
+def test_a_config_no_model_can_be_built_from_is_refused(tmp_path):
+    fake = _repo(tmp_path, {**SWIN_TINY, "embed_dim": "wide"})
+    with pytest.raises(PolicyError) as err:
+        vet_model_request("someone/swin", OPEN, hub=fake.hub())
+    assert err.value.reason == "bad_config"
+    too_many = {**SWIN_TINY, "depths": [0] * 1_000_000, "num_heads": [1] * 1_000_000}
+    assert config_problem(too_many, None)[0] == "depths"  # before a million stages are built
+    assert config_problem({"model_type": "cct", "num_layers": 10**6}, None)[0] == "num_layers"  # CCT's name
+
+
 INDEX = "model.safetensors.index.json"
 
 

@@ -160,3 +160,60 @@ def test_bad_arguments():
         RateLimit(-1)
     with pytest.raises(ValueError):
         RateLimit(1, 0)
+
+
+# -- issue 33.15: per-session limits reset with a new session; the address's do not ------------------------------
+
+
+def test_a_new_session_from_the_same_address_shares_its_limits():
+    from vitviz.serve.limits import AddressLimits
+
+    clock = Clock()
+    settings = ServeSettings(public=True, uploads_per_minute=2)
+    table = AddressLimits(settings, clock=clock)
+    first = SessionLimits.from_settings(settings, clock=clock).with_address(table.get("203.0.113.7"))
+    first.uploads.acquire()
+    first.uploads.acquire()
+    err = refused(first.uploads)
+    assert "You have uploaded 2 images in the last minute" in str(err)
+    fresh = SessionLimits.from_settings(settings, clock=clock).with_address(table.get("203.0.113.7"))
+    refused(fresh.uploads)  # a reload is a new session, not new uploads
+    assert fresh.uploads.remaining() == 0
+    elsewhere = SessionLimits.from_settings(settings, clock=clock).with_address(table.get("198.51.100.1"))
+    elsewhere.uploads.acquire()
+    clock.now += 60
+    fresh.uploads.acquire()  # the window slides for the address too
+
+
+def test_a_refusal_by_one_limit_counts_in_neither():
+    from vitviz.serve.limits import AddressLimits
+
+    clock = Clock()
+    settings = ServeSettings(public=True, model_changes_per_minute=3)
+    table = AddressLimits(settings, clock=clock)
+    session = SessionLimits.from_settings(settings, clock=clock)
+    for _ in range(3):
+        session.model_changes.acquire()  # the session's window is full, the address's empty
+    both = session.with_address(table.get("203.0.113.7"))
+    refused(both.model_changes)
+    assert table.get("203.0.113.7").model_changes.remaining() == 3  # nothing counted for the address
+
+
+def test_the_address_table_is_bounded_least_recently_used_first():
+    from vitviz.serve.limits import AddressLimits
+
+    table = AddressLimits(ServeSettings(public=True, address_table_size=3))
+    kept = table.get("10.0.0.1")
+    for i in range(2, 6):
+        table.get(f"10.0.0.{i}")
+        table.get("10.0.0.1")  # used again: kept
+    assert len(table) == 3 and table.get("10.0.0.1") is kept
+    assert "10.0.0.2" not in table and "10.0.0.5" in table
+    threads = [
+        threading.Thread(target=lambda n=n: [table.get(f"192.0.2.{n}.{k}") for k in range(200)]) for n in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(table) == 3  # many addresses never grow it

@@ -493,3 +493,17 @@ def test_vetted_hub_model_loads_for_real(tmp_path, tiny_dirs):
     loaded = load_request(req, hub=fake.hub())
     assert loaded.name == loaded.source == "someone/tiny-vit"
     assert loaded.family.name and loaded.patch_size == 8
+
+
+def test_load_request_refuses_a_model_over_max_bytes_before_building_it(tmp_path, tiny_dirs):
+    """Issue 33.7: public mode passes the model memory, so a config larger than it is refused from its config."""
+    from vitviz.errors import ModelLoadError
+
+    folder = tiny_dirs["vit"]
+    files = {p.name: p.stat().st_size for p in folder.iterdir()}
+    fake = FakeHub(tmp_path, info(files), json.loads((folder / "config.json").read_text()), snapshot_folder=folder)
+    req = vet_model_request("someone/tiny-vit", OPEN, PRESETS, hub=fake.hub())
+    with pytest.raises(ModelLoadError, match=r"refused before loading: its config\.json asks for a model of") as err:
+        load_request(req, hub=fake.hub(), max_bytes=1000)
+    assert "someone/tiny-vit" in str(err.value) and str(folder) not in str(err.value)
+    assert load_request(req, hub=fake.hub(), max_bytes=10**9).patch_size == 8

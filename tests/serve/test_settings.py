@@ -145,8 +145,10 @@ def test_describe():
     assert ServeSettings().describe() == "vitviz local mode (model memory 4 GiB; settings from defaults)"
     assert ServeSettings(public=True, allow=("x/y",), allow_hub_ids=True).describe() == (
         "vitviz public mode: 1 extra allowed models, typed hub ids up to 1 GB, model memory 4 GiB, "
-        "1 forward slots, 10 uploads and 5 model changes per minute per session (settings from defaults)"
+        "1 forward slots, 10 uploads and 5 model changes per minute per session and per client address "
+        "(settings from defaults)"
     )
+    assert "per session (settings" in ServeSettings(public=True, per_address=False).describe()
 
 
 @pytest.mark.parametrize(
@@ -183,7 +185,7 @@ def test_unknown_key(tmp_path):
         "allow_hub_ids, max_download_gb, model_memory_gib, forward_slots, uploads_per_minute, "
         "model_changes_per_minute, hub_downloads_per_hour, hub_timeout_s, results_max_mb, results_max_rows, "
         "results_cache_mb, image_max_megapixels, image_max_side, decode_budget_mb, hub_max_layers, hub_max_width, "
-        "hub_max_image_size."
+        "hub_max_image_size, max_tokens, patching_max_work, per_address, address_table_size."
     )
     assert str(tmp_path) not in str(err.value)  # issue 23.15: a visitor never sees the server's folders
     assert err.value.detail == f"{err.value} (settings file: {path})"  # the server log gets the full path
@@ -293,16 +295,53 @@ def test_vitviz_app_logs_the_settings_at_start_and_stops_on_a_typo(tmp_path, mon
         def wait(self):
             return 0
 
+        def poll(self):  # vitviz app asks whether the server is still running when it stops
+            return 0
+
     monkeypatch.setattr(subprocess, "Popen", FakeServer)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     bad = write(tmp_path, "[public]\nenabled = yes\n")
     monkeypatch.setenv("VITVIZ_CONFIG", str(bad))
-    assert main(["app", "--port", str(port)]) == 1
+    assert main(["app", "--port", str(port)]) == 2  # an option that cannot work (issue 33.16; it was 1)
     err = capsys.readouterr().err
     assert f"(settings file: {bad})" in err and "Traceback" not in err and not started
     good = write(tmp_path, "[public]\nenabled = true\n", "good.toml")
     monkeypatch.setenv("VITVIZ_CONFIG", str(good))
     assert main(["app", "--port", str(port)]) == 0 and len(started) == 1
     assert "vitviz public mode: 0 extra allowed models, no typed hub ids" in capsys.readouterr().err
+
+
+# -- issue 33.16: vitviz app checks and logs the settings at start ----------------------------------------------
+
+
+def test_vitviz_app_logs_the_settings_line_before_starting_streamlit(tmp_path, monkeypatch, capsys):
+    import subprocess
+
+    from vitviz.__main__ import main
+
+    monkeypatch.setenv("VITVIZ_CONFIG", str(write(tmp_path, "[public]\nenabled = true\n")))
+    seen = []
+
+    class Server:
+        def __init__(self, *args, **kwargs):
+            seen.append(capsys.readouterr().err)  # what the operator's terminal shows when Streamlit starts
+
+        def wait(self):
+            return 0
+
+        def poll(self):  # vitviz app asks whether the server is still running when it stops
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", Server)
+    assert main(["app", "--port", str(_free_port())]) == 0
+    assert len(seen) == 1 and "vitviz public mode:" in seen[0] and str(tmp_path / "vitviz.toml") in seen[0]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

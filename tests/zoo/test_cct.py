@@ -484,8 +484,8 @@ def test_relevance_pairs_each_gradient_with_its_block(tiny):
 
 def test_head_knock_outs_edit_the_blocks_projection_inputs(tiny):
     """Head importance (zero mode) against knock-outs made here with a pre-hook on the block's ``proj``."""
-    from vitviz.capture.causal import causal_notes, head_importance, knockable_blocks
     from vitviz.capture.forward import preprocess
+    from vitviz.causal import causal_notes, head_importance, knockable_blocks
 
     img = random_image(8)
     got = head_importance(tiny, img, class_index=2, mode="zero")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_cli_hardening import _cli, _one_line_error
+from cli_tools import _cli, _one_line_error
 
 # -- 17, 18, 19. convert: damaged files, training settings beside the weights, heads of the wrong size ---
 

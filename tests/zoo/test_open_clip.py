@@ -4,6 +4,8 @@ written here, becomes an HF CLIP folder whose zero-shot logits equal open_clip's
 from __future__ import annotations
 
 import json
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -232,3 +234,99 @@ def test_a_pickle_carrying_code_is_refused(tmp_path, capsys):
     torch.save({"state_dict": Payload()}, folder / "open_clip_pytorch_model.bin")
     _refused(tmp_path, capsys, folder, "is not a plain state dict that can be read safely")
     assert "code ran" not in capsys.readouterr().out
+
+
+# -- issue 33.11: configs that are not open_clip configs get a message, never a traceback -----------------------
+
+
+def _with(section: str, **changes):
+    cfg = json.loads(json.dumps(CFG))
+    (cfg if section == "model" else cfg[section]).update(changes)
+    return cfg
+
+
+@pytest.mark.parametrize(
+    "cfg,words",
+    [
+        (_with("vision_cfg", head_width=0), "vision_cfg.head_width = 0"),
+        (_with("vision_cfg", layers="twelve"), "vision_cfg.layers = 'twelve'"),
+        (_with("vision_cfg", mlp_ratio="inf"), "vision_cfg.mlp_ratio = 'inf'"),
+        (_with("text_cfg", mlp_ratio=float("nan")), "text_cfg.mlp_ratio"),
+        (_with("vision_cfg", width=True), "vision_cfg.width = True"),
+        (_with("vision_cfg", width=33, head_width=8), "vision_cfg.width 33 is not a multiple of its head_width 8"),
+        (_with("text_cfg", heads=5), "text_cfg.width 24 is not a multiple of its heads 5"),
+        (_with("model", vision_cfg=[1, 2]), "vision_cfg must be a table"),
+        (_with("model", embed_dim=-3), "embed_dim = -3"),
+        (_with("text_cfg", vocab_size=400_000_000), "text_cfg.vocab_size = 400,000,000"),
+        (_with("vision_cfg", width=32768), "vision_cfg.width = 32,768"),
+        (_with("vision_cfg", layers=10**6), "vision_cfg.layers = 1,000,000"),
+    ],
+    ids=[
+        "head_width-0",
+        "layers-text",
+        "mlp-inf",
+        "mlp-nan",
+        "width-bool",
+        "width-heads",
+        "text-heads",
+        "vision-list",
+        "embed-negative",
+        "vocab-400M",
+        "width-32768",
+        "layers-million",
+    ],
+)
+def test_config_values_of_the_wrong_type_or_range_are_refused(tmp_path, capsys, cfg, words):
+    folder, _ = _folder(tmp_path, cfg, state=_open_clip_state(CFG))
+    _refused(tmp_path, capsys, folder, words)
+
+
+def test_a_deeply_nested_or_huge_config_is_refused(tmp_path, capsys):
+    folder, _ = _folder(tmp_path)
+    config = folder / "open_clip_config.json"
+    config.write_text('{"model_cfg": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    _refused(tmp_path, capsys, folder, "nested too deeply")
+    with config.open("w") as fh:  # 180 MB were read and accepted
+        fh.write('{"model_cfg": ' + json.dumps(CFG) + ', "notes": "')
+        fh.write("x" * (2 * 2**20))
+        fh.write('"}')
+    _refused(tmp_path, capsys, folder, "larger than 1 MB")
+
+
+# -- issue 33.7: a tiny folder whose config is huge is refused before anything of that size is allocated ----
+
+
+ALLOCATES = textwrap.dedent(
+    """
+    import json, resource, sys
+    from vitviz.__main__ import main
+    from vitviz.zoo.open_clip import convert_open_clip  # imports torch and transformers first
+    import transformers  # noqa
+    from transformers import CLIPModel  # noqa
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    code = main(["convert", "--arch", "open_clip", "--checkpoint", sys.argv[1], "--out", sys.argv[2]])
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"code": code, "grew_kb": after - before}))
+    """
+)
+
+
+def test_a_wide_config_beside_small_weights_is_refused_without_building_it(tmp_path):
+    """Width 4096 beside weights of width 32: convert built a 1.1 GB model from a 45 KB folder before comparing."""
+    import subprocess
+    import sys
+
+    cfg = _with("vision_cfg", width=4096, head_width=64, layers=2)
+    folder, _ = _folder(tmp_path, cfg, state=_open_clip_state(CFG))
+    assert sum(f.stat().st_size for f in folder.iterdir()) < 400_000  # weights, config and tokenizer files
+    proc = subprocess.run(
+        [sys.executable, "-c", ALLOCATES, str(folder), str(tmp_path / "hf")],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["code"] == 1 and "does not fit" in proc.stderr, proc.stderr
+    assert result["grew_kb"] < 300 * 1024, result  # building it took about 1.1 GB
+    assert not (tmp_path / "hf").exists()

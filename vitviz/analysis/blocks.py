@@ -6,7 +6,7 @@ native matrix with the head axis already chosen (``select`` does that):
 * ``global``: ``(Tq, Tk)``; ``window``: ``(nW, w*w, w*w)``; ``unfolded``: ``(A, N, N)``;
   ``separable``: ``(A, N)``.
 
-Definitions (``ALGORITHMS.md``, "Hierarchical models"):
+Definitions (``docs/definitions.md#hierarchical-models``):
 
 * **Windows** (Swin): the grid is padded on the bottom and right to multiples of w
   and rolled by ``(-s, -s)``. Original position i along an axis sits at shifted
@@ -17,6 +17,12 @@ Definitions (``ALGORITHMS.md``, "Hierarchical models"):
 * **Reduced keys** (PvT, PvT v2, CvT): the query map is the row on the key grid as
   it is. The dense view spreads each key's weight evenly over the stage tokens its
   cell covers (``Geometry.key_rule``), so rows still sum to 1.
+* **Finer keys** (Hiera's query-pooling blocks, key rule ``finer``): the keys are the
+  previous stage's tokens, ``key_stride`` times finer per axis, globally or in windows
+  (mask units, no shift or padding). The query map is the row on the key grid; the
+  dense view puts each key's weight on the stage token whose cell holds it (the same
+  rule: a finer key cell is covered by exactly one stage token), and "who looks at"
+  a stage token sums the columns of the keys inside it.
 * **Unfolded patches** (MobileViT): the map of query patch q is the mean over
   offsets of that offset's row of q. **Separable** (MobileViT V2): the mean over
   offsets of the context scores; there is no query.
@@ -42,6 +48,9 @@ __all__ = [
     "key_assignment",
     "key_spread",
     "key_of_token",
+    "keys_in_token",
+    "summed_to",
+    "token_of_key",
     "row_map",
     "column_map",
     "dense",
@@ -150,6 +159,23 @@ def _place_windows(g: Geometry, values: np.ndarray) -> tuple[np.ndarray, float]:
     return out, float(values[~lay.valid].sum())
 
 
+@lru_cache(maxsize=256)
+def _key_windows(g: Geometry) -> Geometry:
+    """The windows of a windowed block's keys: ``g`` itself, or, for finer keys, the same windows on the key grid."""
+    if g.key_rule != "finer":
+        return g
+    return Geometry(
+        stage=g.stage, kind="window", num_heads=g.num_heads, grid=g.keys, window=g.key_window, padded=g.keys
+    )
+
+
+def _merge_finer(g: Geometry, y: np.ndarray) -> np.ndarray:
+    """``(..., kh * kw)`` weights on finer keys -> ``(..., gh * gw)`` on the stage tokens holding them (sums kept)."""
+    fy, fx = g.key_stride
+    gh, gw = g.grid
+    return y.reshape(*y.shape[:-1], gh, fy, gw, fx).sum(axis=(-3, -1)).reshape(*y.shape[:-1], gh * gw)
+
+
 # --- reduced keys --------------------------------------------------------------------
 
 
@@ -164,7 +190,12 @@ def _axis_assignment(n: int, k: int, rule: str, stride: int) -> np.ndarray:
 
 @lru_cache(maxsize=256)
 def key_assignment(g: Geometry) -> tuple[np.ndarray, np.ndarray]:
-    """Key row of each stage row, key column of each stage column: ``(gh,)``, ``(gw,)``."""
+    """Key row of each stage row, key column of each stage column: ``(gh,)``, ``(gw,)``.
+
+    Not defined for finer keys (a stage row holds ``key_stride`` key rows): see :func:`token_of_key`.
+    """
+    if g.key_rule == "finer":
+        raise ValueError("a stage token holds several finer keys: ask token_of_key for the token of each key")
     (gh, gw), (kh, kw) = g.grid, g.keys
     return (
         _axis_assignment(gh, kh, g.key_rule, g.key_stride[0]),
@@ -182,14 +213,53 @@ def _axis_spread(assign: np.ndarray, k: int) -> np.ndarray:
 
 
 @lru_cache(maxsize=256)
+def token_of_key(g: Geometry) -> tuple[np.ndarray, np.ndarray]:
+    """Finer keys: the stage row of each key row ``(kh,)`` and stage column of each key column ``(kw,)``."""
+    if g.key_rule != "finer":
+        raise ValueError(f"keys with rule {g.key_rule!r} are not finer than the stage grid")
+    return np.arange(g.keys[0]) // g.key_stride[0], np.arange(g.keys[1]) // g.key_stride[1]
+
+
+def _axis_parent(parent: np.ndarray, n: int) -> np.ndarray:
+    """``(k, n)``: row j puts key j's whole weight on stage index ``parent[j]``."""
+    s = np.zeros((len(parent), n), dtype=np.float32)
+    s[np.arange(len(parent)), parent] = 1.0
+    return s
+
+
+@lru_cache(maxsize=256)
 def key_spread(g: Geometry) -> tuple[np.ndarray, np.ndarray]:
     """Per-axis spread ``(kh, gh)``, ``(kw, gw)``: row j spreads key j's weight evenly over its tokens."""
+    if g.key_rule == "finer":  # a finer key cell lies inside one stage token: its whole weight goes there
+        pr, pc = token_of_key(g)
+        return _axis_parent(pr, g.grid[0]), _axis_parent(pc, g.grid[1])
     ar, ac = key_assignment(g)
     return _axis_spread(ar, g.keys[0]), _axis_spread(ac, g.keys[1])
 
 
+def keys_in_token(g: Geometry, token: int) -> np.ndarray:
+    """Indices in the key sequence of the finer keys inside stage token ``token`` (row-major on the key grid)."""
+    p = g.num_prefix
+    r, c = divmod(token - p, g.grid[1])
+    fy, fx = g.key_stride
+    rows, cols = np.meshgrid(np.arange(r * fy, (r + 1) * fy), np.arange(c * fx, (c + 1) * fx), indexing="ij")
+    return p + (rows * g.keys[1] + cols).ravel()
+
+
+def summed_to(values: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
+    """``(kh, kw)`` values on a grid a whole number of times finer than ``grid`` -> ``(gh, gw)``: each cell of
+    ``grid`` gets the sum of the finer cells inside it (weights on finer keys, gathered on their stage token)."""
+    (kh, kw), (gh, gw) = values.shape, grid
+    if kh % gh or kw % gw:
+        raise ValueError(f"a {kh} x {kw} map is not a whole multiple of the {gh} x {gw} grid")
+    return values.reshape(gh, kh // gh, gw, kw // gw).sum(axis=(1, 3), dtype=np.float32)
+
+
 def key_of_token(g: Geometry, token: int) -> int:
-    """The key (index in the key sequence) whose cell holds stage token ``token``; prefix tokens map to themselves."""
+    """The key (index in the key sequence) whose cell holds stage token ``token``; prefix tokens map to themselves.
+
+    Not defined for finer keys (several keys lie inside the token): see :func:`keys_in_token`.
+    """
     p = g.num_prefix
     if token < p or g.kind != "global" or g.key_grid is None:
         return token
@@ -223,15 +293,15 @@ def row_map(g: Geometry, mat: np.ndarray, query: int) -> RowMap:
         values = row[p:end].reshape(g.keys).astype(np.float32)
         return RowMap(values, g.keys, row[:p].astype(np.float32), float(row[end:].sum()))
     if g.kind == "window":
-        lay = window_layout(g)
+        lay, kg = window_layout(g), _key_windows(g)
         if query == POOLED:  # column sums over each window's real queries, then placed
             per_slot = np.einsum("ni,nij->nj", lay.valid.astype(np.float32), mat) / (g.grid[0] * g.grid[1])
         else:
             n, i = lay.slot_window[query - p], lay.slot_index[query - p]
-            per_slot = np.zeros(mat.shape[:2], dtype=np.float32)
+            per_slot = np.zeros((mat.shape[0], mat.shape[-1]), dtype=np.float32)
             per_slot[n] = mat[n, i]
-        values, pad = _place_windows(g, per_slot)
-        return RowMap(values, g.grid, empty, pad)
+        values, pad = _place_windows(kg, per_slot)  # on the key grid (the stage grid unless the keys are finer)
+        return RowMap(values, kg.grid, empty, pad)
     if g.kind == "unfolded":
         row = mat.mean(axis=(0, 1)) if query == POOLED else mat[:, query - p].mean(axis=0)
         return RowMap(row.reshape(g.grid).astype(np.float32), g.grid, empty, 0.0)
@@ -249,15 +319,24 @@ def column_map(g: Geometry, mat: np.ndarray, key: int) -> RowMap:
     if g.kind == "pool":
         return row_map(g, mat, key)  # one probe query: who looks at a key is the probe alone
     if g.kind == "global":
-        k = key_of_token(g, key)
         end = p + g.grid[0] * g.grid[1]
-        return RowMap(mat[p:end, k].reshape(g.grid).astype(np.float32), g.grid, mat[:p, k].astype(np.float32), 0.0)
+        if g.key_rule == "finer" and key >= p:  # the keys inside the token, together
+            col = mat[:, keys_in_token(g, key)].sum(axis=-1)
+        else:
+            col = mat[:, key_of_token(g, key)]
+        return RowMap(col[p:end].reshape(g.grid).astype(np.float32), g.grid, col[:p].astype(np.float32), 0.0)
     empty = np.zeros(p, dtype=np.float32)
     if g.kind == "window":
         lay = window_layout(g)
-        n, j = lay.slot_window[key - p], lay.slot_index[key - p]
         per_slot = np.zeros(mat.shape[:2], dtype=np.float32)
-        per_slot[n] = mat[n, :, j]
+        if g.key_rule == "finer":  # the keys inside the token, together: all in the token's window
+            klay = window_layout(_key_windows(g))
+            cells = keys_in_token(g, key) - p
+            n = lay.slot_window[key - p]
+            per_slot[n] = mat[n][:, klay.slot_index[cells]].sum(axis=-1)
+        else:
+            n, j = lay.slot_window[key - p], lay.slot_index[key - p]
+            per_slot[n] = mat[n, :, j]
         values, _ = _place_windows(g, per_slot)
         return RowMap(values, g.grid, empty, 0.0)
     if g.kind == "unfolded":
@@ -298,6 +377,13 @@ def dense(g: Geometry, mat: np.ndarray, *, budget_bytes: int | None = None) -> n
     token_of = np.full(g.padded, -1)
     token_of[: g.grid[0], : g.grid[1]] = np.arange(n).reshape(g.grid)
     slots = token_of[lay.rows, lay.cols]  # (nW, w*w) token index or -1 for padding
+    if g.key_rule == "finer":  # each key slot's stage token; several keys add up in one column
+        klay = window_layout(_key_windows(g))
+        pr, pc = token_of_key(g)
+        kslots = pr[klay.rows] * g.grid[1] + pc[klay.cols]  # (nW, (w f)^2): no padding with finer keys
+        for win in range(slots.shape[0]):
+            np.add.at(out, (slots[win][:, None], kslots[win][None, :]), mat[win])
+        return out
     for win in range(slots.shape[0]):
         q = slots[win]
         ok = q >= 0
@@ -320,8 +406,8 @@ def row_sums(g: Geometry, mat: np.ndarray) -> np.ndarray:
     if g.kind == "unfolded":
         return mat.mean(axis=0).sum(axis=-1, dtype=np.float32)
     if g.kind == "window":
-        lay = window_layout(g)
-        per_slot = np.einsum("nij,nj->ni", mat, lay.valid.astype(np.float32))
+        lay, klay = window_layout(g), window_layout(_key_windows(g))
+        per_slot = np.einsum("nij,nj->ni", mat, klay.valid.astype(np.float32))
         return per_slot[lay.slot_window, lay.slot_index]
     raise ValueError("separable attention (MobileViT V2) has no token-to-token matrix")
 
@@ -335,12 +421,13 @@ def left_apply(g: Geometry, mat: np.ndarray, r: np.ndarray) -> np.ndarray:
     if g.kind == "unfolded":
         return np.einsum("q,aqk->k", r, mat) / mat.shape[0]
     if g.kind == "window":
-        lay = window_layout(g)
+        lay, klay = window_layout(g), window_layout(_key_windows(g))
         r_slots = np.zeros(mat.shape[:2], dtype=np.float32)
         r_slots[lay.slot_window, lay.slot_index] = r
         y_slots = np.einsum("ni,nij->nj", r_slots, mat)
-        y_slots[~lay.valid] = 0.0
-        return y_slots[lay.slot_window, lay.slot_index]
+        y_slots[~klay.valid] = 0.0
+        y = y_slots[klay.slot_window, klay.slot_index]  # on the key grid, row-major
+        return _merge_finer(g, y) if g.key_rule == "finer" else y
     raise ValueError("separable attention (MobileViT V2) has no token-to-token matrix")
 
 
@@ -363,11 +450,15 @@ def _distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def _distance_table(g: Geometry, input_size: tuple[int, int]) -> np.ndarray:
     """Pixel distance from each query cell to each key cell, in the shape of the native grid part."""
     if g.kind == "window":
-        lay = window_layout(g)
-        centres = cell_centres(g.padded, input_size)  # padding slots get a position; their weight is masked out
-        centres = centres * np.array([g.padded[0] / g.grid[0], g.padded[1] / g.grid[1]])  # same pixel pitch
-        pos = centres.reshape(*g.padded, 2)[lay.rows, lay.cols]  # (nW, w*w, 2)
-        table = np.sqrt(((pos[:, :, None, :] - pos[:, None, :, :]) ** 2).sum(-1)).astype(np.float32)
+
+        def slot_centres(wg: Geometry) -> np.ndarray:  # (nW, w*w, 2) pixel centre of every slot
+            lay = window_layout(wg)
+            centres = cell_centres(wg.padded, input_size)  # padding slots get a position; their weight is masked out
+            centres = centres * np.array([wg.padded[0] / wg.grid[0], wg.padded[1] / wg.grid[1]])  # same pixel pitch
+            return centres.reshape(*wg.padded, 2)[lay.rows, lay.cols]
+
+        pos, kpos = slot_centres(g), slot_centres(_key_windows(g))
+        table = np.sqrt(((pos[:, :, None, :] - kpos[:, None, :, :]) ** 2).sum(-1)).astype(np.float32)
     else:
         table = _distances(cell_centres(g.grid, input_size), cell_centres(g.keys, input_size))
     return table  # private cache: shared with torch (which wants writable arrays), never handed out
@@ -376,6 +467,8 @@ def _distance_table(g: Geometry, input_size: tuple[int, int]) -> np.ndarray:
 def allowed_keys(g: Geometry) -> np.ndarray:
     """Keys each query may attend (masked keys do not count), in the shape of the native rows' leading axes."""
     if g.kind == "window":
+        if g.key_rule == "finer":  # no shift: every key of the window
+            return np.full((g.num_windows, g.window**2), g.key_window**2)
         reg = window_layout(g).region
         return (reg[:, :, None] == reg[:, None, :]).sum(-1)  # (nW, w*w)
     if g.kind == "global":
@@ -387,7 +480,8 @@ def allowed_keys(g: Geometry) -> np.ndarray:
 def block_summaries(g: Geometry, native: np.ndarray, input_size: tuple[int, int]):
     """Per-head mean attention distance (px), entropy (nats) and entropy / log(allowed keys): ``(H,)`` each.
 
-    ``native`` is the block's float32 native array with its head axis. Distance:
+    ``native`` is the block's float32 native array with its head axis (global blocks: a torch tensor too, whose
+    summaries are computed on its own device, a GPU's; the same numbers to float rounding). Distance:
     for each grid query, the weights over grid keys (prefix and padding keys left
     out) renormalised, times the pixel distance between the query's and the key's
     cell centres, each on its own grid; mean over the real queries. Entropy: mean
@@ -395,6 +489,8 @@ def block_summaries(g: Geometry, native: np.ndarray, input_size: tuple[int, int]
     attention, real tokens only for windows), and the same divided by the log of
     the number of keys the query was allowed to attend.
     """
+    if g.kind == "global" and not isinstance(native, np.ndarray) and hasattr(native, "device"):
+        return _global_summaries(g, native, _distance_table(g, input_size))
     a = np.asarray(native, dtype=np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
         if g.kind == "separable":
@@ -414,8 +510,8 @@ def block_summaries(g: Geometry, native: np.ndarray, input_size: tuple[int, int]
             ent = _entropy(a, axis=-1).mean(axis=(0, 2))
             n = g.grid[0] * g.grid[1]
             return dist.astype(np.float64), ent.astype(np.float64), (ent / np.log(max(n, 2))).astype(np.float64)
-        lay = window_layout(g)  # window: a (nW, H, w*w, w*w)
-        keys = lay.valid.astype(np.float32)
+        lay = window_layout(g)  # window: a (nW, H, w*w, w*w), or (nW, H, w*w, (w f)^2) for finer keys
+        keys = window_layout(_key_windows(g)).valid.astype(np.float32)
         wk = a * keys[:, None, None, :]
         weighted = np.einsum("nhqk,nqk->nhq", wk, table)
         dist_q = weighted / np.maximum(wk.sum(-1), np.finfo(np.float32).tiny)  # (nW, H, w*w)
@@ -436,14 +532,15 @@ def _global_summaries(g: Geometry, a: np.ndarray, table: np.ndarray):
 
     p = g.num_prefix
     real_q, real_k = a.shape[1] - g.trailing, a.shape[2] - g.trailing
-    t = torch.from_numpy(a[:, :real_q])  # (H, Tq, Tk): real queries, their whole native rows; shares memory
+    full = a if isinstance(a, torch.Tensor) else torch.from_numpy(a)
+    t = full[:, :real_q].float()  # (H, Tq, Tk): real queries, their whole native rows; shares memory on the CPU
     w = t[:, p:, p:real_k]  # grid keys only: distances leave prefix and padding keys out
-    weighted = (w * torch.from_numpy(table)).sum(-1)  # sum_k w_qk d_qk, before renormalising
+    weighted = (w * torch.from_numpy(table).to(t.device)).sum(-1)  # sum_k w_qk d_qk, before renormalising
     dist = (weighted / w.sum(-1).clamp_min(torch.finfo(torch.float32).tiny)).mean(-1)
     ent_q = -(t * t.clamp_min(torch.finfo(t.dtype).tiny).log_()).sum(-1)  # (H, Tq); 0 log 0 = 0 (faster than xlogy)
     allowed = g.native_shape()[2] - g.trailing  # padding keys are masked: they do not count
-    norm = ent_q.mean(-1) / np.log(allowed) if allowed > 1 else torch.zeros(t.shape[0])
-    return dist.double().numpy(), ent_q.mean(-1).double().numpy(), norm.double().numpy()
+    norm = ent_q.mean(-1) / np.log(allowed) if allowed > 1 else torch.zeros(t.shape[0], device=t.device)
+    return tuple(x.double().cpu().numpy() for x in (dist, ent_q.mean(-1), norm))
 
 
 def _entropy(a: np.ndarray, *, axis: int) -> np.ndarray:
@@ -488,17 +585,22 @@ def global_query(block: Block) -> int:
     return kinds.index("CLS") if "CLS" in kinds else POOLED
 
 
-def window_edges(g: Geometry) -> tuple[list[int], list[int]]:
+def window_edges(g: Geometry, grid: tuple[int, int] | None = None) -> tuple[list[int], list[int]]:
     """Window boundaries of a windowed block on the original grid, in token units: (row edges, col edges).
 
     Edges sit where the shifted index is a multiple of w: original index ``(k w + s) mod n``,
-    kept inside the real grid (0 and the grid's end excluded).
+    kept inside the real grid (0 and the grid's end excluded). ``grid``: count in cells of
+    that grid instead (a map on a finer key grid: a whole multiple of the stage grid).
     """
     if g.kind != "window":
         return [], []
+    grid = grid or g.grid
+    if grid[0] % g.grid[0] or grid[1] % g.grid[1]:
+        raise ValueError(f"a {grid[0]} x {grid[1]} grid is not a whole multiple of the stage grid {g.grid}")
+    fy, fx = grid[0] // g.grid[0], grid[1] // g.grid[1]
 
-    def axis(n_real: int, n_pad: int) -> list[int]:
+    def axis(n_real: int, n_pad: int, f: int) -> list[int]:
         edges = {(k * g.window + g.shift) % n_pad for k in range(n_pad // g.window)}
-        return sorted((edges - {0}) & set(range(n_real)))
+        return [e * f for e in sorted((edges - {0}) & set(range(n_real)))]
 
-    return axis(g.grid[0], g.padded[0]), axis(g.grid[1], g.padded[1])
+    return axis(g.grid[0], g.padded[0], fy), axis(g.grid[1], g.padded[1], fx)

@@ -1,6 +1,6 @@
 """Attention rollout (Abnar & Zuidema 2020, "Quantifying Attention Flow in Transformers").
 
-Notation as in ``ALGORITHMS.md``: ``attn`` is ``(L, H, T, T)``, rows are queries,
+Notation as in ``docs/definitions.md#notation``: ``attn`` is ``(L, H, T, T)``, rows are queries,
 columns keys, every row sums to 1; tokens ``0..P-1`` are prefix tokens (CLS,
 DIST, registers), ``P..T-1`` the patches in row-major grid order.
 """
@@ -152,7 +152,7 @@ def capture_rollout(
     fusion: Fusion = "mean",
     discard_ratio: float = 0.0,
 ) -> tuple[np.ndarray, int]:
-    """Rollout of a readout row through every block and stage of a capture (``ALGORITHMS.md``).
+    """Rollout of a readout row through every block and stage of a capture (``docs/definitions.md#rollout-through-stages``).
 
     Per block: fuse heads (mean: the float32 values kept before storage), discard
     (optional, :func:`discard_native`), ``B = rownorm(0.5 * dense(F) + 0.5 * I)``; merges

@@ -39,7 +39,7 @@ from vitviz.models.families.base import Call, to_native
 from vitviz.models.load import LoadedModel
 from vitviz.record import Geometry
 
-__all__ = ["GraphRecorder", "Target", "explain_targets", "explain_run", "explain_classes", "start_block_index"]
+__all__ = ["GraphRecorder", "ScalarOf", "explain_targets", "explain_run", "explain_classes", "start_block_index"]
 
 
 class GraphRecorder(BlockRecorder):
@@ -74,13 +74,15 @@ def start_block_index(geometries: Sequence[Geometry], start_block: int) -> int:
     return int(start_block) % n
 
 
-Target = Callable[[Any], torch.Tensor]  # the forward's output -> a scalar (a class logit, an image-text score)
+ScalarOf = Callable[
+    [Any], torch.Tensor
+]  # the forward's output -> a scalar: a bound Target (vitviz.capture.targets) or a logit
 
 
 def explain_targets(
     loaded: LoadedModel,
     image: Image.Image,
-    targets: Mapping[int, tuple[str, Target]],
+    targets: Mapping[int, tuple[str, ScalarOf]],
     *,
     size: int | tuple[int, int] | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
@@ -148,7 +150,7 @@ def _explainer(loaded: LoadedModel, geoms: Sequence[Geometry], attn: Sequence[np
     return explain
 
 
-def explain_run(run, targets: Mapping[int, tuple[str, Target]], *, start_block: int = 0) -> dict[int, Explanation]:
+def explain_run(run, targets: Mapping[int, tuple[str, ScalarOf]], *, start_block: int = 0) -> dict[int, Explanation]:
     """:func:`explain_targets` from a :class:`~vitviz.capture.run.Run`'s graph: one backward per target."""
     loaded = run.loaded
     order = [s.index for s in run.sites]
@@ -178,7 +180,7 @@ def explain_classes(
         raise ValueError(f"class indices {bad} are outside 0..{n_classes - 1}")
     family, model = loaded.family, loaded.model
 
-    def logit(c: int) -> Target:
+    def logit(c: int) -> ScalarOf:
         return lambda out: family.logits(model, out)[0, c]
 
     targets = {int(c): (loaded.id2label[int(c)], logit(int(c))) for c in classes}

@@ -30,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -38,28 +37,31 @@ import numpy as np
 import torch
 from PIL import Image
 
+from vitviz.cache import BoundedCache
 from vitviz.capture.forward import (
     DEFAULT_BUDGET_BYTES,
     BlockRecorder,
     SummaryRecorder,
     captures_from,
     check_budget,
+    forward_output,
     input_size_for,
     preprocess,
     run_forward,
 )
 from vitviz.errors import BudgetError, CaptureError
 from vitviz.models.families.base import Call, ReadoutHead
-from vitviz.models.hooks import Site, installed_sites
+from vitviz.models.hooks import Site, active, installed_points, installed_sites
 from vitviz.models.load import LoadedModel
-from vitviz.models.points import Edit, Points, active, block_name, install_points
+from vitviz.models.points import Edit, Points, block_name
+from vitviz.models.zeroshot import Labels
 from vitviz.record import Capture, Geometry
 
 __all__ = [
     "Run",
     "Activations",
     "get_activations",
-    "EditedScores",
+    "Edited",
     "Scorer",
     "NoScores",
     "get_run",
@@ -89,17 +91,15 @@ def scorer_for(loaded: LoadedModel, label_embeddings: np.ndarray | None) -> Scor
     scale = getattr(model, "logit_scale", None)
     if not isinstance(scale, torch.Tensor):
         raise NoScores(f"'{loaded.name}' has no logit_scale: only a two-tower model scores label embeddings.")
-    bias = getattr(model, "logit_bias", None)
-    unit = text / text.norm(dim=-1, keepdim=True)
+    from vitviz.models.zeroshot import label_scores
 
     def score(out) -> torch.Tensor:
         img = fam.image_embedding(model, out)
         if img is None:
             raise NoScores(f"'{loaded.name}' gives no image embedding to compare with label embeddings.")
-        if img.shape[-1] != unit.shape[-1]:
-            raise ValueError(f"label embeddings have width {unit.shape[-1]}, the image embedding {img.shape[-1]}")
-        got = scale.exp() * (img / img.norm(dim=-1, keepdim=True)) @ unit.to(img.device, img.dtype).T
-        return got + bias if isinstance(bias, torch.Tensor) else got
+        if img.shape[-1] != text.shape[-1]:
+            raise ValueError(f"label embeddings have width {text.shape[-1]}, the image embedding {img.shape[-1]}")
+        return label_scores(model, img, text)
 
     return score
 
@@ -123,10 +123,13 @@ class _RunRecorder(SummaryRecorder):
 
 
 @dataclass(frozen=True)
-class EditedScores:
-    """Scores ``(k, C)`` float32 of k edited copies; the work in forward-equivalents; whether the prefix was reused."""
+class Edited:
+    """What an edited forward gave: scores ``(k, C)`` float32 of its k copies, the values at the points asked to
+    be recorded (``records``: name -> ``(k * n, ...)`` detached, as the edited forward used them), the work in
+    forward-equivalents, and whether it started from the clean run's residual (``replayed``)."""
 
     scores: torch.Tensor
+    records: Mapping[str, torch.Tensor]
     forward_equivalents: float
     replayed: bool
 
@@ -158,6 +161,22 @@ class Run:
     _out: object = field(repr=False)  # the forward's output (graph)
     _graph_scores: torch.Tensor | None = field(repr=False)  # (1, C) in the graph
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    graph_bytes: int = 0  # what the autograd graph saved for the backward (storages not held otherwise)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory this Run holds: every tensor it keeps (points, probabilities, pixels; storages counted once), what
+        its autograd graph saved for the backward, and its capture's arrays."""
+        return (
+            _tensor_bytes([*self._values.values(), *self._raw.values(), self.pixels])
+            + self.graph_bytes
+            + int(self.capture.nbytes)
+        )
+
+    # The zero-shot labels (names, prompts, template) whose embeddings ``label_embeddings`` are, for display;
+    # ``vitviz.run`` sets it on its copy of the cached run (``dataclasses.replace``). None: class logits, or
+    # label embeddings given without their names.
+    labels: Labels | None = field(default=None, repr=False)
 
     # --- reading --------------------------------------------------------------------------------
     @property
@@ -267,34 +286,84 @@ class Run:
         return out
 
     def num_heads_by_point(self) -> dict[str, int]:
-        return {self.name(s.index, "attn.z"): g.num_heads for s, g in zip(self.sites, self.geometries, strict=True)}
+        """Heads of each headed point whose heads are column blocks (``attn.q``, ``attn.k``, ``attn.v``, ``attn.z``)."""
+        return {
+            self.name(s.index, f"attn.{part}"): g.num_heads
+            for s, g in zip(self.sites, self.geometries, strict=True)
+            for part in ("q", "k", "v", "z")
+        }
 
-    def edited(self, edits: Sequence[Edit], *, batch: int = 1, reuse_prefix: bool = True) -> EditedScores:
-        """Scores ``(batch, C)`` of ``batch`` copies of the image with ``edits`` applied (``Edit.rows`` picks copies).
+    def _replay_start(self, edits: Sequence[Edit]) -> int:
+        """The first block an edited replay must run: the earliest edited block, or the block after it when the
+        edit is of that block's output (``blocks.{l}.out``: the replay starts at l + 1 with the edited residual)."""
+        start = self.num_blocks
+        for e in edits:
+            p = self.points.by_name.get(e.point)
+            if p is None:
+                raise ValueError(f"'{self.loaded.name}' has no hook point {e.point!r}")
+            site = 0 if p.site is None else p.site
+            position = next(i for i, s in enumerate(self.sites) if s.index == site)
+            start = min(start, position + 1 if p.kind == "out" else position)
+        return start
 
-        One-grid ViTs with a readout head start from the clean residual at the first edited block
-        (``reuse_prefix``); others run the whole (batched) forward.
+    def edited(
+        self,
+        edits: Sequence[Edit],
+        *,
+        batch: int = 1,
+        reuse_prefix: bool = True,
+        record: Sequence[str] = (),
+    ) -> Edited:
+        """``batch`` copies of the image with ``edits`` applied (``Edit.rows`` picks copies): their scores, and the
+        values at the points of ``record`` as the edited forward used them (:class:`Edited`).
+
+        One-grid ViTs with a readout head start from the clean residual (``reuse_prefix``): at the first edited
+        block, or after it when the edit is of a block's output; recorded points before that start are the clean
+        run's values (the edits cannot change them). Others run the whole (batched) forward.
         """
         edits = self.resolve(list(edits))
         if not edits:
             raise ValueError("no edits given")
-        start = min(self._site_of(e.point) for e in edits)
+        record = list(dict.fromkeys(record))
         heads = self.num_heads_by_point()
         loaded = self.loaded
-        with torch.inference_mode(), active(loaded, edits=edits, batch=batch, num_heads=heads):
+        call = Call(loaded.config, self.input_size, batch)
+        with (
+            torch.inference_mode(),
+            active(loaded, edits=edits, record=record, batch=batch, num_heads=heads, call=call) as state,
+        ):
             if reuse_prefix and self.replayable:
-                x = self.block_tokens(self.sites[start].index)[0]
-                scores = self._replay(start, x.expand(batch, *x.shape[1:]).contiguous())
+                start = self._replay_start(edits)
+                scores = self._replay_from(start, batch, state)
                 work = batch * (self.num_blocks - start) / self.num_blocks
                 replayed = True
             else:
                 pixels = self.pixels.detach().expand(batch, *self.pixels.shape[1:]).contiguous()
-                inputs = loaded.family.model_inputs(loaded, pixels, self.input_size)
-                with loaded.family.running(loaded.model):
-                    out = loaded.family.forward(loaded.model, inputs)
+                out = forward_output(loaded, pixels, self.input_size)
                 scores = self.scorer(out)
                 work, replayed = float(batch), False
-        return EditedScores(scores.float(), work, replayed)
+            if scores is None:  # a backbone: no scores, the records are the result
+                scores = torch.zeros(batch, 0)
+            records = dict(state.values)
+        for name in record:  # points before a replay's start: the clean run's values, one per copy
+            if name not in records and self.has(name):
+                x = self.activation(name)
+                records[name] = x.expand(batch * x.shape[0], *x.shape[1:]) if x.shape[0] == 1 else x
+        return Edited(scores.float(), records, work, replayed)
+
+    def _replay_from(self, start: int, batch: int, state) -> torch.Tensor:
+        """Scores of ``batch`` copies replayed from block ``start`` (inside the edited call's ``state``)."""
+        if start == 0:
+            x = self.block_tokens(self.sites[0].index)[0]
+        else:
+            x = self.block_tokens(self.sites[start - 1].index)[1]
+        x = x.expand(batch, *x.shape[1:]).contiguous()
+        if start > 0:  # an edit of the previous block's output: applied here, its block does not run again
+            out_name = self.name(self.sites[start - 1].index, "out")
+            if state.touches((out_name,)):
+                got = state.visit((out_name,), x)
+                x = x if got is None else got
+        return self._replay(start, x)
 
     def _replay(self, start: int, x: torch.Tensor) -> torch.Tensor:
         """Blocks ``start .. L-1`` on the residual ``x`` ``(k, T, D)`` with the clean run's arguments, then the readout."""
@@ -312,6 +381,53 @@ class Run:
 
 
 # --- building a run ---------------------------------------------------------------------------------
+
+
+def _storages(tensors) -> dict[int, int]:
+    out = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            st = t.untyped_storage()
+            out[st.data_ptr()] = st.nbytes()
+    return out
+
+
+def _tensor_bytes(tensors) -> int:
+    """Bytes of the storages behind ``tensors``, each counted once (views share theirs)."""
+    return sum(_storages(tensors).values())
+
+
+def _graph_storages(roots) -> dict[int, int]:
+    """The storages the autograd graph behind ``roots`` saved for its backward, by walking its nodes once.
+
+    (A ``saved_tensors_hooks`` pack hook that returns the tensor would be simpler, but it ties every saved output
+    to its own node in a reference cycle, so a dropped Run's GPU memory waited for the garbage collector.)"""
+    seen: set[int] = set()
+    stack = [r.grad_fn for r in roots if isinstance(r, torch.Tensor) and r.grad_fn is not None]
+    out: dict[int, int] = {}
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        for name in dir(node):
+            if name.startswith("_saved_"):
+                try:
+                    value = getattr(node, name)
+                except RuntimeError:  # freed, or not a tensor a Python object can show
+                    continue
+                for t in value if isinstance(value, (tuple, list)) else (value,):
+                    if isinstance(t, torch.Tensor):
+                        st = t.untyped_storage()
+                        out[st.data_ptr()] = st.nbytes()
+        stack.extend(n for n, _ in node.next_functions)
+    return out
+
+
+def _graph_bytes(roots, kept) -> int:
+    """What the graph behind ``roots`` saved that the Run does not hold otherwise (``kept``)."""
+    held = _storages(kept)
+    return sum(n for ptr, n in _graph_storages(roots).items() if ptr not in held)
 
 
 def _checked_readout(
@@ -342,7 +458,7 @@ def _make_run(
     gradients: bool,
 ) -> Run:
     scorer = scorer_for(loaded, label_embeddings)
-    points = install_points(loaded)
+    points = installed_points(loaded.model)
     sites = tuple(installed_sites(loaded.model))
     check_budget(loaded, hw, batch=1, gradients=False, budget=budget_bytes)
     if gradients:
@@ -394,6 +510,9 @@ def _make_run(
         _raw=dict(rec.raw),
         _out=out,
         _graph_scores=graph_scores if gradients else None,
+        graph_bytes=_graph_bytes([graph_scores], [*state.values.values(), *rec.raw.values(), pixels])
+        if gradients
+        else 0,
     )
 
 
@@ -441,8 +560,14 @@ class Activations:
     def block_tokens(self, site: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         return self._blocks.get(site, (None, None))
 
+    @property
+    def nbytes(self) -> int:
+        """Memory the values and block tokens hold (storages counted once)."""
+        return _tensor_bytes([*self._values.values(), *(t for pair in self._blocks.values() for t in pair)])
+
 
 SOURCE_PARTS = ("attn.z", "out")  # what a patch reads from its source: head outputs and block outputs
+PATTERN_PARTS = (*SOURCE_PARTS, "attn.pattern")  # ... and the attention patterns (attention-pattern patching)
 
 
 def _make_activations(
@@ -454,7 +579,7 @@ def _make_activations(
     parts: tuple[str, ...],
 ) -> Activations:
     scorer = scorer_for(loaded, label_embeddings)
-    points = install_points(loaded)
+    points = installed_points(loaded.model)
     sites = tuple(installed_sites(loaded.model))
     check_budget(loaded, hw, batch=1, gradients=False, budget=budget_bytes)
     pixels, _ = preprocess(loaded, [image], hw)
@@ -475,9 +600,6 @@ def _make_activations(
     )
 
 
-_SOURCES: OrderedDict[tuple, Activations] = OrderedDict()
-
-
 def get_activations(
     loaded: LoadedModel,
     image: Image.Image,
@@ -493,21 +615,16 @@ def get_activations(
     same as the Run's (the same forward; recording changes nothing)."""
     hw = input_size_for(loaded, size, image.size)
     key = _key(loaded, image, hw, label_embeddings, budget_bytes)
-    with _CACHE_LOCK:
-        run = _CACHE.get(key)
-        if run is not None:
-            _CACHE.move_to_end(key)
-            return run
-        light = _SOURCES.get((*key, parts))
-        if light is not None:
-            _SOURCES.move_to_end((*key, parts))
-            return light
-    light = _make_activations(loaded, image, hw, label_embeddings, budget_bytes, parts)
-    with _CACHE_LOCK:
-        _SOURCES[(*key, parts)] = light
-        while len(_SOURCES) > CACHE_SIZE:
-            _SOURCES.popitem(last=False)
-    return light
+    run = _RUNS.peek(key)
+    if run is not None:
+        return run
+    if set(parts) < set(PATTERN_PARTS):  # a source kept for pattern patching has these too: no second forward
+        fuller = _SOURCES.peek((*key, PATTERN_PARTS))
+        if fuller is not None:
+            return fuller
+    return _SOURCES.get_or_compute(
+        (*key, parts), lambda: _make_activations(loaded, image, hw, label_embeddings, budget_bytes, parts)
+    )
 
 
 def _digest(image: Image.Image) -> str:
@@ -516,21 +633,23 @@ def _digest(image: Image.Image) -> str:
     return h.hexdigest()
 
 
-_CACHE: OrderedDict[tuple, Run] = OrderedDict()
-_CACHE_LOCK = threading.Lock()
-_KEY_LOCKS: dict[tuple, threading.Lock] = {}
-CACHE_SIZE = int(os.environ.get("VITVIZ_RUN_CACHE", "4"))  # runs kept (each may hold its autograd graph)
+CACHE_SIZE = int(os.environ.get("VITVIZ_RUN_CACHE", "4"))  # runs kept at most
+# ... and their bytes at most (activations, probabilities, what the graph saved, the capture): a wide upload's Run
+# can hold gigabytes, so a count alone does not bound the server's memory. Same bound for the light sources.
+CACHE_MB = float(os.environ.get("VITVIZ_RUN_CACHE_MB", "2048"))
+_RUNS: BoundedCache[Run] = BoundedCache(
+    max_entries=CACHE_SIZE, max_bytes=int(CACHE_MB * 2**20), size_of=lambda run: run.nbytes
+)
+_SOURCES: BoundedCache[Activations] = BoundedCache(
+    max_entries=CACHE_SIZE, max_bytes=int(CACHE_MB * 2**20), size_of=lambda light: light.nbytes
+)
 
 
 def clear_runs(model: torch.nn.Module | None = None) -> None:
     """Forget every cached run (of ``model`` only, when given: a run holds its model and its graph, so a
     server that evicts a model should drop its runs too)."""
-    with _CACHE_LOCK:
-        for key in [k for k, r in _CACHE.items() if model is None or r.loaded.model is model]:
-            del _CACHE[key]
-            _KEY_LOCKS.pop(key, None)
-        for key in [k for k, r in _SOURCES.items() if model is None or r.loaded.model is model]:
-            del _SOURCES[key]
+    for cache in (_RUNS, _SOURCES):
+        cache.discard(lambda _key, r: model is None or r.loaded.model is model)
 
 
 def _key(loaded: LoadedModel, image: Image.Image, hw, label_embeddings, budget_bytes: int) -> tuple:
@@ -548,11 +667,7 @@ def peek_run(
 ) -> Run | None:
     """The cached :class:`Run` of ``image`` if there is one (no forward), else None."""
     key = _key(loaded, image, input_size_for(loaded, size, image.size), label_embeddings, budget_bytes)
-    with _CACHE_LOCK:
-        run = _CACHE.get(key)
-        if run is not None:
-            _CACHE.move_to_end(key)
-        return run
+    return _RUNS.peek(key)
 
 
 def get_run(
@@ -564,7 +679,8 @@ def get_run(
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
     gradients: bool = True,
 ) -> Run:
-    """The clean :class:`Run` of ``image`` on ``loaded`` (cached: the last ``CACHE_SIZE`` runs).
+    """The clean :class:`Run` of ``image`` on ``loaded`` (cached: the last ``CACHE_SIZE`` runs, ``CACHE_MB`` in all;
+    a Run larger than that is returned and not kept).
 
     Keyed by the model, the image's pixels, the input size, the model's dtype, the label embeddings and
     the budget; ``gradients`` asks for the autograd graph (kept only within ``budget_bytes``; a cached run
@@ -572,22 +688,13 @@ def get_run(
     """
     hw = input_size_for(loaded, size, image.size)
     key = _key(loaded, image, hw, label_embeddings, budget_bytes)
-    with _CACHE_LOCK:
-        lock = _KEY_LOCKS.setdefault(key, threading.Lock())
-    with lock:  # one clean forward per key, even when several views ask at once
-        with _CACHE_LOCK:
-            run = _CACHE.get(key)
-            if run is not None and (run.has_graph or not gradients or not _graph_possible(loaded, hw, budget_bytes)):
-                _CACHE.move_to_end(key)
-                return run
-        run = _make_run(loaded, image, hw, label_embeddings, budget_bytes, gradients)
-        with _CACHE_LOCK:
-            _CACHE[key] = run
-            _CACHE.move_to_end(key)
-            while len(_CACHE) > CACHE_SIZE:
-                old, _ = _CACHE.popitem(last=False)
-                _KEY_LOCKS.pop(old, None)
-        return run
+
+    def enough(run: Run) -> bool:  # a cached run without its graph is rebuilt when a graph is asked for and fits
+        return run.has_graph or not gradients or not _graph_possible(loaded, hw, budget_bytes)
+
+    return _RUNS.get_or_compute(
+        key, lambda: _make_run(loaded, image, hw, label_embeddings, budget_bytes, gradients), accept=enough
+    )
 
 
 def _graph_possible(loaded: LoadedModel, hw: tuple[int, int], budget_bytes: int) -> bool:

@@ -1,6 +1,6 @@
 """What a method explains: a target, not only a class index (in the spirit of pytorch-grad-cam's ``ClassifierOutputTarget``).
 
-Definition (``ALGORITHMS.md``, "Causal views", Targets). A target turns the model's
+Definition (``docs/definitions.md#targets``). A target turns the model's
 scores ``s`` ``(B, K)`` (before softmax) into one scalar per image ``(B,)``:
 
 * ``Target.of_class(c)``: the class logit ``s[:, c]``;
@@ -161,18 +161,16 @@ class Target:
 
 def label_scorer(loaded, text_embeddings: np.ndarray) -> Callable[[Any], torch.Tensor]:
     """Forward output -> label scores ``(B, K)`` as the two-tower model's ``logits_per_image`` computes them."""
+    from vitviz.models.zeroshot import label_scores
+
     fam, model = loaded.family, loaded.model
-    unit = torch.as_tensor(np.asarray(text_embeddings, np.float32))
-    unit = unit / unit.norm(dim=-1, keepdim=True)
-    scale = model.logit_scale
-    bias = getattr(model, "logit_bias", None)
+    text = torch.as_tensor(np.asarray(text_embeddings, np.float32))
 
     def scores(out) -> torch.Tensor:
         img = fam.image_embedding(model, out)
         if img is None:
             raise TargetError(f"'{loaded.name}' gives no image embedding to score labels with.")
-        got = scale.exp() * (img / img.norm(dim=-1, keepdim=True)) @ unit.to(img.device, img.dtype).T
-        return got + bias if isinstance(bias, torch.Tensor) else got
+        return label_scores(model, img, text)
 
     return scores
 

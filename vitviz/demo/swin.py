@@ -5,7 +5,7 @@ The model is a small Hugging Face ``SwinForImageClassification`` (96 px input,
 16 shifted windows in the first stage, one window in the last), saved with
 ``save_pretrained`` as safetensors so it loads like any hub checkpoint. Swin has
 no CLS token: its readout is the mean of the final tokens, so the map the app
-shows is the pooled-query rollout through the stages (``ALGORITHMS.md``), and the
+shows is the pooled-query rollout through the stages (``docs/definitions.md#rollout-through-stages``), and the
 held-out score is computed through vitviz's own capture and ``capture_rollout``.
 Training is reproducible from its seed.
 """

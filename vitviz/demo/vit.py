@@ -143,7 +143,7 @@ def train_demo(
     The bundled model's recipe is the default: no label smoothing and ``lr`` 3e-4. Label smoothing ``e`` caps
     the confidence at ``1 - e + e / 5`` and pins every image's logit there, where gradient-based maps go blind
     (relevance missed the squares); ``lr`` 1e-3 without it spreads the CLS attention off the shape (its rollout
-    peak in the box fell below 80 %). README, "Which map can you trust?".
+    peak in the box fell below 80 %). docs/evaluate.md#why-the-demo-is-trained-this-way.
     """
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label smoothing must be in [0, 1), got {label_smoothing}")

@@ -16,7 +16,11 @@ Two inputs are accepted by :func:`read_dataset`:
   of the ORIGINAL image, x1/y1 exclusive.
 
 Nothing is decoded while listing: a row with a missing file, a bad number or an empty
-box is reported (:class:`Skipped`) and the listing goes on. Decoding and the check that
+box is reported (:class:`Skipped`) and the listing goes on. The CSV is read row by row, and
+at most ``max_rows`` rows (default :data:`MAX_ROWS`, ``evaluate --max-rows``) are read: the
+rest is not, and one entry says so (2,000,000 rows took a run past 3 GB). What was skipped is
+summarised (:class:`SkipLog`): every entry counted, the first :data:`KEPT_SKIPPED` kept with
+their reasons (a results file of 300,000 skipped rows carried 76 MB of them). Decoding and the check that
 the box lies inside the image happen per image, in whichever engine runs it
 (:func:`load_item`), so a damaged file costs only its own row.
 
@@ -46,6 +50,9 @@ __all__ = [
     "DataError",
     "Item",
     "Skipped",
+    "SkipLog",
+    "MAX_ROWS",
+    "KEPT_SKIPPED",
     "Dataset",
     "read_dataset",
     "read_folder",
@@ -57,6 +64,8 @@ __all__ = [
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 CSV_COLUMNS = ("file", "label", "x0", "y0", "x1", "y1")  # what ``demo-data`` writes
 BOX_COLUMNS = ("x0", "y0", "x1", "y1")
+MAX_ROWS = 100_000  # rows of a CSV read (blank lines aside); evaluate --max-rows sets another
+KEPT_SKIPPED = 100  # skipped inputs kept with their reasons (all are counted)
 
 Box = tuple[float, float, float, float]
 
@@ -114,6 +123,45 @@ class Skipped:
         return f"{self.where}: {self.reason}"
 
 
+class SkipLog(list):
+    """What was skipped, summarised: a list of the first ``keep`` entries (:class:`Skipped`), plus ``total``, every
+    entry counted. ``append`` and ``extend`` count; a million bad rows keep ``keep`` of them. :meth:`note` keeps an
+    entry whatever ``keep`` says (that the rest of a file was not read)."""
+
+    def __init__(self, entries: Sequence[Skipped] = (), *, keep: int = KEPT_SKIPPED) -> None:
+        super().__init__()
+        self.keep, self.total = int(keep), 0
+        self._noted: set[int] = set()  # ids of the entries kept by note()
+        self.extend(entries)
+
+    def append(self, entry: Skipped) -> None:
+        self.total += 1
+        if len(self) - len(self._noted) < self.keep:
+            super().append(entry)
+
+    def note(self, entry: Skipped) -> None:
+        self.total += 1
+        self._noted.add(id(entry))
+        super().append(entry)
+
+    def extend(self, entries) -> None:
+        noted = getattr(entries, "_noted", set())
+        for entry in entries:
+            (self.note if id(entry) in noted else self.append)(entry)
+        if isinstance(entries, SkipLog):
+            self.total += entries.left_out
+
+    @property
+    def noted(self) -> list[Skipped]:
+        """The entries :meth:`note` kept."""
+        return [e for e in self if id(e) in self._noted]
+
+    @property
+    def left_out(self) -> int:
+        """Entries counted but not kept."""
+        return self.total - len(self)
+
+
 @dataclass
 class Dataset:
     """The items to evaluate and what was skipped while listing them."""
@@ -121,24 +169,27 @@ class Dataset:
     source: Path
     kind: str  # "folder" or "csv"
     items: list[Item] = field(default_factory=list)
-    skipped: list[Skipped] = field(default_factory=list)
+    skipped: SkipLog = field(default_factory=SkipLog)
     has_labels: bool = False
     has_boxes: bool = False
 
 
-def read_dataset(path: str | Path, *, limit: int | None = None) -> Dataset:
-    """A folder of images or a CSV (module docstring); ``limit``: stop after that many usable items.
+def read_dataset(path: str | Path, *, limit: int | None = None, max_rows: int = MAX_ROWS) -> Dataset:
+    """A folder of images or a CSV (module docstring); ``limit``: stop after that many usable items;
+    ``max_rows``: read at most that many rows of a CSV (or entries of a folder), saying so when there are more.
 
     Raises :class:`DataError` when ``path`` is neither, or when the CSV lacks columns.
     """
     p = Path(path)
     if limit is not None and limit < 1:
         raise DataError(f"--limit must be at least 1, got {limit}")
+    if max_rows < 1:
+        raise DataError(f"--max-rows must be at least 1, got {max_rows}")
     if p.is_dir():
-        return read_folder(p, limit=limit)
+        return read_folder(p, limit=limit, max_rows=max_rows)
     if p.is_file():
         if p.suffix.lower() == ".csv":
-            return read_csv(p, limit=limit)
+            return read_csv(p, limit=limit, max_rows=max_rows)
         raise DataError(
             f"'{p}' is a file but not a .csv: give a folder of images or a CSV with columns {','.join(CSV_COLUMNS)} "
             "(as `python -m vitviz demo-data` writes)"
@@ -181,16 +232,26 @@ def _hidden(rel: PurePath) -> bool:
     return any(part.startswith(".") for part in rel.parts)
 
 
-def read_folder(folder: str | Path, *, limit: int | None = None) -> Dataset:
-    """Every image file under ``folder`` (recursively, sorted); other files are skipped and reported."""
+def _more_than(max_rows: int, where: str, what: str) -> Skipped:
+    return Skipped(
+        where, f"{what} more than {max_rows:,} rows: the rest was not read (evaluate --max-rows N reads more)"
+    )
+
+
+def read_folder(folder: str | Path, *, limit: int | None = None, max_rows: int = MAX_ROWS) -> Dataset:
+    """Every image file under ``folder`` (recursively, sorted; the first ``max_rows`` files); other files are skipped
+    and reported."""
     root = Path(folder)
     ds = Dataset(source=root, kind="folder")
     files = sorted(
         (f for f in root.rglob("*") if not _hidden(f.relative_to(root)) and not f.is_dir()),
         key=lambda f: f.relative_to(root).as_posix(),
     )
-    for f in files:
+    for n, f in enumerate(files):
         if limit is not None and len(ds.items) >= limit:
+            break
+        if n >= max_rows:
+            ds.skipped.note(_more_than(max_rows, str(root), "the folder holds"))
             break
         rel = f.relative_to(root).as_posix()
         if f.suffix.lower() not in IMAGE_SUFFIXES:
@@ -231,8 +292,19 @@ def _box(row: dict) -> Box | None:
     return (x0, y0, x1, y1)
 
 
-def read_csv(path: str | Path, *, limit: int | None = None) -> Dataset:
-    """Rows of a ``file,label,x0,y0,x1,y1`` CSV (module docstring); bad rows are skipped and reported."""
+SHOWN_COLUMNS = 8  # column names a message quotes (a CSV of 200,000 columns printed 1.5 MB of them)
+
+
+def _names(header: Sequence[str]) -> str:
+    """The first :data:`SHOWN_COLUMNS` names, each cut to 40 characters, and how many more there are."""
+    shown = [h if len(h) <= 40 else h[:40] + "..." for h in header[:SHOWN_COLUMNS]]
+    more = f" and {len(header) - SHOWN_COLUMNS:,} more" if len(header) > SHOWN_COLUMNS else ""
+    return ", ".join(shown) + more
+
+
+def read_csv(path: str | Path, *, limit: int | None = None, max_rows: int = MAX_ROWS) -> Dataset:
+    """Rows of a ``file,label,x0,y0,x1,y1`` CSV (module docstring), read one at a time, at most ``max_rows`` of them
+    (blank lines aside); bad rows are skipped and reported (:class:`SkipLog`)."""
     csv_path = Path(path)
     root = csv_path.parent
     ds = Dataset(source=csv_path, kind="csv")
@@ -257,12 +329,13 @@ def read_csv(path: str | Path, *, limit: int | None = None) -> Dataset:
         if missing:
             raise DataError(
                 f"'{csv_path}' lacks the column{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
-                f"(it has {', '.join(header)}): {expected} (label and the four box columns are optional, "
+                f"(it has {_names(header)}): {expected} (label and the four box columns are optional, "
                 "the box as a whole)"
             )
         ds.has_labels = "label" in header
         ds.has_boxes = not box_missing
         seen: dict[str, str] = {}
+        rows = 0
         try:
             for row in reader:
                 if limit is not None and len(ds.items) >= limit:
@@ -270,6 +343,10 @@ def read_csv(path: str | Path, *, limit: int | None = None) -> Dataset:
                 where = f"{csv_path.name}:{reader.line_num}"
                 if not any((v or "").strip() for k, v in row.items() if k is not None):
                     continue  # a blank line
+                if rows >= max_rows:
+                    ds.skipped.note(_more_than(max_rows, where, "the CSV has"))
+                    break
+                rows += 1
                 try:
                     item = _row_item(row, root, where, ds.has_boxes)
                 except DataError as exc:
@@ -283,9 +360,7 @@ def read_csv(path: str | Path, *, limit: int | None = None) -> Dataset:
                 seen[item.image_id] = where
                 ds.items.append(item)
         except (csv.Error, UnicodeDecodeError) as exc:
-            ds.skipped.append(
-                Skipped(f"{csv_path.name}:{reader.line_num}", f"the rest of the CSV is unreadable: {exc}")
-            )
+            ds.skipped.note(Skipped(f"{csv_path.name}:{reader.line_num}", f"the rest of the CSV is unreadable: {exc}"))
     if not ds.items and not ds.skipped:
         raise DataError(f"'{csv_path}' lists no images")
     return ds

@@ -1,6 +1,6 @@
 """Which map can you trust? Deletion and insertion curves (Petsiuk et al. 2018, as used by Chefer et al. 2021).
 
-Definitions (``ALGORITHMS.md``, "Faithfulness"). A map ``m`` on the first stage's grid
+Definitions (``docs/definitions.md#faithfulness``). A map ``m`` on the first stage's grid
 (N cells; the patch grid of a plain ViT) and a class c:
 
 * **Order**: the cells by ``m``, largest first; ties: lower (row-major) index first.
@@ -14,7 +14,7 @@ Definitions (``ALGORITHMS.md``, "Faithfulness"). A map ``m`` on the first stage'
   Lower area is more faithful.
 * **Insertion**: start from an image that hides the evidence (the *insertion start*,
   :func:`insertion_start_image`) and put back the original pixels of the first ``k``
-  cells. Higher is better. Starts (``ALGORITHMS.md``, "Insertion baselines"):
+  cells. Higher is better. Starts (``docs/definitions.md#insertion-starts``):
 
   - ``blur``: the input blurred by a Gaussian of sigma = patch size / 2 pixels
     (:func:`gaussian_blur`): kernel ``exp(-d^2 / (2 sigma^2))`` truncated at
@@ -29,7 +29,7 @@ Definitions (``ALGORITHMS.md``, "Faithfulness"). A map ``m`` on the first stage'
   The default, :data:`DEFAULT_INSERTION_START`, is ``mean``: on held-out demo images
   (colour is the evidence there) relevance and rollout insert faster than random under
   it, on more images than not (sign test, ``Results.versus``) and by the mean area, and
-  not under ``blur`` (README, "Which map can you trust?").
+  not under ``blur`` (measured: ``docs/evaluate.md#insertion-starts``).
 * **Area**: the trapezoid rule over the fraction ``k / N`` in [0, 1].
 * **Peak in box**: the cell with the largest value (ties: lowest index) has its centre
   inside the object's box ``(x0, y0, x1, y1)`` in pixels of the model input (x1, y1

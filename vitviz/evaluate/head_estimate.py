@@ -1,7 +1,7 @@
 """How far the fast head-importance estimate can be trusted: its agreement with the exact knock-outs.
 
-The fast estimate (:func:`vitviz.capture.causal.fast_estimate`, attribution patching) is
-first order; the exact table (:func:`vitviz.capture.causal.head_importance`) knocks each
+The fast estimate (:func:`vitviz.causal.fast_estimate`, attribution patching) is
+first order; the exact table (:func:`vitviz.causal.head_importance`) knocks each
 head out. Per image and explained class (the top-1), over the heads of the model:
 
 * **rank correlation**: Spearman's rho of the two ``(L, H)`` tables (heads that exist
@@ -108,7 +108,7 @@ def sign_agreement(exact: np.ndarray, estimate: np.ndarray, *, min_effect: float
 
 def agreement(loaded: LoadedModel, image: Image.Image, *, mode: str = "mean", min_effect: float = 0.01) -> Agreement:
     """The exact table and the estimate of one image, for its top-1 class, and how they agree."""
-    from vitviz.capture.causal import fast_estimate, head_importance
+    from vitviz.causal import fast_estimate, head_importance
 
     exact = head_importance(loaded, image, mode=mode)
     est = fast_estimate(loaded, image, mode=mode, class_index=exact.class_index)

@@ -53,8 +53,9 @@ with its spread over the images".
 **File metadata**: the Parquet key-value metadata key ``vitviz`` holds JSON with
 ``format`` (``"vitviz evaluation results"``), ``schema_version`` (:data:`SCHEMA_VERSION`),
 the run's ``model``, ``methods``, ``seed``, ``size``, ``data``, ``engine``,
-``created`` (UTC, ISO 8601), ``images`` (evaluated), ``skipped`` (a list of
-``{"where", "reason"}``) and ``points`` (21). Read it with
+``created`` (UTC, ISO 8601), ``images`` (evaluated), ``skipped`` (the first 100 inputs not
+evaluated, a list of ``{"where", "reason"}``), ``skipped_total`` (all of them, counted) and
+``points`` (21). Read it with
 ``pyarrow.parquet.read_schema(path).metadata[b"vitviz"]`` or DuckDB's
 ``parquet_kv_metadata('results.parquet')``. :func:`read_results` refuses any file
 without it (:class:`ResultsError`).
@@ -102,6 +103,7 @@ __all__ = [
     "run_metadata",
     "write_results",
     "write_table_atomic",
+    "header_problem",
     "read_results",
 ]
 
@@ -562,6 +564,38 @@ class Results:
         return out
 
 
+MAX_HEADER_DEPTH = 4  # meta -> settings -> labels -> a label; meta -> skipped -> an entry -> its reason
+_TEXT_LISTS = ("methods", "labels")
+
+
+def header_problem(meta: Any) -> str | None:
+    """Why a parsed ``vitviz`` header is not one :func:`write_results` writes (None when it is).
+
+    The fields the app reads have the shapes the module docstring gives (``methods`` and ``labels``
+    lists of texts, ``skipped`` a list of ``{"where", "reason"}`` tables, ``skipped_total`` a count), and
+    nothing nests deeper than :data:`MAX_HEADER_DEPTH` (checked without recursion).
+    """
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        return "not a results header"
+    level, depth = [meta], 1
+    while level:
+        inner = [v for x in level for v in (x.values() if isinstance(x, dict) else x) if isinstance(v, (dict, list))]
+        if inner and depth >= MAX_HEADER_DEPTH:
+            return f"nested deeper than {MAX_HEADER_DEPTH} levels"
+        level, depth = inner, depth + 1
+    for key in _TEXT_LISTS:
+        value = meta.get(key)
+        if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            return f"'{key}' is not a list of texts"
+    skipped = meta.get("skipped", [])
+    if not isinstance(skipped, list) or not all(isinstance(s, dict) for s in skipped):
+        return "'skipped' is not a list of tables"
+    total = meta.get("skipped_total", len(skipped))
+    if isinstance(total, bool) or not isinstance(total, int) or total < len(skipped):
+        return "'skipped_total' is not a count"
+    return None
+
+
 def _describe(source: Any) -> str:
     return f"'{source}'" if isinstance(source, (str, Path)) else "the uploaded file"
 
@@ -607,11 +641,12 @@ def read_results(source: str | Path | bytes | IO[bytes], limits: ResultsLimits |
             "Make one with `python -m vitviz evaluate`."
         )
     try:
-        meta = json.loads(meta_raw)
+        meta = json.loads(meta_raw)  # RecursionError for JSON nested thousands deep (issue 33.12)
+        problem = header_problem(meta)
+        if problem:
+            raise ValueError(problem)
         version = int(meta["schema_version"])
-        if meta.get("format") != FORMAT:
-            raise ValueError(meta.get("format"))
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         raise ResultsError(f"{name} has 'vitviz' metadata that is not a results header: it cannot be read") from None
     if version > SCHEMA_VERSION:
         raise ResultsError(

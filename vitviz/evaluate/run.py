@@ -48,7 +48,7 @@ import pyarrow.parquet as pq
 from PIL import Image
 
 from vitviz.errors import CaptureError
-from vitviz.evaluate.data import Dataset, Item, Skipped, read_dataset
+from vitviz.evaluate.data import MAX_ROWS, Dataset, Item, SkipLog, read_dataset
 from vitviz.evaluate.faithfulness import DEFAULT_INSERTION_START, INSERTION_STARTS
 from vitviz.evaluate.results import (
     SCHEMA,
@@ -209,13 +209,14 @@ class PartWriter:
 @dataclass
 class RunReport:
     """What a run did. ``evaluated``: images in the results file; ``new``: of those, evaluated by this run;
-    ``skipped``: what was not evaluated (listing and per-image failures), with reasons."""
+    ``skipped``: what was not evaluated (listing and per-image failures), with reasons: the first
+    :data:`~vitviz.evaluate.data.KEPT_SKIPPED` kept, ``skipped.total`` counting all."""
 
     out: Path
     listed: int
     evaluated: int
     new: int
-    skipped: list[Skipped] = field(default_factory=list)
+    skipped: SkipLog = field(default_factory=SkipLog)
     methods: tuple[str, ...] = ()
     engine: str = "local"
     seconds: float = 0.0
@@ -300,6 +301,7 @@ def evaluate_dataset(
     *,
     methods: Sequence[str] | None = None,
     limit: int | None = None,
+    max_rows: int = MAX_ROWS,
     size: int | tuple[int, int] | None = None,
     seed: int = 0,
     engine: str = "local",
@@ -346,7 +348,7 @@ def evaluate_dataset(
     from vitviz.cli_checks import check_output_folder
 
     check_output_folder(out.parent, "--out's folder")  # writable (created if missing) before any work
-    dataset = read_dataset(data, limit=limit)
+    dataset = read_dataset(data, limit=limit, max_rows=max_rows)
     if loaded is None:
         loaded = load_model(model, device=device)
     if size is not None:
@@ -395,7 +397,7 @@ def evaluate_dataset(
     todo = [item for item in dataset.items if item.image_id not in done]
     total = len(dataset.items)
     finished = total - len(todo)
-    skipped: list[Skipped] = []
+    skipped = SkipLog()  # images that failed: counted, the first ones kept with their reasons
     writer = PartWriter(work, chunk_images=chunk_images, chunk_seconds=chunk_seconds)
 
     def finish(n: int = 1) -> None:
@@ -415,6 +417,8 @@ def evaluate_dataset(
             run_ray(config, todo, writer, skipped, finish, address=address, actors=ray_actors)
     finally:
         writer.flush()
+    all_skipped = SkipLog(dataset.skipped)
+    all_skipped.extend(skipped)
     meta = run_metadata(
         model=loaded.name,
         model_source=model,
@@ -427,11 +431,11 @@ def evaluate_dataset(
         **({"labels": list(config.labels), "template": config.template} if config.labels else {}),
         points=21,
         insertion_start=insertion_start,
-        skipped=[{"where": s.where, "reason": s.reason} for s in dataset.skipped + skipped],
+        skipped=[{"where": s.where, "reason": s.reason} for s in all_skipped],  # the first ones, with reasons
+        skipped_total=all_skipped.total,
         settings=settings,
     )
     evaluated = _assemble(work, dataset, config, meta)
-    all_skipped = dataset.skipped + skipped
     kept = None
     if all_skipped or evaluated < total:
         kept = work.root
@@ -439,7 +443,7 @@ def evaluate_dataset(
         work.remove()
     return RunReport(
         out=out,
-        listed=total + len(dataset.skipped),
+        listed=total + dataset.skipped.total,
         evaluated=evaluated,
         new=writer.written,
         skipped=all_skipped,
@@ -455,7 +459,7 @@ def _run_local(
     evaluator: Evaluator,
     todo: Sequence[Item],
     writer: PartWriter,
-    skipped: list[Skipped],
+    skipped: SkipLog,
     finish: Callable[[int], None],
 ) -> None:
     """The local engine: one image after the other in this process."""
@@ -469,11 +473,12 @@ def _run_local(
         finish(1)
 
 
-MAX_LISTED = 20  # skipped images printed one by one; the rest are counted (all are in the file's metadata)
+MAX_LISTED = 20  # skipped images printed one by one; the rest are counted (the first 100 are in the file's metadata)
 
 
 def print_report(report: RunReport) -> None:
     """What the command prints: the summary table on stdout; notes and skipped images, counted, on stderr."""
+    from vitviz.cli_checks import terminal_text
     from vitviz.evaluate.results import read_results
 
     resumed = report.evaluated - report.new
@@ -485,7 +490,8 @@ def print_report(report: RunReport) -> None:
         return f"{mean:.4f} +- {se:.4f}" if se == se else f"{mean:.4f}          "  # no SE from one image
 
     print(
-        f"wrote {plural(report.evaluated, 'image')} x {plural(len(report.methods), 'method')} to {report.out} "
+        f"wrote {plural(report.evaluated, 'image')} x {plural(len(report.methods), 'method')} to "
+        f"{terminal_text(report.out)} "
         f"({report.new} evaluated now{f', {resumed} from an earlier run' if resumed > 0 else ''}; "
         f"{report.engine} engine, {report.seconds:.0f} s)"
     )
@@ -517,20 +523,24 @@ def print_report(report: RunReport) -> None:
                     f"{i.method:<22}{pm(d.difference_mean, d.difference_se):>26}{shares(d):>24}{d.sign_p:>9.2g}"
                     f"{pm(i.difference_mean, i.difference_se):>26}{shares(i):>24}{i.sign_p:>9.2g}"
                 )
-    for note in report.notes:
-        print(f"note: {note}", file=sys.stderr)
+    for note in report.notes:  # notes and reasons quote labels and CSV cells: printed with control characters escaped
+        print(f"note: {terminal_text(note)}", file=sys.stderr)
     if report.skipped:
-        n = len(report.skipped)
+        n = getattr(report.skipped, "total", len(report.skipped))
         print(f"skipped {n} of {plural(report.listed, 'image')} (the others' results are kept):", file=sys.stderr)
-        for s in report.skipped[:MAX_LISTED]:
-            print(f"error: {s}", file=sys.stderr)
+        shown = report.skipped[:MAX_LISTED]
+        for s in shown + [s for s in getattr(report.skipped, "noted", []) if s not in shown]:  # "the rest not read"
+            print(f"error: {terminal_text(s)}", file=sys.stderr)
         if n > MAX_LISTED:
+            kept = min(len(report.skipped), n)
             print(
-                f"... and {n - MAX_LISTED} more (all listed in the results file's metadata, key 'vitviz')",
+                f"... and {n - MAX_LISTED:,} more (the first {kept:,} are listed with their reasons in the results "
+                "file's metadata, key 'vitviz'; 'skipped_total' counts them all)",
                 file=sys.stderr,
             )
         if report.work_kept is not None:
             print(
-                f"note: rerun the same command to retry them; finished images are kept in {report.work_kept}",
+                f"note: rerun the same command to retry them; finished images are kept in "
+                f"{terminal_text(report.work_kept)}",
                 file=sys.stderr,
             )

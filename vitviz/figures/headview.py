@@ -14,7 +14,12 @@ maximum in float32, so a value reads back as ``code / 255 * max`` (error at most
 query pays to the prefix tokens is sent in float32 and shown beside the map. The
 maps are deflated and base64-encoded; :data:`DEFAULT_MAX_BYTES` (8 MB) bounds the
 page: a record above it is refused with :class:`HeadViewTooLarge`, and the caller
-falls back to server-side figures.
+falls back to static figures (the app's server-drawn view, a notebook's Plotly figure).
+
+The data reach the page once, as JSON in a ``<script type="application/json">`` element with
+``<``, ``>`` and ``&`` escaped (:func:`script_json`); the page's script reads them with
+``JSON.parse`` and shows every name (title, layers, prefix tokens) as text. No string of a
+model or a visitor is ever spliced into the markup, and nothing is substituted after the data.
 
 No torch here: the input is the record's ``(L, H, T, T)`` attention stack.
 """
@@ -22,7 +27,6 @@ No torch here: the input is the record's ``(L, H, T, T)`` attention stack.
 from __future__ import annotations
 
 import base64
-import html
 import io
 import json
 import zlib
@@ -41,13 +45,18 @@ __all__ = [
     "record_problem",
     "pack_rows",
     "unpack_rows",
+    "script_json",
 ]
 
 DEFAULT_MAX_BYTES = 8_000_000  # the whole page; ViT-B/16 at 224 px needs about 4.5 MB
 
 
 class HeadViewTooLarge(ValueError):
-    """The maps would not fit the page's byte budget: draw server-side instead."""
+    """The maps would not fit the page's byte budget (``nbytes``: what the page would take, at least)."""
+
+    def __init__(self, message: str, nbytes: float = 0) -> None:
+        super().__init__(message)
+        self.nbytes = int(nbytes)
 
 
 def head_view_problem(attention: np.ndarray | None, grid: tuple[int, int], num_prefix: int) -> str:
@@ -58,14 +67,14 @@ def head_view_problem(attention: np.ndarray | None, grid: tuple[int, int], num_p
     if attention is None:
         return (
             "the instant head view needs one token grid shared by every block (a plain ViT); this model attends "
-            "in windows, over reduced keys or in stages, so its heads are drawn on the server"
+            "in windows, over reduced keys or in stages"
         )
     if attention.ndim != 4 or attention.shape[2] != attention.shape[3]:
         return f"expected an (L, H, T, T) attention stack, got shape {tuple(attention.shape)}"
     if attention.shape[2] != num_prefix + grid[0] * grid[1]:
         return (
             f"{attention.shape[2]} tokens do not make {num_prefix} prefix tokens and a {grid[0]} x {grid[1]} grid "
-            "(padding tokens?): its heads are drawn on the server"
+            "(padding tokens?)"
         )
     return ""
 
@@ -77,7 +86,7 @@ def record_problem(cap) -> str:
     if stack is not None and stack.shape[0] != cap.num_blocks:
         return (
             f"{cap.model_name} ends in a {cap.block_label(cap.num_blocks - 1)} that attends from a probe, not "
-            "from the tokens: its heads are drawn on the server"
+            "from the tokens"
         )
     return head_view_problem(stack, cap.grid, cap.num_prefix_tokens)
 
@@ -146,11 +155,14 @@ class HeadViewData:
     def nbytes(self) -> int:
         return len(self.maps) + len(self.maxima) + len(self.prefix_share) + len(self.image) + 4096
 
-    def to_json(self) -> str:
+    def to_dict(self) -> dict:
         d = self.__dict__.copy()
         d["grid"], d["prefix"], d["lut"] = list(self.grid), list(self.prefix), list(self.lut)
         d["layer_names"] = list(self.layer_names)
-        return json.dumps(d)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
 
 
 def head_view_data(
@@ -178,7 +190,7 @@ def head_view_data(
     # an early estimate: codes deflate to about half, base64 adds a third
     estimate = L * H * T * (T - P) * 0.4
     if estimate > max_bytes:
-        raise HeadViewTooLarge(_too_large(estimate, max_bytes))
+        raise HeadViewTooLarge(_too_large(estimate, max_bytes), estimate)
     codes, top = pack_rows(attention[..., P:])
     data = HeadViewData(
         layers=L,
@@ -195,42 +207,56 @@ def head_view_data(
         layer_names=tuple(layer_names) if layer_names is not None else tuple(f"block {i}" for i in range(L)),
     )
     if data.nbytes > max_bytes:
-        raise HeadViewTooLarge(_too_large(data.nbytes, max_bytes))
+        raise HeadViewTooLarge(_too_large(data.nbytes, max_bytes), data.nbytes)
     return data
 
 
 def _too_large(nbytes: float, limit: int) -> str:
-    return (
-        f"the head view would send {nbytes / 1e6:.1f} MB to the browser (limit {limit / 1e6:.1f} MB): "
-        "use a smaller input size, or the server-drawn views"
-    )
+    # no advice here: what to do instead is the caller's (the app draws on the server, a notebook raises the limit)
+    return f"the head view would send {nbytes / 1e6:.1f} MB to the browser (limit {limit / 1e6:.1f} MB)"
 
 
 def head_view_html(
-    data: HeadViewData, *, height: int = 620, layer: int | None = None, head: int = 0, query: int = 0
+    data: HeadViewData,
+    *,
+    height: int = 620,
+    layer: int | None = None,
+    head: int = 0,
+    query: int = 0,
+    opacity: float | None = None,
 ) -> str:
     """One self-contained HTML page for :class:`HeadViewData` (see the module docstring for what it shows).
 
-    It opens on ``layer`` (default: the last), ``head`` and ``query`` (a token index, 0: the first prefix token).
+    It opens on ``layer`` (default: the last), ``head`` and ``query`` (a token index, 0: the first prefix token),
+    with the large map over the photo at ``opacity`` (0..1; default: the page's own, 1, the map alone).
 
     The page exposes ``window.vitvizState`` (layer, head, query, scale), ``window.vitvizTimings``
     (milliseconds per redraw) and sets ``document.body.dataset.ready = "1"`` once the maps are decoded,
     so a browser test can drive and time it.
     """
-    payload = data.to_json().replace("</", "<\\/")
     start = {
         "layer": min(max(data.layers - 1 if layer is None else int(layer), 0), data.layers - 1),
         "head": min(max(int(head), 0), data.heads - 1),
         "query": min(max(int(query), 0), data.tokens - 1),
     }
-    return (
-        _PAGE.replace("__TITLE__", html.escape(data.title))
-        .replace("__HEIGHT__", str(int(height)))
-        .replace("__START__", json.dumps(start))
-        .replace("__DATA__", payload)
-    )
+    if opacity is not None:
+        start["opacity"] = min(max(float(opacity), 0.0), 1.0)
+    before, after = _PAGE.split(_SLOT)  # one slot: the data go in once, and nothing is searched again afterwards
+    return before + script_json({**data.to_dict(), "start": start}) + after
 
 
+def script_json(value: object) -> str:
+    """``value`` as JSON that is safe inside a ``<script type="application/json">`` element.
+
+    ``<``, ``>`` and ``&`` become ``\\u003c``, ``\\u003e`` and ``\\u0026`` (JSON escapes, so ``JSON.parse`` reads the
+    same strings back): no text of a model or visitor (a folder named ``</script><script>...``) can close the
+    element or open another, and the HTML parser never sees an entity or a comment in it.
+    """
+    text = json.dumps(value)  # ASCII only: U+2028 and other non-ASCII characters are \\u escapes already
+    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+
+
+_SLOT = "__VITVIZ_HEAD_VIEW_DATA__"
 _PAGE = r"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>vitviz head view</title>
 <style>
@@ -250,7 +276,7 @@ _PAGE = r"""<!DOCTYPE html>
 <body>
 <div id="err"></div>
 <div class="ctl">
- <b>__TITLE__</b>
+ <b id="title"></b>
  <label>Block <input id="layer" type="range" min="0" value="0"><span id="layerv"></span></label>
  <label>Head <input id="head" type="range" min="0" value="0"><span id="headv"></span></label>
  <label>Query <select id="query"></select></label>
@@ -271,11 +297,14 @@ _PAGE = r"""<!DOCTYPE html>
 <div class="note">Attention from the query token to each patch, A[block, head, query, patch], raw softmax weights
 (prefix tokens are not on the image: their share is printed under the map). Maps travel at 8 bits per map, relative
 to the map's maximum (error at most max/510). Click a patch of the large map to make it the query.</div>
+<script id="vitviz-data" type="application/json">__VITVIZ_HEAD_VIEW_DATA__</script>
 <script>
 (function(){
-const D = __DATA__;
+// every name shown (title, layers, prefix tokens) is set as text (textContent), never as markup
+const D = JSON.parse(document.getElementById("vitviz-data").textContent);
+document.getElementById("title").textContent = D.title;
 const L=D.layers, H=D.heads, T=D.tokens, gh=D.grid[0], gw=D.grid[1], N=gh*gw, P=D.prefix.length;
-const S = window.vitvizState = Object.assign({scale: "map", opacity: 1}, __START__);
+const S = window.vitvizState = Object.assign({scale: "map", opacity: 1}, D.start);
 window.vitvizTimings = [];
 let codes=null, maxima=null, share=null;
 const lut = D.lut.map(h=>[parseInt(h.slice(1,3),16),parseInt(h.slice(3,5),16),parseInt(h.slice(5,7),16)]);
@@ -330,6 +359,13 @@ function drawBig(){
   let txt="";
   for(let p=0;p<P;p++) txt+=D.prefix[p]+": "+share[rowIndex(S.layer,S.head,S.query)*P+p].toFixed(4)+"  ";
   $("prefix").textContent = P ? ("Attention to prefix tokens (not on the image): "+txt) : "";
+  showHover();
+}
+// the hovered cell's value, redrawn with the map (a click or a slider changes the value under the pointer)
+let hoverCell=-1;
+function showHover(){
+  $("hover").textContent = hoverCell<0 ? "\u00a0" :
+    tokenName(P+hoverCell)+": "+value(S.layer,S.head,S.query,hoverCell).toPrecision(3)+" (click: make it the query)";
 }
 function drawThumbs(){
   for(let l=0;l<L;l++)for(let h=0;h<H;h++){
@@ -384,13 +420,14 @@ function setup(){
   $("head").oninput=e=>window.vitvizSet({head:+e.target.value});
   $("query").onchange=e=>window.vitvizSet({query:+e.target.value});
   $("scale").onchange=e=>window.vitvizSet({scale:e.target.value});
+  $("opacity").value=Math.round(S.opacity*100);
   $("opacity").oninput=e=>window.vitvizSet({opacity:e.target.value/100});
   function cellAt(e){const r=big.getBoundingClientRect();
     const c=Math.min(gw-1,Math.max(0,Math.floor((e.clientX-r.left)/r.width*gw)));
     const w=Math.min(gh-1,Math.max(0,Math.floor((e.clientY-r.top)/r.height*gh)));return w*gw+c;}
   big.onclick=e=>window.vitvizSet({query:P+cellAt(e)});
-  big.onmousemove=e=>{const n=cellAt(e);
-    $("hover").textContent=tokenName(P+n)+": "+value(S.layer,S.head,S.query,n).toPrecision(3)+" (click: make it the query)";};
+  big.onmousemove=e=>{hoverCell=cellAt(e);showHover();};
+  big.onmouseleave=()=>{hoverCell=-1;showHover();};
   $("save").onclick=()=>{const a=document.createElement("a");a.download="head-view-"+D.layer_names[S.layer].replace(/\W+/g,"-")+"-head"+S.head+".png";a.href=big.toDataURL("image/png");a.click();};
 }
 (async function(){

@@ -1,7 +1,7 @@
 """Maps over the photo at the photo's own resolution: raster overlays (Pillow, numpy) and their Plotly figure.
 
 Maps are computed on a token grid ``(gh, gw)``; here, and only here, they are upsampled
-(``ALGORITHMS.md``, "Display conventions"). A grid spans the whole photo (the model
+(``docs/definitions.md#display-conventions``). A grid spans the whole photo (the model
 sees the whole photo, resized, never cropped), so cell ``(r, c)`` covers rows
 ``[r H / gh, (r + 1) H / gh)`` and columns ``[c W / gw, (c + 1) W / gw)`` of an
 ``H x W`` photo, whatever its size.

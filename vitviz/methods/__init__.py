@@ -8,16 +8,24 @@ curves (:mod:`vitviz.evaluate.faithfulness`). One module per method:
 ``attention``             last block's raw attention from its global query, head mean
 ``rollout``               attention rollout of the readout row (Abnar & Zuidema 2020)
 ``relevance``             class-specific relevance (Chefer, Gur & Wolf 2021)
-``gradcam``               Grad-CAM on the tokens entering the last attention block
+``gradcam``               Grad-CAM on the tokens entering the last attention block (``layer="cnn"``:
+                          on the last CNN stage of a hybrid ViT)
 ``integrated_gradients``  Integrated Gradients from the mean image (captum's rule), pooled per cell
 ``attnlrp``               AttnLRP (Achtibat et al. 2024): LRP rules as gradient x input, pooled per cell
 ``random``                i.i.d. uniform values from a seeded generator (the floor)
 ========================  ==================================================================
 
+Named variants (:data:`VARIANTS`) are methods with other settings under a name of their own:
+``attnlrp_cp`` is AttnLRP with CP-LRP inside attention (the attention matrix a constant, as
+``lxt`` explains vision transformers), beside ``attnlrp``, the paper's rules (the default).
+They are offered where methods are chosen by name (``--methods``, the app's Compare page) and
+are not among the defaults (:data:`METHODS`, what applies when no method is named).
+
 Rollout and relevance are undefined for MobileViT (``Family.rollout_note``); class-
 specific methods need a classifier. :func:`available_methods` lists what applies,
 :func:`why_unavailable` says why not, and :func:`explain` raises :class:`MethodError`
-with that reason.
+with that reason. A method written outside vitviz joins them with :func:`register_method`
+(docs/extending/method.md).
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from vitviz.models.load import LoadedModel
 
 __all__ = [
     "METHODS",
+    "VARIANTS",
     "Method",
     "MethodMap",
     "MethodError",
@@ -46,6 +55,7 @@ __all__ = [
     "Target",
     "TargetError",
     "get_method",
+    "register_method",
     "available_methods",
     "why_unavailable",
     "explain",
@@ -59,15 +69,47 @@ METHODS: dict[str, Method] = {
 }
 
 
+def register_method(method: Method, *, replace: bool = False) -> None:
+    """Add ``method`` (an instance of a :class:`Method` subclass) to :data:`METHODS` under its ``name``.
+
+    From then on :func:`get_method`, :func:`explain`, :func:`explain_many` and :func:`available_methods`
+    (so the *Compare explanations* page and ``evaluate`` in this process) know it. A name that is taken is
+    refused unless ``replace`` (so a typo cannot silently take over ``rollout``). Process-wide; Ray's
+    workers are other processes and do not see it.
+
+    Raises:
+        TypeError: ``method`` is not a :class:`Method` instance.
+        ValueError: its ``name`` is unset or taken (without ``replace``).
+    """
+    if not isinstance(method, Method):
+        raise TypeError(f"register_method takes a Method instance, got {type(method).__name__}")
+    name = method.name
+    if not isinstance(name, str) or not name or name == Method.name:
+        raise ValueError(f"{type(method).__name__} has no name: set the class attribute `name`")
+    if name in METHODS and METHODS[name] is not method and not replace:
+        raise ValueError(f"an explanation method named {name!r} exists; pass replace=True to take its place")
+    if name in VARIANTS and not replace:
+        raise ValueError(f"{name!r} names a variant of {VARIANTS[name][0]!r}; pass replace=True to take its place")
+    METHODS[name] = method
+
+
+# name -> (the method it varies, its constructor's settings): see the module docstring
+VARIANTS: dict[str, tuple[str, dict]] = {"attnlrp_cp": ("attnlrp", {"variant": "cp"})}
+
+
 def get_method(method: str | Method, **options) -> Method:
-    """A method by name (with ``options`` for its constructor, e.g. ``n_steps=64``), or the instance given."""
+    """A method by name (:data:`METHODS` or :data:`VARIANTS`; with ``options`` for its constructor, e.g.
+    ``n_steps=64``), or the instance given."""
     if isinstance(method, Method):
         if options:
             raise ValueError("options apply to a method given by name; configure an instance yourself")
         return method
-    if method not in METHODS:
-        raise MethodError(f"unknown explanation method {method!r}; choose one of {', '.join(METHODS)}")
-    return type(METHODS[method])(**options) if options else METHODS[method]
+    if method in METHODS:  # first: a method registered in a variant's place (replace=True) takes it
+        return type(METHODS[method])(**options) if options else METHODS[method]
+    if method in VARIANTS:
+        base, fixed = VARIANTS[method]
+        return type(METHODS[base])(**fixed, **options)
+    raise MethodError(f"unknown explanation method {method!r}; choose one of {', '.join([*METHODS, *VARIANTS])}")
 
 
 def why_unavailable(loaded: LoadedModel, method: str | Method, target: Target | None = None) -> str:

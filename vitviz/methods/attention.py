@@ -1,7 +1,7 @@
 """``attention``: the raw attention of the last block, head mean (the map most tools show first).
 
-Definition (``ALGORITHMS.md``, "Maps" and "The global map where there is no CLS
-token"): the last block's global map, ``A[L, :, q, P:]`` averaged over heads, where
+Definition (``docs/definitions.md#maps`` and ``docs/definitions.md#global-map``, where there is no CLS
+token): the last block's global map, ``A[L, :, q, P:]`` averaged over heads, where
 ``q`` is ``vitviz.analysis.blocks.global_query``: the CLS row where the last stage has
 a CLS token, the pooling head's probe row where the model pools with an attention
 head (SigLIP, AIMv2), else the pooled query (the mean of the grid tokens' rows: Swin,

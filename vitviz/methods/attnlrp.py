@@ -56,6 +56,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from vitviz.capture.forward import forward_output
 from vitviz.capture.targets import BoundTarget, Target
 from vitviz.methods.base import Inputs, Method, MethodError, pool_to_grid
 from vitviz.models.load import LoadedModel
@@ -282,8 +283,8 @@ def relevance(
     token = _CALL.set(call)
     try:
         x = pixels.detach().clone().requires_grad_(True)
-        with torch.enable_grad(), fam.running(loaded.model):
-            out = fam.forward(rules.model, fam.model_inputs(rules, x, hw))
+        with torch.enable_grad():
+            out = forward_output(loaded, x, hw, model=rules.model)
             if text is None:
                 scores = fam.logits(rules.model, out)
                 if scores is None:
@@ -313,6 +314,9 @@ class AttnLRP(Method):
         if variant not in _IMPLEMENTATION:
             raise ValueError(f"variant must be attnlrp or cp, got {variant!r}")
         self.variant = variant
+        if variant == "cp":  # a name of its own, so that both maps can sit side by side (``attnlrp_cp``)
+            self.name = "attnlrp_cp"
+            self.title = "AttnLRP, CP-LRP in attention (lxt's ViT recipe)"
 
     def unavailable(self, loaded: LoadedModel, target: Target | None = None) -> str:
         return unsupported(loaded) or super().unavailable(loaded, target)

@@ -8,7 +8,7 @@ resolves the class, and places the map on the first stage's grid (the patch grid
 a plain ViT), so that every method's map can be compared cell by cell and fed to the
 faithfulness curves (:mod:`vitviz.evaluate.faithfulness`).
 
-Grids over the input (``ALGORITHMS.md``, "Hierarchical models"): cell ``(r, c)`` of a
+Grids over the input (``docs/definitions.md#hierarchical-models``): cell ``(r, c)`` of a
 ``(gh, gw)`` grid covers rows ``[r H / gh, (r + 1) H / gh)`` and columns
 ``[c W / gw, (c + 1) W / gw)`` of the ``H x W`` model input. :func:`place_on_grid`
 moves a map between two such grids; :func:`pool_to_grid` sums pixels into cells.
@@ -23,7 +23,15 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitviz.capture.forward import BlockRecorder, capture, input_size_for, preprocess, run_forward, token_layout
+from vitviz.capture.forward import (
+    BlockRecorder,
+    capture,
+    forward_output,
+    input_size_for,
+    preprocess,
+    run_forward,
+    token_layout,
+)
 from vitviz.capture.targets import BoundTarget, Target, TargetError, resolve_target
 from vitviz.errors import VitvizError
 from vitviz.models.families.base import Call
@@ -129,10 +137,7 @@ class GeometryRecorder(BlockRecorder):
 
 def class_logits(loaded: LoadedModel, pixels: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
     """Class logits ``(B, C)`` of normalised pixels ``(B, 3, h, w)``; grad mode is the caller's, nothing recorded."""
-    fam = loaded.family
-    with fam.running(loaded.model):
-        out = fam.forward(loaded.model, fam.model_inputs(loaded, pixels, hw))
-    return fam.logits(loaded.model, out)
+    return loaded.family.logits(loaded.model, forward_output(loaded, pixels, hw))
 
 
 class Inputs:
@@ -147,6 +152,17 @@ class Inputs:
         self.input_size = input_size_for(loaded, size, image.size)
         self._capture: Capture | None = None
         self._grid: tuple[int, int] | None = None
+        self._run = None
+
+    @property
+    def run(self):
+        """The image's :class:`~vitviz.capture.run.Run` (cached: a view's Run is reused, else one forward with its
+        autograd graph within the memory budget): what gradient methods read instead of a forward of their own."""
+        if self._run is None:
+            from vitviz.capture.run import get_run
+
+            self._run = get_run(self.loaded, self.image, size=self.size)
+        return self._run
 
     @property
     def capture(self) -> Capture:

@@ -2,7 +2,7 @@
 
 Why not ``grad-cam`` (jacobgil/pytorch-grad-cam)? It imports torchvision and OpenCV
 at import time, and installing it with its dependencies replaces our torch by a
-6 GB CUDA build (``ALGORITHMS.md``); the method is a few lines on top of the
+6 GB CUDA build (``docs/definitions.md#explanation-methods``); the method is a few lines on top of the
 capture hooks, so it lives here.
 
 Definition. Activations ``A`` ``(N, C)``: the grid tokens *entering the last
@@ -26,11 +26,19 @@ for CLS models: the classifier reads only the CLS token after a per-token LayerN
 so the gradient with respect to the output's patch tokens is exactly zero there.
 The block input is found by the block's forward hook (``vitviz.models.hooks``) and
 its gradient by ``torch.autograd.grad``; no ``.grad`` is written on the shared model.
+
+**On the last CNN stage** (``GradCam(layer="cnn")``, ``explain(..., "gradcam", layer="cnn")``): for a
+hybrid ViT, whose tokens are cells of a ResNet's feature map, the same formula on that map, Grad-CAM's
+original setting: ``A`` ``(C, h', w')`` is the last ResNet stage's output (what the patch projection
+reads), ``w = mean_{y,x} dy_c / dA[:, y, x]`` ``(C,)``, ``map = ReLU(sum_c w_c A[c])`` ``(h', w')``. The
+family returns the map from the forward itself (``Family.forward_with_feature_map``: the model hands it
+back with its output), so no hook is added; other families refuse with their ``feature_map_note``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 import numpy as np
 import torch
@@ -42,7 +50,7 @@ from vitviz.methods.base import Inputs, Method
 from vitviz.models.families.base import Call
 from vitviz.models.load import LoadedModel
 
-__all__ = ["GradCam", "gradcam_map"]
+__all__ = ["GradCam", "gradcam_map", "cnn_gradcam_map"]
 
 _INPUT_KEYS = ("hidden_states", "hidden_state")
 
@@ -113,14 +121,64 @@ def gradcam_map(
     return cam.reshape(g.grid).float().cpu().numpy()
 
 
+def cnn_gradcam_map(
+    loaded: LoadedModel, pixels: torch.Tensor, hw: tuple[int, int], target: int | Callable[[object], torch.Tensor]
+) -> np.ndarray:
+    """Grad-CAM ``(h', w')`` float32 on the CNN feature map a hybrid ViT's tokens are cells of (the last ResNet
+    stage's output), for normalised ``pixels`` ``(1, 3, h, w)``; ``target`` as in :func:`gradcam_map`.
+
+    ``ReLU(sum_c w_c A[c])`` with ``w_c`` the mean over the map's cells of ``dy / dA[c]``. Raises
+    :class:`CaptureError` for a model without such a map (the family's ``feature_map_note``).
+    """
+    fam = loaded.family
+    note = fam.feature_map_note(loaded.config)
+    if note:
+        raise CaptureError(f"Grad-CAM on the last CNN stage is not defined for '{loaded.name}': {note}.")
+    pixels = pixels.detach().clone().requires_grad_(True)  # the graph reaches the map; parameters need no grad
+    inputs = fam.model_inputs(loaded, pixels, hw)
+    with torch.enable_grad(), fam.running(loaded.model):
+        out, fmap = fam.forward_with_feature_map(loaded.model, inputs)
+        y = fam.logits(loaded.model, out)[0, target] if isinstance(target, int) else target(out).reshape(-1)[0]
+        (grad,) = torch.autograd.grad(y, [fmap], allow_unused=True)
+    a = fmap[0].detach().double()  # (C, h', w')
+    d = torch.zeros_like(a) if grad is None else grad[0].double()
+    weights = d.mean(dim=(1, 2))  # (C,)
+    cam = torch.relu(torch.einsum("c,chw->hw", weights, a))
+    return cam.float().cpu().numpy()
+
+
 class GradCam(Method):
+    """Grad-CAM; ``layer``: ``"tokens"`` (the tokens entering the last attention block, every family) or ``"cnn"``
+    (the last CNN stage of a hybrid ViT)."""
+
     name = "gradcam"
     title = "Grad-CAM"
     definition = (
         "Grad-CAM on the tokens entering the last attention block: ReLU(sum_c mean_t(dy_c/dA[t,c]) A[t,c]), "
         "nearest cell on the first-stage grid"
     )
+    cnn_definition = (
+        "Grad-CAM on the last CNN stage's feature map (the map a hybrid ViT's tokens are cells of): "
+        "ReLU(sum_c mean_yx(dy_c/dA[c,y,x]) A[c]), placed on the token grid"
+    )
+
+    def __init__(self, layer: Literal["tokens", "cnn"] = "tokens") -> None:
+        if layer not in ("tokens", "cnn"):
+            raise ValueError(f"Grad-CAM's layer is 'tokens' or 'cnn', got {layer!r}")
+        self.layer = layer
+
+    def unavailable(self, loaded: LoadedModel, target=None) -> str:
+        if self.layer == "cnn":
+            note = loaded.family.feature_map_note(loaded.config)
+            if note:
+                return f"Grad-CAM on the last CNN stage is not defined for {loaded.family.name}: {note}."
+        return super().unavailable(loaded, target)
+
+    def describe(self, inputs: Inputs, seed: int) -> str:
+        return self.cnn_definition if self.layer == "cnn" else self.definition
 
     def compute(self, inputs: Inputs, target: BoundTarget | None, seed: int) -> np.ndarray:
         pixels, _ = preprocess(inputs.loaded, [inputs.image], inputs.input_size)
+        if self.layer == "cnn":
+            return cnn_gradcam_map(inputs.loaded, pixels, inputs.input_size, target)
         return gradcam_map(inputs.loaded, pixels, inputs.input_size, target)

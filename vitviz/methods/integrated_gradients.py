@@ -25,6 +25,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from vitviz.capture.forward import forward_output
 from vitviz.capture.targets import BoundTarget
 from vitviz.methods.base import Inputs, Method, class_logits, pool_to_grid
 from vitviz.models.load import LoadedModel
@@ -39,9 +40,7 @@ def mean_baseline(pixels: torch.Tensor) -> torch.Tensor:
 
 def _forward(loaded: LoadedModel, pixels: torch.Tensor, hw: tuple[int, int]):
     """The family's forward output of normalised pixels ``(B, 3, h, w)`` (grad mode is the caller's)."""
-    fam = loaded.family
-    with fam.running(loaded.model):
-        return fam.forward(loaded.model, fam.model_inputs(loaded, pixels, hw))
+    return forward_output(loaded, pixels, hw)
 
 
 def gauss_legendre(n_steps: int) -> tuple[list[float], list[float]]:

@@ -1,6 +1,6 @@
 """``random``: the floor every method must beat: i.i.d. uniform values on the first stage's grid.
 
-Definition (``ALGORITHMS.md``, "Faithfulness"): ``numpy.random.default_rng(seed).random((gh, gw))``,
+Definition (``docs/definitions.md#faithfulness``, the random baseline): ``numpy.random.default_rng(seed).random((gh, gw))``,
 values in [0, 1), float32; the same seed gives the same map. Class-agnostic.
 """
 

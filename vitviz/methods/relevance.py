@@ -1,6 +1,6 @@
 """``relevance``: class-specific relevance (Chefer, Gur & Wolf 2021, "Generic Attention-model Explainability").
 
-Definition (``ALGORITHMS.md``, "Class-specific relevance"): ``y_c`` the target (the class
+Definition (``docs/definitions.md#class-specific-relevance``): ``y_c`` the target (the class
 logit before softmax, a zero-shot label's score, or a difference of two), ``G_l = dy_c / dA_l`` from one backward pass, ``R = I``;
 ``R = R + mean_h(clamp(G_l * A_l, min=0)) @ R`` for l = 1..L (stage merges as in
 rollout); the map is the readout row of ``R`` over the first stage's grid tokens,
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vitviz.capture.gradients import explain_targets
+from vitviz.capture.gradients import explain_run, explain_targets
 from vitviz.capture.targets import BoundTarget
 from vitviz.methods.base import Inputs, Method
 
@@ -42,7 +42,12 @@ class Relevance(Method):
             return target(out).reshape(-1)[0]
 
         t = target.target
-        exp = explain_targets(
-            inputs.loaded, inputs.image, {t.index: (t.name(), y)}, size=inputs.size, start_block=self.from_block
-        )[t.index]
+        targets = {t.index: (t.name(), y)}
+        run = inputs.run  # the image's one forward, with its graph: one backward, no forward of its own
+        if run.has_graph:
+            exp = explain_run(run, targets, start_block=self.from_block)[t.index]
+        else:  # over the memory budget for a graph: a forward with gradients of its own
+            exp = explain_targets(inputs.loaded, inputs.image, targets, size=inputs.size, start_block=self.from_block)[
+                t.index
+            ]
         return exp.patch_map()  # (gh, gw) on the first stage's grid

@@ -1,6 +1,6 @@
 """``rollout``: attention rollout (Abnar & Zuidema 2020) of the readout row, on the first stage's grid.
 
-Definition (``ALGORITHMS.md``, "Attention rollout" and "Rollout through stages"):
+Definition (``docs/definitions.md#attention-rollout`` and ``docs/definitions.md#rollout-through-stages``):
 per block, heads fused by their mean, ``B = rownorm(0.5 F + 0.5 I)``, ``R = B_L ... B_1``
 with stage merges; the map is the readout row of ``R`` (CLS, the pooling probe, or
 the pooled query) over the first stage's grid tokens, renormalised so that the row

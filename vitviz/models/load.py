@@ -9,6 +9,7 @@ message that says how to fix it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import socket
@@ -24,12 +25,19 @@ from vitviz.errors import CaptureError, ModelLoadError
 from vitviz.models.bundled import bundled
 from vitviz.models.families import Family, family_for
 from vitviz.models.hooks import install
-from vitviz.models.points import install_points
 from vitviz.models.weights_index import INDEX, index_problem
 from vitviz.models.zeroshot import TextTower, text_tower, text_tower_note
 from vitviz.record import PositionInfo
 
-__all__ = ["LoadedModel", "DEMO_NAME", "load_model", "pick_device", "resolve_source", "parse_model_name"]
+__all__ = [
+    "LoadedModel",
+    "DEMO_NAME",
+    "load_model",
+    "model_class_for",
+    "pick_device",
+    "resolve_source",
+    "parse_model_name",
+]
 
 DEMO_NAME = "demo"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
@@ -61,6 +69,10 @@ class LoadedModel:
     patch_weights: np.ndarray | None = field(repr=False)  # (D, C, k, k) first convolution
     text: TextTower | None = field(default=None, repr=False)  # two-tower models: labels a user types
     text_note: str = ""  # a text tower without its tokenizer: why there are no zero-shot labels
+    # (crop side, shortest edge) where the folder asks for its original's centre crop (``vitviz.json``:
+    # ``"center_crop": true``, as vitviz's converters write): the short side is resized to ``shortest edge`` and
+    # the centre ``crop side`` square kept (scaled alike at other input sizes). None: the whole image, resized.
+    center_crop: tuple[int, int] | None = None
 
     @property
     def config(self):
@@ -141,11 +153,18 @@ def parse_model_name(name: str) -> str:
         raise ModelLoadError("No model given: type a Hugging Face model id (owner/name), a local folder, or 'demo'.")
     if text in bundled() or _is_dir(text):
         return text
+    names = ", ".join(bundled())
+    near = [n for n in bundled() if n.lower() == text.lower()]
+    if near:  # "Demo" would otherwise be looked up on the hub, with no word of the bundled names
+        raise ModelLoadError(
+            f"'{text[:120]}' is not a model vitviz knows: did you mean '{near[0]}'? The bundled "
+            f"models are {names} (names are lower case)."
+        )
     if _HUB_ID.match(text) and ".." not in text:
         return text
     raise ModelLoadError(
         f"'{text[:120]}' is neither an existing local folder nor a Hugging Face model id like "
-        "'google/vit-base-patch16-224'. Check the spelling, or use the bundled 'demo' model."
+        f"'google/vit-base-patch16-224'. Check the spelling, or use a bundled model: {names}."
     )
 
 
@@ -257,16 +276,29 @@ def _refuse_remote_code(name: str, files: list[Path]) -> None:
 
 @contextlib.contextmanager
 def _quiet_transformers():
-    """transformers' own load report (coloured, many lines) off while loading: vitviz says what matters itself
-    (:func:`_refuse_incomplete`). Process-wide; two loads at once may leave it at errors only."""
+    """transformers' own load report (coloured, many lines) and its "Loading weights" bar off while loading:
+    vitviz says what matters itself (:func:`_refuse_incomplete`), and the bar is noise on every command and, in
+    a notebook, a TqdmWarning (the weights of a ViT load in a second or two). The hub's download bars stay as they
+    were: a download is the long part of a load. Process-wide; two loads at once may leave it at errors only and
+    the bar off."""
+    from huggingface_hub import utils as hub_utils
     from transformers.utils import logging as hf_logging
 
     before = hf_logging.get_verbosity()
+    bar = hf_logging.is_progress_bar_enabled()
+    downloads = not hub_utils.are_progress_bars_disabled()
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # transformers' bar, and the hub's with it:
+    if downloads:
+        hub_utils.enable_progress_bars()  # the download bars come back
     try:
         yield
     finally:
         hf_logging.set_verbosity(before)
+        if bar:
+            hf_logging.enable_progress_bar()  # the hub's too:
+            if not downloads:
+                hub_utils.disable_progress_bars()  # as they were
 
 
 _SHOWN = 3  # keys named in a message
@@ -315,6 +347,76 @@ def _refuse_non_finite(name: str, model: torch.nn.Module) -> None:
         )
 
 
+def _weight_files(source: str, local: bool, hub_kwargs: dict) -> list[Path] | None:
+    """The safetensors files ``from_pretrained`` reads for ``source`` (a folder's own, or a hub id's from the cache,
+    fetched here when missing: the load reads the same files next); None where there are none (pickle weights)."""
+    if local:
+        folder = Path(source)
+        if (folder / "model.safetensors").is_file():
+            return [folder / "model.safetensors"]
+        if (folder / INDEX).is_file():  # its entries were checked by _check_local_weights: this folder's own files
+            import json
+
+            try:
+                shards = json.loads((folder / INDEX).read_text(encoding="utf-8"))["weight_map"].values()
+            except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+                return None
+            return [folder / name for name in sorted(set(shards))]
+        return None
+    from transformers.utils import cached_file
+
+    def fetch(name: str) -> str | None:
+        try:
+            return cached_file(
+                source,
+                name,
+                _raise_exceptions_for_missing_entries=False,
+                _raise_exceptions_for_connection_errors=False,
+                **hub_kwargs,
+            )
+        except OSError:
+            return None
+
+    single = fetch("model.safetensors")
+    if single:
+        return [Path(single)]
+    index = fetch(INDEX)
+    if not index:
+        return None
+    import json
+
+    try:
+        shards = sorted(set(json.loads(Path(index).read_text(encoding="utf-8"))["weight_map"].values()))
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if index_problem(Path(index).read_text(encoding="utf-8"), set(shards)) is not None:
+        return None  # from_pretrained reports it
+    paths = [fetch(name) for name in shards]
+    return None if not all(paths) else [Path(p) for p in paths]
+
+
+def _refuse_oversized(name: str, config, files: list[Path] | None, dtype: torch.dtype, max_bytes: int | None) -> None:
+    """Refuse a config whose model would not fit ``max_bytes``, or would hold more than its weights, before it is
+    built (:mod:`vitviz.models.estimate`: the model on the meta device, the weights from their headers)."""
+    from vitviz.models.estimate import checkpoint_elements, footprint, footprint_problem
+
+    try:
+        need = footprint(_auto_class(config), config, dtype)
+    except Exception as exc:  # a config the model class cannot be built from
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise ModelLoadError(f"'{name}' has a configuration no model can be built from: {why}") from None
+    try:
+        held = checkpoint_elements(files) if files else None
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"'{name}' has damaged weights ({exc}); use another copy of the checkpoint.") from None
+    problem = footprint_problem(need, held, max_bytes=max_bytes)
+    if problem:
+        raise ModelLoadError(
+            f"'{name}' is refused before loading: its config.json {problem}. Use a checkpoint whose config.json "
+            "matches its weights."
+        )
+
+
 def _auto_class(config):
     """The class the checkpoint declares (``architectures``) when it is a transformers class for this config.
 
@@ -333,6 +435,9 @@ def _auto_class(config):
     if any("ForImageClassification" in a for a in archs):
         return AutoModelForImageClassification
     return AutoModel
+
+
+model_class_for = _auto_class  # the class load_model builds for a config (public name, for size estimates)
 
 
 def _class_names(config) -> dict[int, str]:
@@ -354,6 +459,7 @@ class _Preprocessing:
     rescale: float = 1 / 255
     resample: int = 2  # bilinear
     channel_order: tuple[int, int, int] = (0, 1, 2)
+    center_crop: tuple[int, int] | None = None  # (crop side, shortest edge): see LoadedModel
 
 
 def _processor_settings(source: str, config, hub_kwargs: dict) -> _Preprocessing:
@@ -390,6 +496,7 @@ def _processor_settings(source: str, config, hub_kwargs: dict) -> _Preprocessing
     rescale = float(getattr(proc, "rescale_factor", default.rescale) or default.rescale)
     res = getattr(proc, "resample", default.resample)
     return _Preprocessing(
+        center_crop=_center_crop(source, proc, crop),
         size=crop or _hw(getattr(proc, "size", None)) or default.size,
         mean=mean,
         std=std,
@@ -399,6 +506,29 @@ def _processor_settings(source: str, config, hub_kwargs: dict) -> _Preprocessing
     )
 
 
+def _center_crop(source: str, proc, crop: tuple[int, int] | None) -> tuple[int, int] | None:
+    """(crop side, shortest edge) when the folder's ``vitviz.json`` asks for its processor's centre crop, else None.
+
+    vitviz shows the whole image unless a folder asks (its maps then cover the crop only): a converted checkpoint
+    scores like its original only with the original's crop. The processor must resize the shortest edge and crop
+    a square (CLIP's and timm's evaluation); anything else is refused rather than approximated.
+    """
+    path = Path(source) / "vitviz.json"
+    try:
+        wanted = path.is_file() and json.loads(path.read_text(encoding="utf-8")).get("center_crop") is True
+    except (OSError, ValueError, AttributeError):
+        wanted = False
+    if not wanted:
+        return None
+    size = dict(getattr(proc, "size", None) or {})
+    if crop is None or crop[0] != crop[1] or "shortest_edge" not in size or int(size["shortest_edge"]) < crop[0]:
+        raise ModelLoadError(
+            f"'{source}' asks for a centre crop (vitviz.json), but its preprocessor_config.json does not resize the "
+            "shortest edge and crop a square of at most that side (do_center_crop, size.shortest_edge, crop_size)."
+        )
+    return int(crop[0]), int(size["shortest_edge"])
+
+
 def load_model(
     name: str,
     *,
@@ -406,6 +536,7 @@ def load_model(
     dtype: str = "float32",
     allow_pickle: bool = False,
     probe_timeout: float = 1.5,
+    max_bytes: int | None = None,
 ) -> LoadedModel:
     """Load ``name`` (``demo``, a local folder or a hub id) for capture.
 
@@ -414,6 +545,8 @@ def load_model(
         dtype: ``float32`` (default), or ``float16`` / ``bfloat16`` on a GPU.
         allow_pickle: accept checkpoints that only have pickle weights.
         probe_timeout: seconds to wait for the hub before failing an uncached id.
+        max_bytes: the memory the model's parameters and buffers may take (None: no limit), checked from the
+            config before anything is built; so is a config promising more parameters than its weights hold.
 
     Raises:
         ModelLoadError: missing, unreachable, unsafe or broken checkpoints.
@@ -446,7 +579,7 @@ def load_model(
                 raise ModelLoadError(
                     f"'{source}' is not in the local Hugging Face cache and the hub cannot be reached. "
                     f"Fix: download it where there is a network (hf download {source}) and copy the cache, "
-                    "give the path of a local folder written by save_pretrained, or use the bundled 'demo' model."
+                    f"give the path of a local folder written by save_pretrained, or use a bundled model: {', '.join(bundled())}."
                 ) from None
     try:
         _refuse_remote_code(name, _config_files(source, local, hub_kwargs))
@@ -455,6 +588,8 @@ def load_model(
         why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         raise ModelLoadError(f"Could not read the configuration of '{name}': {why}") from None
     family = family_for(config)  # raises UnsupportedModelError before any weights load
+    files = _weight_files(source, local, hub_kwargs) if use_safetensors else None
+    _refuse_oversized(name, config, files, _DTYPES[dtype], max_bytes)  # shapes only: nothing of that size is built
 
     try:
         with warnings.catch_warnings(), _quiet_transformers():
@@ -481,8 +616,8 @@ def load_model(
     try:
         position = family.position_info(model)
         weights = family.patch_weight(model)
-        install(model, family.sites(model))  # once per loaded model; they record only inside a capture call
-    except (ValueError, RuntimeError, AttributeError) as exc:
+        install(model, family)  # once per loaded model: attention sites and named points, idle outside a call
+    except (ValueError, RuntimeError, AttributeError, CaptureError) as exc:
         raise ModelLoadError(f"'{name}' does not have the layout of a {family.name} model: {exc}") from None
     if weights is not None:
         weights.setflags(write=False)
@@ -503,14 +638,11 @@ def load_model(
         rescale_factor=prep.rescale,
         resample=prep.resample,
         channel_order=prep.channel_order,
+        center_crop=prep.center_crop,
         id2label=labels,
         position=position,
         patch_weights=weights,
         text=text,
         text_note=text_note,
     )
-    try:  # here, not lazily: never while others run the model
-        install_points(loaded)  # the named hook points (vitviz.models.points): idle outside a call
-    except (ValueError, RuntimeError, CaptureError) as exc:
-        raise ModelLoadError(f"'{name}' does not have the layout of a {family.name} model: {exc}") from None
     return loaded

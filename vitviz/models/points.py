@@ -1,73 +1,110 @@
-"""Named hook points: one registry per model, each point able to record or edit, active only inside a call.
+"""Named hook points and the edits made at them: data and arithmetic only (the hooks are :mod:`vitviz.models.hooks`).
 
 The names are the same in every family that has the part (TransformerLens' idea, on
-the user's own ``transformers`` model; the family adapter says where each part is):
+the user's own ``transformers`` model; the family adapter's block layout says where each
+part is, ``vitviz.models.families.base.BlockLayout``). A point records the value the rest
+of the forward used (after the point's edits):
 
-* ``embed.out``: the residual stream entering the first block (the embeddings as
-  the first block receives them); the same tensor as ``blocks.0.in``;
-* ``blocks.{i}.in``: block i's input (its residual stream), ``(B, T, D)`` for a
-  one-grid ViT, prefix tokens first;
-* ``blocks.{i}.attn.pattern``: the attention probabilities the block computed, in
-  the family's raw layout (``(B, H, Tq, Tk)`` for global attention); record only
-  (the forward has used them by the time a hook sees them);
-* ``blocks.{i}.attn.z``: the input of the attention's output projection,
-  ``(B, T, H * d)``: head h is columns ``h*d .. (h+1)*d - 1``. It includes the value
-  bias (``z_h = A_h (X W_V,h + b_V,h)``), so zeroing it removes head h's value bias
-  with the head; the projection's own bias ``b_O`` stays;
-* ``blocks.{i}.mlp.out``: the MLP's update before any layer scale (where the
-  adapter declares the MLP module);
-* ``blocks.{i}.out``: block i's output (the residual stream after it).
+==============================  =====================================  ======================================
+vitviz point                    TransformerLens                        value
+==============================  =====================================  ======================================
+``embed.out``                   ``hook_embed`` + ``hook_pos_embed``    the residual stream entering block 0
+``blocks.{i}.in``               ``blocks.{i}.hook_resid_pre``          block i's input ``(B, T, D)``
+``blocks.{i}.attn.q``           ``blocks.{i}.attn.hook_q``             the query projection's output
+``blocks.{i}.attn.k``           ``blocks.{i}.attn.hook_k``             the key projection's output
+``blocks.{i}.attn.v``           ``blocks.{i}.attn.hook_v``             the value projection's output
+``blocks.{i}.attn.pattern``     ``blocks.{i}.attn.hook_pattern``       the probabilities (family's raw layout)
+``blocks.{i}.attn.z``           ``blocks.{i}.attn.hook_z``             the output projection's input
+``blocks.{i}.attn.out``         ``blocks.{i}.hook_attn_out``           the output projection's output
+``blocks.{i}.resid_mid``        ``blocks.{i}.hook_resid_mid``          input + the attention update
+``blocks.{i}.mlp.out``          ``blocks.{i}.hook_mlp_out``            the MLP's update
+``blocks.{i}.out``              ``blocks.{i}.hook_resid_post``         block i's output
+==============================  =====================================  ======================================
+
+Shapes and conventions. ``q``, ``k``, ``v`` and ``z`` are ``(B, T, H * d)`` with head h in
+columns ``h*d .. (h+1)*d - 1`` (TransformerLens splits the heads into an axis of their own:
+``(B, T, H, d)``); where a family computes them in one fused Linear (``qkv``), the point is
+that Linear's slice. ``q`` and ``k`` are taken before any rotary embedding (DINOv3 rotates
+them afterwards, as TransformerLens' ``hook_q`` precedes ``hook_rot_q``). ``attn.pattern``
+is ``(B, H, Tq, Tk)`` for global attention (windows, unfolded patches: the family's raw
+layout, ``B`` times the windows along axis 0). ``z`` includes the value bias (``z_h =
+A_h (X W_V,h + b_V,h)``), so zeroing it removes head h's value bias with the head; the
+projection's own bias ``b_O`` stays. ``attn.out`` and ``mlp.out`` are the branches'
+updates before any layer scale (where a family has layer scales, the residual receives
+them scaled); TransformerLens models have none. ``resid_mid`` is block i's input plus
+its attention update as the residual stream receives it (layer scale included), the
+input of the MLP's norm; it exists where the family's block adds the attention branch
+to its input in token layout (the one-grid ViTs), and an edit of it changes the
+attention update by the edit's difference (exact up to float rounding).
 
 Hierarchical families prefix the stage and count blocks within it:
 ``stages.{s}.blocks.{j}.out``. :func:`block_name` maps a site index to its prefix.
 
 An edit is data, :class:`Edit` ``(point, op, value, heads, tokens, rows)``:
-``replace`` (by ``value``), ``zero``, ``mean`` (the mean over this image's positions
-of the value arriving at the point, per head column) or ``patch`` (the value another
-run had at the same point: ``value`` is that run, or its tensor). ``heads`` selects
-head column blocks (``attn.z`` only), ``tokens`` indices along the token axis
-(axis 1), ``rows`` which copies of a batched call (a call of ``batch`` copies splits
-axis 0 into ``batch`` equal parts); None selects everything.
 
-Mechanics, as ``vitviz.models.hooks``: the hooks are installed once per model
-(:func:`install_points`, at load) and do nothing unless the *current context* has
-set a call state (:func:`active`, a ``ContextVar``). Threads sharing one cached
-model never see each other's edits or records; nothing is registered or removed
-while other threads run the model; a failing forward leaves nothing behind (the
-state belongs to the failed call and is reset in ``finally``). Values are recorded
-after the point's edits (what the rest of the forward used), detached unless the
-call keeps the graph (``grad=True``).
+* ``replace``: by ``value`` (broadcast to the selection);
+* ``zero``;
+* ``mean``: the mean over this image's positions of the value arriving at the point
+  (per column; per head and key for a pattern: every query row becomes the head's mean
+  row, so rows still sum to 1);
+* ``patch``: the value another run had at the same point (``value`` is that run, or its
+  tensor);
+* ``add``: plus ``value`` (a steering vector ``(C,)``, or any tensor that broadcasts);
+* ``scale``: times ``value`` (a number or a tensor that broadcasts);
+* ``fn``: ``value(x)``, a function of the arriving tensor ``x`` (the point's whole value,
+  ``(B, ...)``) returning a tensor of the same shape; the selection then picks where its
+  result is used.
+
+``heads`` selects heads (column blocks of ``q``, ``k``, ``v``, ``z``; axis 1 of a global
+``pattern``), ``tokens`` indices along the token axis (axis 1; the query axis of a
+pattern), ``rows`` which copies of a batched call (a call of ``batch`` copies splits axis
+0 into ``batch`` equal parts); None selects everything. Several edits at one point apply
+in the order given.
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 
 from vitviz.errors import CaptureError
-from vitviz.models.hooks import Site, installed_sites
 
 __all__ = [
     "Edit",
     "EditOp",
+    "EDIT_OPS",
+    "FUNCTION",
     "Point",
     "Points",
     "PointState",
-    "install_points",
-    "installed_points",
+    "PointKind",
     "block_name",
-    "active",
+    "TRANSFORMER_LENS_NAMES",
 ]
 
-EditOp = Literal["replace", "zero", "mean", "patch"]
-_OPS = ("replace", "zero", "mean", "patch")
+FUNCTION = "function"  # a layout's pattern: the family's attention runs through vitviz's attention function
+
+EditOp = Literal["replace", "zero", "mean", "patch", "add", "scale", "fn"]
+EDIT_OPS: tuple[str, ...] = ("replace", "zero", "mean", "patch", "add", "scale", "fn")
+PointKind = Literal["in", "q", "k", "v", "pattern", "z", "attn_out", "mid", "mlp", "out"]
+
+# vitviz's block part -> TransformerLens' name of its counterpart (the table in the module docstring)
+TRANSFORMER_LENS_NAMES = {
+    "in": "hook_resid_pre",
+    "attn.q": "attn.hook_q",
+    "attn.k": "attn.hook_k",
+    "attn.v": "attn.hook_v",
+    "attn.pattern": "attn.hook_pattern",
+    "attn.z": "attn.hook_z",
+    "attn.out": "hook_attn_out",
+    "resid_mid": "hook_resid_mid",
+    "mlp.out": "hook_mlp_out",
+    "out": "hook_resid_post",
+}
+_HEADED = ("q", "k", "v", "z", "pattern")  # kinds whose edits may select heads
 
 
 @dataclass(frozen=True)
@@ -82,10 +119,12 @@ class Edit:
     rows: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.op not in _OPS:
-            raise ValueError(f"an edit's op is one of {', '.join(_OPS)}, got {self.op!r}")
-        if self.op in ("replace", "patch") and self.value is None:
+        if self.op not in EDIT_OPS:
+            raise ValueError(f"an edit's op is one of {', '.join(EDIT_OPS)}, got {self.op!r}")
+        if self.op in ("replace", "patch", "add", "scale", "fn") and self.value is None:
             raise ValueError(f"a {self.op!r} edit of {self.point} needs a value")
+        if self.op == "fn" and not callable(self.value):
+            raise ValueError(f"an 'fn' edit of {self.point} takes a function of the tensor, got {self.value!r}")
         for name in ("heads", "tokens", "rows"):
             sel = getattr(self, name)
             if sel is not None:
@@ -94,17 +133,25 @@ class Edit:
 
 @dataclass(frozen=True, eq=False)
 class Point:
-    """A named place in the forward: the input (``side="input"``) or output of ``module``."""
+    """A named place in the forward: the input (``side="input"``) or output of ``module``.
+
+    ``columns`` ``(part, parts)``: the point is part ``part`` of ``parts`` equal slices of the
+    module's last axis (a fused ``qkv`` Linear); None: the whole value. ``editable``: False
+    where a hook sees the value only after the forward has used it (``why`` says so).
+    """
 
     name: str
     module: torch.nn.Module
     side: Literal["input", "output"]
     site: int | None  # the attention site (block) it belongs to; None for ``embed.out``
-    kind: str  # "in", "pattern", "z", "mlp", "out"
+    kind: PointKind
+    columns: tuple[int, int] | None = None
+    editable: bool = True
+    why: str = ""  # why it is record-only ("" when editable)
 
     @property
-    def editable(self) -> bool:
-        return self.kind != "pattern"
+    def headed(self) -> bool:
+        return self.kind in _HEADED
 
 
 @dataclass(frozen=True, eq=False)
@@ -121,8 +168,13 @@ class Points:
         return tuple(self.by_name)
 
 
+def block_name(points: Points, site: int, part: str) -> str:
+    """The name of ``part`` (``in``, ``attn.z``, ...) of the block at attention site ``site``."""
+    return f"{points.prefixes[site]}.{part}"
+
+
 class PointState:
-    """One call's records and edits (private to the call's context)."""
+    """One call's records and edits (private to the call's context; see :func:`vitviz.models.hooks.active`)."""
 
     def __init__(
         self,
@@ -132,7 +184,7 @@ class PointState:
         batch: int,
         num_heads: Mapping[str, int] | None,
         grad: bool,
-        probs=None,
+        probs: Callable | None = None,
     ) -> None:
         self.points = points
         self.record_all = record is None
@@ -144,18 +196,24 @@ class PointState:
             if name not in points:
                 raise ValueError(_unknown(points, name))
         for name in self.edits:
-            if not points.by_name[name].editable:
-                raise ValueError(f"{name} can be recorded, not edited (the forward has used it when a hook sees it)")
+            p = points.by_name[name]
+            if not p.editable:
+                raise ValueError(f"{name} can be recorded, not edited: {p.why}")
         if batch < 1:
             raise ValueError(f"batch must be at least 1, got {batch}")
         self.batch = batch
         self.num_heads = dict(num_heads or {})
         self.grad = grad
-        self.probs = probs  # site, module, args, kwargs, output -> the probabilities (attn.pattern)
+        self.probs = probs  # site, module, args, kwargs, output -> the probabilities (record-only patterns)
         self.values: dict[str, torch.Tensor] = {}
+        self.inputs: dict[int, torch.Tensor] = {}  # block input per site, for ``resid_mid`` (this call only)
 
     def wants(self, name: str) -> bool:
         return self.record_all or name in self.record
+
+    def touches(self, names: tuple[str, ...]) -> bool:
+        """Whether this call records or edits any of ``names``."""
+        return any(n in self.edits or self.wants(n) for n in names)
 
     def visit(self, names: tuple[str, ...], x: torch.Tensor) -> torch.Tensor | None:
         """Apply the edits of ``names`` (aliases of one place) to ``x``, record it; the new tensor or None."""
@@ -163,7 +221,8 @@ class PointState:
         for name in names:
             edits = self.edits.get(name)
             if edits:
-                out = _apply(x if out is None else out, edits, self.batch, self._heads(name, edits), name)
+                point = self.points.by_name[name]
+                out = apply_edits(x if out is None else out, edits, self.batch, self._heads(point, edits), point)
         y = x if out is None else out
         kept = y if self.grad else y.detach()
         for name in names:
@@ -171,14 +230,20 @@ class PointState:
                 self.values[name] = kept
         return out
 
-    def _heads(self, name: str, edits: list[Edit]) -> int | None:
+    def _heads(self, point: Point, edits: list[Edit]) -> int | None:
         if not any(e.heads is not None for e in edits):
             return None
-        if self.points.by_name[name].kind != "z":
-            raise ValueError(f"heads can be selected at an attn.z point only, not at {name}")
-        h = self.num_heads.get(name)
+        if not point.headed:
+            raise ValueError(
+                f"heads can be selected at an attn.q, attn.k, attn.v, attn.z or attn.pattern point, not at {point.name}"
+            )
+        if point.kind == "pattern":
+            return None  # the head axis is the tensor's own
+        h = self.num_heads.get(point.name)
         if h is None:
-            raise ValueError(f"selecting heads at {name} needs its number of heads (pass num_heads, or use a Run)")
+            raise ValueError(
+                f"selecting heads at {point.name} needs its number of heads (pass num_heads, or use a Run)"
+            )
         return h
 
 
@@ -209,17 +274,61 @@ def _source(value: Any, name: str) -> torch.Tensor:
     return getter(name)
 
 
-def _apply(x: torch.Tensor, edits: list[Edit], k: int, heads: int | None, name: str) -> torch.Tensor:
-    """``x`` (k copies along axis 0) with ``edits`` applied in order; a new tensor (autograd flows through)."""
+def _fill(e: Edit, x: torch.Tensor, xv: torch.Tensor, out: torch.Tensor, k: int, point: Point) -> torch.Tensor:
+    """The new values ``e`` writes, broadcastable to ``xv`` ``(k, n, ...)`` (copies split off axis 0)."""
+    name = point.name
+    if e.op == "zero":
+        return torch.zeros((), dtype=x.dtype, device=x.device)
+    if e.op == "mean":  # per copy: the mean over this image's positions (per head and key for a pattern)
+        if point.kind == "pattern" and xv.dim() >= 5:
+            return out.mean(dim=(1, 3), keepdim=True)  # (k, 1, H, 1, Tk)
+        c = x.shape[-1]
+        return out.reshape(k, -1, c).mean(dim=1).reshape([k] + [1] * (xv.dim() - 2) + [c])
+    if e.op == "fn":
+        got = e.value(out.reshape(x.shape))
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(x.shape):
+            raise ValueError(
+                f"an 'fn' edit of {name} must return a tensor of shape {tuple(x.shape)}, got "
+                f"{tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__}"
+            )
+        return got.to(x.dtype).reshape(xv.shape)
+    v = _source(e.value, name) if e.op == "patch" else e.value
+    v = torch.as_tensor(v).to(device=x.device, dtype=x.dtype)
+    if e.op == "patch" and tuple(v.shape[-(xv.dim() - 1) :]) != tuple(xv.shape[1:]):
+        raise CaptureError(
+            f"cannot patch {name}: the source run has shape {tuple(v.shape)} there, this run "
+            f"{tuple(x.shape)} (different input sizes or grids)"
+        )
+    if e.op in ("replace", "patch"):
+        try:
+            return torch.broadcast_to(v, xv.shape[1:])[None]
+        except RuntimeError:
+            raise ValueError(
+                f"a replacement of shape {tuple(v.shape)} does not fit {name} (per copy {tuple(xv.shape[1:])})"
+            ) from None
+    try:
+        torch.broadcast_shapes(v.shape, xv.shape[1:])
+    except RuntimeError:
+        raise ValueError(f"an {e.op!r} value of shape {tuple(v.shape)} does not broadcast to {name}") from None
+    return out + v if e.op == "add" else out * v
+
+
+def apply_edits(x: torch.Tensor, edits: list[Edit], k: int, heads: int | None, point: Point) -> torch.Tensor:
+    """``x`` (k copies along axis 0) with ``edits`` applied in order; a new tensor (autograd flows through).
+
+    ``heads``: the number of column blocks of a headed point whose edits select heads (None otherwise).
+    """
+    name = point.name
     if x.shape[0] % k:
         raise CaptureError(f"{name}: {x.shape[0]} rows do not split into {k} copies")
     xv = x.reshape(k, x.shape[0] // k, *x.shape[1:])  # (k, n, T, ..., C)
     out = xv
     c = x.shape[-1]
+    pattern = point.kind == "pattern"
+    token_axis = 3 if pattern else 2  # a pattern (k, n, H, Tq, Tk): queries; else (k, n, T, ..., C)
     for e in edits:
-        shape = [1] * xv.dim()
-        mask = torch.ones(shape, dtype=torch.bool, device=x.device)
-        for axis, sel, what in ((0, e.rows, "rows"), (2, e.tokens, "tokens")):
+        mask = torch.ones([1] * xv.dim(), dtype=torch.bool, device=x.device)
+        for axis, sel, what in ((0, e.rows, "rows"), (token_axis, e.tokens, "tokens")):
             if sel is None:
                 continue
             if axis >= xv.dim() - 1:
@@ -227,199 +336,15 @@ def _apply(x: torch.Tensor, edits: list[Edit], k: int, heads: int | None, name: 
             m = _mask(xv.shape[axis], sel, what, x.device)
             mask = mask & m.reshape([-1 if a == axis else 1 for a in range(xv.dim())])
         if e.heads is not None:
-            if c % heads:
-                raise CaptureError(f"{name}: width {c} does not split into {heads} heads")
-            hm = _mask(heads, e.heads, "heads", x.device)
-            mask = mask & hm.repeat_interleave(c // heads).reshape([1] * (xv.dim() - 1) + [-1])
-        if e.op == "zero":
-            fill = torch.zeros((), dtype=x.dtype, device=x.device)
-        elif e.op == "mean":  # per copy: the mean over every position of this image at this point
-            fill = out.reshape(k, -1, c).mean(dim=1).reshape([k] + [1] * (xv.dim() - 2) + [c])
-        else:
-            v = e.value if e.op == "replace" else _source(e.value, name)
-            v = torch.as_tensor(v).to(device=x.device, dtype=x.dtype)
-            if e.op == "patch" and tuple(v.shape[-(xv.dim() - 1) :]) != tuple(xv.shape[1:]):
-                raise CaptureError(
-                    f"cannot patch {name}: the source run has shape {tuple(v.shape)} there, this run "
-                    f"{tuple(x.shape)} (different input sizes or grids)"
-                )
-            try:
-                fill = torch.broadcast_to(v, xv.shape[1:])[None]
-            except RuntimeError:
-                raise ValueError(
-                    f"a replacement of shape {tuple(v.shape)} does not fit {name} (per copy {tuple(xv.shape[1:])})"
-                ) from None
-        out = torch.where(mask, fill, out)
-    return out.reshape(x.shape)
-
-
-# --- installation ---------------------------------------------------------------------------------
-
-_ACTIVE: ContextVar[PointState | None] = ContextVar("vitviz_points", default=None)
-_INSTALL_LOCK = threading.Lock()
-_POINTS: weakref.WeakKeyDictionary[torch.nn.Module, Points] = weakref.WeakKeyDictionary()  # beside the model
-
-
-def _input_hook(names: tuple[str, ...]):
-    def hook(module, args, kwargs):
-        state = _ACTIVE.get()
-        if state is None:
-            return None
-        if args:
-            if not isinstance(args[0], torch.Tensor):
-                return None
-            out = state.visit(names, args[0])
-            return None if out is None else ((out, *args[1:]), kwargs)
-        x = kwargs.get("hidden_states")
-        if not isinstance(x, torch.Tensor):
-            return None
-        out = state.visit(names, x)
-        return None if out is None else (args, {**kwargs, "hidden_states": out})
-
-    return hook
-
-
-def _output_hook(names: tuple[str, ...]):
-    def hook(module, args, kwargs, output):
-        state = _ACTIVE.get()
-        if state is None:
-            return None
-        first = output[0] if isinstance(output, (tuple, list)) else output
-        if not isinstance(first, torch.Tensor):
-            return None
-        out = state.visit(names, first)
-        if out is None:
-            return None
-        return (out, *output[1:]) if isinstance(output, (tuple, list)) else out
-
-    return hook
-
-
-def _pattern_hook(name: str, site: Site):
-    def hook(module, args, kwargs, output):
-        state = _ACTIVE.get()
-        if state is None or state.probs is None or not state.wants(name):
-            return None
-        p = state.probs(site, module, args, kwargs, output)
-        if p is not None:
-            state.values[name] = p if state.grad else p.detach()
-        return None
-
-    return hook
-
-
-def _callable_module(site: Site, proj: torch.nn.Module | None) -> torch.nn.Module | None:
-    """``proj`` unless the forward never calls it as a module (``nn.MultiheadAttention`` reads ``out_proj.weight``)."""
-    if proj is None:
-        return None
-    for m in (site.attention, *site.block.modules()):
-        if isinstance(m, torch.nn.MultiheadAttention) and m.out_proj is proj:
-            return None
-    return proj
-
-
-def block_name(points: Points, site: int, part: str) -> str:
-    """The name of ``part`` (``in``, ``attn.z``, ...) of the block at attention site ``site``."""
-    return f"{points.prefixes[site]}.{part}"
-
-
-def _declare(family, model: torch.nn.Module, sites: list[Site]) -> tuple[list[Point], tuple[str, ...]]:
-    hierarchical = family.hierarchical
-    prefixes: list[str] = []
-    within: dict[int, int] = {}
-    points: list[Point] = []
-    for site in sites:
-        j = within.get(site.stage, 0)
-        within[site.stage] = j + 1
-        prefix = f"stages.{site.stage}.blocks.{j}" if hierarchical else f"blocks.{site.index}"
-        prefixes.append(prefix)
-        parts = family.block_parts(site)
-        if site.index == 0:
-            points.append(Point("embed.out", site.block, "input", None, "in"))
-        points.append(Point(f"{prefix}.in", site.block, "input", site.index, "in"))
-        points.append(Point(f"{prefix}.attn.pattern", site.attention, "output", site.index, "pattern"))
-        proj = _callable_module(site, parts.projection)
-        if proj is not None:
-            points.append(Point(f"{prefix}.attn.z", proj, "input", site.index, "z"))
-        if parts.mlp is not None:
-            points.append(Point(f"{prefix}.mlp.out", parts.mlp, "output", site.index, "mlp"))
-        points.append(Point(f"{prefix}.out", site.block, "output", site.index, "out"))
-    return points, tuple(prefixes)
-
-
-def install_points(loaded) -> Points:
-    """Register, once per model, the hooks of every named point the family declares; later calls return them.
-
-    Idle unless a call in the current context sets a state (:func:`active`). Call it at load time (before
-    other threads run the model); the attention sites (``vitviz.models.hooks``) must be installed first.
-    """
-    model = loaded.model
-    found = _POINTS.get(model)
-    if found is not None:
-        return found
-    with _INSTALL_LOCK:
-        found = _POINTS.get(model)
-        if found is not None:
-            return found
-        sites = installed_sites(model)
-        declared, prefixes = _declare(loaded.family, model, sites)
-        z_modules = [p.module for p in declared if p.kind == "z"]
-        if len({id(m) for m in z_modules}) != len(z_modules):
-            raise CaptureError(f"the {loaded.family.name} adapter names one output projection for two blocks")
-        places: dict[tuple[int, str, str], list[Point]] = {}
-        for p in declared:
-            key = (id(p.module), p.side, "pattern" if p.kind == "pattern" else "value")
-            places.setdefault(key, []).append(p)
-        for group in places.values():
-            p = group[0]
-            names = tuple(q.name for q in group)
-            if p.kind == "pattern":
-                p.module.register_forward_hook(_pattern_hook(p.name, sites[p.site]), with_kwargs=True)
-            elif p.side == "input":
-                p.module.register_forward_pre_hook(_input_hook(names), with_kwargs=True)
+            if pattern:
+                if xv.dim() < 5:
+                    raise ValueError(f"{name} has no head axis to select from (shape {tuple(x.shape)})")
+                hm = _mask(xv.shape[2], e.heads, "heads", x.device)
+                mask = mask & hm.reshape([1, 1, -1] + [1] * (xv.dim() - 3))
             else:
-                p.module.register_forward_hook(_output_hook(names), with_kwargs=True)
-        points = Points({p.name: p for p in declared}, prefixes)
-        _POINTS[model] = points
-        return points
-
-
-def installed_points(model: torch.nn.Module) -> Points:
-    points = _POINTS.get(model)
-    if points is None:
-        raise RuntimeError("vitviz's hook points are not installed on this model: load it with load_model()")
-    return points
-
-
-@contextmanager
-def active(
-    loaded,
-    *,
-    record: Iterable[str] | None = (),
-    edits: Iterable[Edit] = (),
-    batch: int = 1,
-    num_heads: Mapping[str, int] | None = None,
-    grad: bool = False,
-    call=None,
-) -> Iterator[PointState]:
-    """Make this context's forwards of ``loaded`` record ``record`` (None: every point) and apply ``edits``.
-
-    ``batch``: the forward runs ``batch`` copies along axis 0 (``Edit.rows`` picks among them).
-    ``num_heads``: heads per ``attn.z`` point (needed to select heads). ``grad``: keep recorded tensors in
-    the autograd graph. ``call`` (a ``families.base.Call``): lets ``attn.pattern`` points read the family's
-    probabilities. The state's ``values`` hold the records when the block exits.
-    """
-    points = install_points(loaded)
-    probs = None
-    if call is not None:
-        fam = loaded.family
-
-        def probs(site, module, args, kwargs, output):
-            return fam.probs(call, site, module, args, kwargs, output)
-
-    state = PointState(points, record, list(edits), batch, num_heads, grad, probs)
-    token = _ACTIVE.set(state)
-    try:
-        yield state
-    finally:
-        _ACTIVE.reset(token)
+                if c % heads:
+                    raise CaptureError(f"{name}: width {c} does not split into {heads} heads")
+                hm = _mask(heads, e.heads, "heads", x.device)
+                mask = mask & hm.repeat_interleave(c // heads).reshape([1] * (xv.dim() - 1) + [-1])
+        out = torch.where(mask, _fill(e, x, xv, out, k, point), out)
+    return out.reshape(x.shape)

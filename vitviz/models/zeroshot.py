@@ -49,6 +49,7 @@ __all__ = [
     "from_logits",
     "label_target",
     "LabelScores",
+    "label_scores",
     "as_classifier",
     "rank",
     "legend",
@@ -83,11 +84,14 @@ def parse_labels(text: str, template: str = DEFAULT_TEMPLATE) -> Labels:
     a label longer than ``MAX_LABEL_CHARS`` is cut, more than ``MAX_LABELS`` labels are cut
     to the first ones, and text beyond ``MAX_LABELS_TEXT`` characters is not read, each
     with a note saying so. Linear in the length of the text. ``{}`` in the template marks
-    where the label goes (``"{}"`` uses the labels as they are).
+    where the label goes (exactly one; ``"{}"`` uses the labels as they are).
     """
     template = (template or "").strip() or "{}"
-    if "{}" not in template:
-        raise ZeroShotError(f"The prompt template needs {{}} where the label goes, e.g. '{DEFAULT_TEMPLATE}'.")
+    if template.count("{}") != 1:  # a second {} stayed in every prompt as text, silently
+        raise ZeroShotError(
+            f"The prompt template needs {{}} exactly once, where the label goes (it has {template.count('{}')}), "
+            f"e.g. '{DEFAULT_TEMPLATE}'."
+        )
     if len(template) > MAX_TEMPLATE_CHARS:
         raise ZeroShotError(
             f"The prompt template is {len(template)} characters long; keep it under {MAX_TEMPLATE_CHARS}."
@@ -341,6 +345,18 @@ class Scores:
     rule: Literal["softmax", "sigmoid"]
 
 
+def label_scores(model: torch.nn.Module, image_embedding: torch.Tensor, text) -> torch.Tensor:
+    """A two-tower model's ``logits_per_image`` for K labels: ``logit_scale.exp() * cos(image, text_k)``, plus
+    ``logit_bias`` for SigLIP. ``(B, D)`` image embeddings x ``(K, D)`` label embeddings -> ``(B, K)``,
+    differentiable in the image embedding (float64 in, float64 out). The one place vitviz computes label scores."""
+    t = text if isinstance(text, torch.Tensor) else torch.as_tensor(np.asarray(text, np.float32))
+    img = image_embedding / image_embedding.norm(dim=-1, keepdim=True)
+    unit = (t / t.norm(dim=-1, keepdim=True)).to(img.device, img.dtype)
+    got = model.logit_scale.exp() * img @ unit.T
+    bias = getattr(model, "logit_bias", None)
+    return got + bias if isinstance(bias, torch.Tensor) else got
+
+
 def _scale_bias(model: torch.nn.Module) -> tuple[float, float]:
     scale = float(model.logit_scale.detach().float().exp())
     bias = float(model.logit_bias.detach().float()) if hasattr(model, "logit_bias") else 0.0
@@ -360,22 +376,19 @@ def from_logits(logits: np.ndarray, rule: Literal["softmax", "sigmoid"]) -> Scor
 
 def score(model: torch.nn.Module, tower: TextTower, image_embedding: np.ndarray, text: np.ndarray) -> Scores:
     """Scores of one image ``(D,)`` against K label embeddings ``(K, D)``, as the model's forward computes them."""
-    img = np.asarray(image_embedding, np.float64)
-    txt = np.asarray(text, np.float64)
-    cos = (txt / np.linalg.norm(txt, axis=1, keepdims=True)) @ (img / np.linalg.norm(img))
-    scale, bias = _scale_bias(model)
-    return from_logits(scale * cos + bias, tower.rule)
+    img = torch.as_tensor(np.asarray(image_embedding, np.float64))[None]
+    txt = torch.as_tensor(np.asarray(text, np.float64))
+    with torch.no_grad():
+        logits = label_scores(model, img, txt)[0].cpu().numpy()
+    return from_logits(logits, tower.rule)
 
 
 def label_target(family, model: torch.nn.Module, text_embedding: np.ndarray):
     """A relevance target: the forward's output -> this label's score (a logit before softmax or sigmoid)."""
-    scale, bias = _scale_bias(model)
-    t = torch.as_tensor(np.asarray(text_embedding, np.float32))
-    t = t / t.norm()
+    t = torch.as_tensor(np.asarray(text_embedding, np.float32)).reshape(1, -1)
 
     def target(out) -> torch.Tensor:
-        img = family.image_embedding(model, out)[0]
-        return scale * (img / img.norm()) @ t.to(img.device, img.dtype) + bias
+        return label_scores(model, family.image_embedding(model, out)[:1], t)[0, 0]
 
     return target
 
@@ -403,10 +416,7 @@ class LabelScores:
 
     def logits(self, model: torch.nn.Module, out) -> torch.Tensor | None:
         img = self._family.image_embedding(model, out)
-        if img is None:
-            return None
-        img = img / img.norm(dim=-1, keepdim=True)
-        return self._scale * img @ self._text.to(img.device, img.dtype).T + self._bias
+        return None if img is None else label_scores(model, img, self._text)
 
 
 def as_classifier(loaded, labels: Labels, text: np.ndarray | None = None):

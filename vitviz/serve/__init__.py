@@ -16,7 +16,7 @@ Outside public mode nothing changes for a local user, and the command line never
 
 from __future__ import annotations
 
-from vitviz.serve.limits import RateLimit, RateLimitError, SessionLimits, hub_download_limit
+from vitviz.serve.limits import AddressLimits, RateLimit, RateLimitError, SessionLimits, hub_download_limit
 from vitviz.serve.models import ModelCache, ModelCacheStats, ModelTooLargeError, model_nbytes
 from vitviz.serve.policy import (
     Hub,
@@ -40,6 +40,7 @@ __all__ = [
     "ModelTooLargeError",
     "PolicyError",
     "QueueStats",
+    "AddressLimits",
     "RateLimit",
     "RateLimitError",
     "ServeSettings",

@@ -12,6 +12,11 @@ cached model.
 Defaults (:data:`DEFAULT_LIMITS`) sit well above every supported family's largest public
 checkpoint (ViT-Huge: 32 layers of width 1280; DINOv2-giant: 40 of 1536; ImageNet-21k:
 21,843 classes).
+
+The fields alone do not bound every family (a Swin's ``mlp_ratio`` of 20000 passed them):
+:func:`config_footprint` builds the model the config describes on PyTorch's ``meta`` device
+(shapes, no memory) and counts its parameters and buffers, whatever fields its family uses; the
+policy compares that with the server's model memory before any weight is downloaded.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ __all__ = [
     "REMOTE_CODE",
     "INDEX",
     "config_problem",
+    "config_footprint",
     "index_problem",
 ]
 
@@ -96,9 +102,14 @@ def _at_most(what: str, values: list[int], limit: int) -> None:
 
 def _check_tower(prefix: str, c: Mapping[str, Any], limits: ConfigLimits) -> int:
     """Check one tower; returns its rough parameter count (0 where the fields do not say)."""
+    for key, value in c.items():  # per-stage lists: a million stages of depth 0 would each be built
+        if isinstance(value, (list, tuple)) and len(value) > 4 * limits.layers:
+            raise _TooLarge(f"{prefix}{key}", f"{len(value):,} entries", f"at most {4 * limits.layers:,}")
     depth = _ints(c.get("depths")) or _ints(c.get("depth"))
     layers = _ints(c.get("num_hidden_layers"))
     _at_most(f"{prefix}num_hidden_layers", layers, limits.layers)
+    for key in ("num_layers", "n_layers", "num_blocks", "n_conv_layers"):  # other families' names (CCT's, ...)
+        _at_most(f"{prefix}{key}", _ints(c.get(key)), limits.layers)
     total_depth = sum(depth)
     if total_depth > limits.layers:
         raise _TooLarge(f"{prefix}depths", total_depth, f"at most {limits.layers:,} layers in all")
@@ -150,3 +161,28 @@ def config_problem(
             f"at most {memory_bytes / 2**30:.1f} GiB of model memory",
         )
     return None
+
+
+def config_footprint(config: Mapping[str, Any]):
+    """The parameters and buffers (:class:`vitviz.models.estimate.Footprint`, float32) of the model ``config``
+    describes, counted on the meta device: nothing of that size is allocated.
+
+    Call it after :func:`config_problem` passed (the fields bound how many modules are built).
+
+    Raises:
+        ValueError: no model can be built from it (an unknown ``model_type``, values its class refuses).
+    """
+    from transformers import AutoConfig
+
+    from vitviz.models.estimate import footprint
+    from vitviz.models.load import model_class_for
+    from vitviz.zoo import register
+
+    register()  # CCT, T2T-ViT, DAT: vitviz's own classes
+    fields = dict(config)
+    model_type = fields.pop("model_type", None)
+    try:
+        built = AutoConfig.for_model(model_type, **fields)
+        return footprint(model_class_for(built), built)
+    except Exception as exc:  # whatever the config's values make the classes raise
+        raise ValueError(str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__) from None

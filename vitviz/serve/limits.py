@@ -8,6 +8,14 @@ Per session (keep a :class:`SessionLimits` in the session's state):
 * model changes: ``model_changes_per_minute`` (public default 5); count a change only when
   the model name differs from the session's current one.
 
+Per client address as well (public mode, ``per_address``): a new session (a page reload) starts
+with fresh session limits, so the same numbers also count per address, in one process-wide
+:class:`AddressLimits` table, least recently used addresses forgotten past
+``address_table_size`` (10,000) so that many addresses never grow it.
+:meth:`SessionLimits.with_address` gives the limits a session uses: an event counts in both, and
+a refusal by either counts in neither. Visitors behind one proxy (or one NAT) share an address,
+so they share its limit.
+
 For the whole server, :func:`hub_download_limit` bounds how many typed hub ids are
 downloaded per hour (public default 20), so visitors cannot fill the server's disk.
 
@@ -21,7 +29,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,8 +38,10 @@ from vitviz.errors import VitvizError
 
 __all__ = [
     "RateLimit",
+    "RateLimits",
     "RateLimitError",
     "SessionLimits",
+    "AddressLimits",
     "hub_download_limit",
     "format_wait",
     "UPLOADS",
@@ -130,9 +140,44 @@ class RateLimit:
                 raise RateLimitError(self.message.format(limit=self.limit, wait=format_wait(wait)), wait)
             self._events.append(now)
 
+    def cancel(self) -> None:
+        """Take back one event counted (the latest): an event another limit refused counts in none."""
+        with self._lock:
+            if self._events:
+                self._events.pop()
+
     def reset(self) -> None:
         with self._lock:
             self._events.clear()
+
+
+class RateLimits:
+    """Several limits on the same events (a session's and its address's): :meth:`acquire` counts in all or in none.
+
+    Duck-types :class:`RateLimit` (``acquire``, ``retry_after``, ``remaining``); the message of a refusal is that of
+    the limit that refused.
+    """
+
+    def __init__(self, *limits: RateLimit) -> None:
+        self.limits = tuple(limits)
+
+    def acquire(self) -> None:
+        taken: list[RateLimit] = []
+        try:
+            for limit in self.limits:
+                limit.acquire()
+                taken.append(limit)
+        except RateLimitError:
+            for limit in taken:
+                limit.cancel()
+            raise
+
+    def retry_after(self) -> float:
+        return max((limit.retry_after() for limit in self.limits), default=0.0)
+
+    def remaining(self) -> int | None:
+        left = [r for r in (limit.remaining() for limit in self.limits) if r is not None]
+        return min(left) if left else None
 
 
 @dataclass
@@ -150,6 +195,43 @@ class SessionLimits:
             model_changes=RateLimit(settings.model_changes_per_minute, 60.0, message=MODEL_CHANGES, clock=clock),
             results_uploads=RateLimit(settings.uploads_per_minute, 60.0, message=RESULTS_UPLOADS, clock=clock),
         )
+
+    def with_address(self, address: SessionLimits) -> SessionLimits:
+        """These limits and ``address``'s together (:class:`RateLimits`): what a session of that address uses."""
+        results = [x for x in (self.results_uploads, address.results_uploads) if x is not None]
+        return SessionLimits(
+            uploads=RateLimits(self.uploads, address.uploads),
+            model_changes=RateLimits(self.model_changes, address.model_changes),
+            results_uploads=RateLimits(*results),
+        )
+
+
+class AddressLimits:
+    """The limits of each client address, for the whole process: at most ``settings.address_table_size`` addresses,
+    the least recently seen forgotten first (their counts with them). Thread-safe."""
+
+    def __init__(self, settings: Any, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings, self.clock = settings, clock
+        self.max_addresses = int(getattr(settings, "address_table_size", 10_000))
+        self._table: OrderedDict[str, SessionLimits] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def __contains__(self, address: str) -> bool:
+        return address in self._table
+
+    def get(self, address: str) -> SessionLimits:
+        """The limits of ``address`` (created on first sight)."""
+        with self._lock:
+            limits = self._table.get(address)
+            if limits is None:
+                limits = self._table[address] = SessionLimits.from_settings(self.settings, clock=self.clock)
+                while len(self._table) > self.max_addresses:
+                    self._table.popitem(last=False)
+            self._table.move_to_end(address)
+            return limits
 
 
 def hub_download_limit(settings: Any, *, clock: Callable[[], float] = time.monotonic) -> RateLimit:

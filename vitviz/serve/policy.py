@@ -260,7 +260,7 @@ def _vet_hub_id(repo: str, settings: ServeSettings, hub: Hub) -> ModelRequest:
         raise PolicyError(PICKLE_ONLY.format(name=repo), "pickle")
 
     revision = getattr(info, "sha", None)
-    model_type = _model_type(repo, revision, settings, hub, _size(top["config.json"]))
+    model_type, config = _model_type(repo, revision, settings, hub, _size(top["config.json"]))
     if hub_checks.INDEX in top:  # a sharded checkpoint: its index may name only the repository's own files
         _check_index(repo, revision, settings, hub, set(safe), _size(top[hub_checks.INDEX]))
     from vitviz.models.families import supported_model_types
@@ -268,6 +268,7 @@ def _vet_hub_id(repo: str, settings: ServeSettings, hub: Hub) -> ModelRequest:
     if model_type not in supported_model_types():
         types = ", ".join(supported_model_types())
         raise PolicyError(UNSUPPORTED.format(name=repo, model_type=model_type, types=types), "unsupported")
+    _check_footprint(repo, config, settings)
 
     weight_bytes = sum(_size(top[f]) or 0 for f in safe)
     params = getattr(getattr(info, "safetensors", None), "total", None)
@@ -277,8 +278,10 @@ def _vet_hub_id(repo: str, settings: ServeSettings, hub: Hub) -> ModelRequest:
     )
 
 
-def _model_type(repo: str, revision: str | None, settings: ServeSettings, hub: Hub, size: int | None) -> str:
-    """``model_type`` from ``config.json``, the only file downloaded before the checks pass."""
+def _model_type(
+    repo: str, revision: str | None, settings: ServeSettings, hub: Hub, size: int | None
+) -> tuple[str, dict]:
+    """``model_type`` and the parsed ``config.json``, the only file downloaded before the checks pass."""
     if size is not None and size > _MAX_CONFIG_BYTES:
         raise PolicyError(BAD_CONFIG.format(name=repo, detail="it is larger than 1 MB"), "bad_config")
     try:
@@ -296,7 +299,7 @@ def _model_type(repo: str, revision: str | None, settings: ServeSettings, hub: H
             raise PolicyError(BAD_CONFIG.format(name=repo, detail="it is larger than 1 MB"), "bad_config")
         with open(path, encoding="utf-8") as fh:
             config = json.load(fh)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         detail = "it is not valid JSON" if isinstance(exc, (ValueError, UnicodeDecodeError)) else "it cannot be read"
         raise PolicyError(BAD_CONFIG.format(name=repo, detail=detail), "bad_config") from exc
     model_type = config.get("model_type") if isinstance(config, dict) else None
@@ -312,7 +315,25 @@ def _model_type(repo: str, revision: str | None, settings: ServeSettings, hub: H
         what, value, limit = problem
         message = hub_checks.CONFIG_TOO_LARGE.format(name=repo, what=what, value=value, limit=limit)
         raise PolicyError(message, "config_too_large")
-    return model_type
+    return model_type, config
+
+
+def _check_footprint(repo: str, config: dict, settings: ServeSettings) -> None:
+    """The model the config describes, counted on the meta device (every family: a Swin's mlp_ratio is in no field
+    bound), against the server's model memory, before any weight is downloaded."""
+    try:
+        need = hub_checks.config_footprint(config)
+    except ValueError as exc:
+        detail = "it does not describe a model vitviz can build"
+        raise PolicyError(BAD_CONFIG.format(name=repo, detail=detail), "bad_config") from exc
+    if need.nbytes > settings.model_memory_bytes:
+        message = hub_checks.CONFIG_TOO_LARGE.format(
+            name=repo,
+            what="parameters and buffers (its model, counted before it is built)",
+            value=f"about {need.nbytes / 2**30:,.1f} GiB",
+            limit=f"at most {settings.model_memory_bytes / 2**30:,.1f} GiB of model memory",
+        )
+        raise PolicyError(message, "config_too_large")
 
 
 def _check_index(repo: str, revision: str | None, settings: ServeSettings, hub: Hub, files: set, size) -> None:
@@ -341,11 +362,13 @@ def load_request(
     hub: Hub | None = None,
     timeout: float = 10.0,
     on_progress: Callable[[str], None] | None = None,
+    max_bytes: int | None = None,
 ) -> Any:
     """Load what :func:`vet_model_request` allowed; pass it to :meth:`ModelCache.get` as the loader.
 
     An allowlisted name goes to ``load`` (default :func:`vitviz.models.load.load_model`) as
-    today. A vetted hub id downloads exactly ``request.files`` of ``request.revision`` into
+    today (``max_bytes``: the memory the model may take, checked from its config before it is built). A vetted hub id
+    downloads exactly ``request.files`` of ``request.revision`` into
     the Hugging Face cache, then loads that folder; the result keeps the requested name as
     ``name`` and ``source`` (the cache path is the server's business).
 
@@ -354,7 +377,12 @@ def load_request(
         ModelLoadError, UnsupportedModelError: from ``load``.
     """
     if load is None:
-        from vitviz.models.load import load_model as load
+        import functools
+
+        from vitviz.models.load import load_model
+
+        # a config asking for more than max_bytes is refused before its model is built (counted on the meta device)
+        load = functools.partial(load_model, max_bytes=max_bytes)
     if not request.hub:
         return load(request.name)
     hub = hub or Hub.default()

@@ -16,6 +16,8 @@ Where they come from, later sources winning:
        forward_slots = 1              # forward passes at once; 0 = no limit
        uploads_per_minute = 10        # per session; 0 = no limit
        model_changes_per_minute = 5   # per session; 0 = no limit
+       per_address = true             # count uploads and model changes per client address too
+       address_table_size = 10000     # client addresses remembered for that, least recently seen forgotten
        hub_downloads_per_hour = 20    # typed hub ids downloaded, whole server; 0 = no limit
        hub_timeout_s = 10.0           # each metadata / config.json call to the hub
        results_max_mb = 512           # a results file (Data set page), decoded; checked from its footer
@@ -31,7 +33,8 @@ Where they come from, later sources winning:
 3. environment variables: ``VITVIZ_PUBLIC``, ``VITVIZ_ALLOW`` (comma-separated; replaces the
    file's ``allow``, both extend the default allowlist), ``VITVIZ_ALLOW_HUB_IDS``,
    ``VITVIZ_MAX_DOWNLOAD_GB``, ``VITVIZ_MODEL_MEMORY_GIB``, ``VITVIZ_FORWARD_SLOTS``,
-   ``VITVIZ_UPLOADS_PER_MINUTE``, ``VITVIZ_MODEL_CHANGES_PER_MINUTE``,
+   ``VITVIZ_UPLOADS_PER_MINUTE``, ``VITVIZ_MODEL_CHANGES_PER_MINUTE``, ``VITVIZ_PER_ADDRESS``,
+   ``VITVIZ_ADDRESS_TABLE_SIZE``,
    ``VITVIZ_HUB_DOWNLOADS_PER_HOUR``, ``VITVIZ_HUB_TIMEOUT_S``, ``VITVIZ_RESULTS_MAX_MB``,
    ``VITVIZ_RESULTS_MAX_ROWS``, ``VITVIZ_RESULTS_CACHE_MB``, ``VITVIZ_IMAGE_MAX_MEGAPIXELS``,
    ``VITVIZ_IMAGE_MAX_SIDE``, ``VITVIZ_DECODE_BUDGET_MB``, ``VITVIZ_HUB_MAX_LAYERS``,
@@ -39,9 +42,11 @@ Where they come from, later sources winning:
 
 Only the Streamlit app reads these; the command line is never affected. A value that does
 not parse raises :class:`SettingsError` naming where it came from, so a typo in an operator's
-file stops the server at start instead of silently leaving it open. The message names the
-file by its name only (``vitviz.toml``); the full path is in ``SettingsError.detail`` for the
-server log, so a visitor never sees the server's folders.
+file fails closed instead of silently leaving the server open: ``vitviz app`` reads the
+settings before starting Streamlit and exits with code 2; under ``streamlit run app.py`` (no
+vitviz code runs before the first session) every page shows the error and serves nothing. The
+message names the file by its name only (``vitviz.toml``); the full path is in
+``SettingsError.detail`` for the server log, so a visitor never sees the server's folders.
 """
 
 from __future__ import annotations
@@ -90,6 +95,11 @@ PUBLIC_FORWARD_SLOTS_GPU = 2  # one pass leaves a GPU idle while Python prepares
 PUBLIC_UPLOADS_PER_MINUTE = 10
 PUBLIC_MODEL_CHANGES_PER_MINUTE = 5
 PUBLIC_HUB_DOWNLOADS_PER_HOUR = 20
+PUBLIC_MAX_TOKENS = 2048  # tokens of one image's input (DINOv2 at 518 px: 1,370; ViT-B/16 at 704 px: 1,937)
+# Forward-equivalents x tokens one patching request may cost (a ViT-B/16 at 224 px, T = 197: every exact grid, ~1,160
+# forward-equivalents; at T = 2,161 the bound stops after ~115 of them).
+PUBLIC_PATCHING_MAX_WORK = 250_000.0
+DEFAULT_ADDRESS_TABLE_SIZE = 10_000  # client addresses whose uploads and model changes are counted (LRU)
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -134,6 +144,8 @@ class ServeSettings:
     ``forward_slots``           1 on CPU, 2 with a CUDA GPU      0 (no queue)
     ``uploads_per_minute``      10 per session                   0 (no limit)
     ``model_changes_per_minute``  5 per session                  0 (no limit)
+    ``per_address``             ``True``: both also per address   ``False``
+    ``address_table_size``      10,000 addresses remembered      not used
     ``hub_downloads_per_hour``  20 for the whole server          0 (no limit)
     ``hub_timeout_s``           10 s                             not used
     ``results_max_mb``          512 MB per results file (decoded), both modes
@@ -145,6 +157,9 @@ class ServeSettings:
     ``hub_max_layers``          64 blocks in a hub config        public mode (hub ids)
     ``hub_max_width``           4,096 hidden size                public mode (hub ids)
     ``hub_max_image_size``      2,048 px image_size              public mode (hub ids)
+    ``max_tokens``              2,048 tokens per image           0 (no limit)
+    ``patching_max_work``       250,000 (forward-equivalents     0 (no limit)
+                                x tokens) per patching request
     ==========================  ===============================  ==================
 
     A value set explicitly (file or environment) applies in both modes, except the model
@@ -160,6 +175,8 @@ class ServeSettings:
     uploads_per_minute: int | None = None
     model_changes_per_minute: int | None = None
     hub_downloads_per_hour: int | None = None
+    per_address: bool | None = None
+    address_table_size: int = DEFAULT_ADDRESS_TABLE_SIZE
     hub_timeout_s: float = DEFAULT_HUB_TIMEOUT_S
     results_max_mb: float = DEFAULT_RESULTS_MAX_MB
     results_max_rows: int = DEFAULT_RESULTS_MAX_ROWS
@@ -170,6 +187,8 @@ class ServeSettings:
     hub_max_layers: int = 64
     hub_max_width: int = 4096
     hub_max_image_size: int = 2048
+    max_tokens: int | None = None
+    patching_max_work: float | None = None
     origin: str = field(default="defaults", compare=False)  # where the values came from, for logs
 
     def __post_init__(self) -> None:
@@ -183,14 +202,19 @@ class ServeSettings:
         fill("uploads_per_minute", PUBLIC_UPLOADS_PER_MINUTE, 0)
         fill("model_changes_per_minute", PUBLIC_MODEL_CHANGES_PER_MINUTE, 0)
         fill("hub_downloads_per_hour", PUBLIC_HUB_DOWNLOADS_PER_HOUR, 0)
+        fill("max_tokens", PUBLIC_MAX_TOKENS, 0)
+        fill("patching_max_work", PUBLIC_PATCHING_MAX_WORK, 0)
+        if self.per_address is None:  # public mode counts per client address too (a reload is a new session)
+            object.__setattr__(self, "per_address", self.public)
         object.__setattr__(self, "allow", tuple(dict.fromkeys(a.strip() for a in self.allow if a.strip())))
         positive = ("max_download_gb", "model_memory_gib", "hub_timeout_s", "results_max_mb", "results_max_rows")
         positive += ("results_cache_mb", "image_max_megapixels", "image_max_side", "decode_budget_mb")
-        positive += ("hub_max_layers", "hub_max_width", "hub_max_image_size")
+        positive += ("hub_max_layers", "hub_max_width", "hub_max_image_size", "address_table_size")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise SettingsError(f"{name} must be a positive number, not {getattr(self, name)!r}.")
-        for name in ("forward_slots", "uploads_per_minute", "model_changes_per_minute", "hub_downloads_per_hour"):
+        limits = ("forward_slots", "uploads_per_minute", "model_changes_per_minute", "hub_downloads_per_hour")
+        for name in (*limits, "max_tokens", "patching_max_work"):
             if getattr(self, name) < 0:
                 raise SettingsError(f"{name} must be 0 (no limit) or more, not {getattr(self, name)!r}.")
 
@@ -218,7 +242,8 @@ class ServeSettings:
         return (
             f"vitviz public mode: {len(self.allow)} extra allowed models, {hub}, model memory "
             f"{self.model_memory_gib:g} GiB, {slots} forward slots, {self.uploads_per_minute} uploads and "
-            f"{self.model_changes_per_minute} model changes per minute per session (settings from {self.origin})"
+            f"{self.model_changes_per_minute} model changes per minute per session"
+            f"{' and per client address' if self.per_address else ''} (settings from {self.origin})"
         )
 
 
@@ -242,6 +267,10 @@ _FILE_KEYS = {
     "hub_max_layers": "hub_max_layers",
     "hub_max_width": "hub_max_width",
     "hub_max_image_size": "hub_max_image_size",
+    "max_tokens": "max_tokens",
+    "patching_max_work": "patching_max_work",
+    "per_address": "per_address",
+    "address_table_size": "address_table_size",
 }
 _ENV_KEYS = {
     "VITVIZ_PUBLIC": "public",
@@ -263,6 +292,10 @@ _ENV_KEYS = {
     "VITVIZ_HUB_MAX_LAYERS": "hub_max_layers",
     "VITVIZ_HUB_MAX_WIDTH": "hub_max_width",
     "VITVIZ_HUB_MAX_IMAGE_SIZE": "hub_max_image_size",
+    "VITVIZ_MAX_TOKENS": "max_tokens",
+    "VITVIZ_PATCHING_MAX_WORK": "patching_max_work",
+    "VITVIZ_PER_ADDRESS": "per_address",
+    "VITVIZ_ADDRESS_TABLE_SIZE": "address_table_size",
 }
 _KINDS = {f.name: f.type for f in fields(ServeSettings)}
 
@@ -436,7 +469,8 @@ def server_log() -> logging.Logger:
 
 
 def log_settings(settings: ServeSettings) -> str:
-    """Log, once at start, which settings file was read and whether public mode is on; returns the line."""
+    """Log which settings file was read and whether public mode is on (``vitviz app``: before Streamlit starts;
+    the app: at the first session); returns the line."""
     line = settings.describe()
     server_log().info(line)
     return line

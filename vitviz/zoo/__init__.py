@@ -1,4 +1,4 @@
-"""Vision Transformers that ``transformers`` lacks, written from their papers: CCT, T2T-ViT, DAT.
+"""Vision Transformers that ``transformers`` lacks, written from their papers: CCT, T2T-ViT, DAT, the hybrid ViT.
 
 Each module holds one architecture as a ``transformers`` model (its own config class,
 ``model_type`` and ``PreTrainedModel`` subclasses) with the parameter names and shapes of
@@ -18,7 +18,7 @@ from types import ModuleType
 
 __all__ = ["ARCHS", "register", "modules"]
 
-ARCHS = ("cct", "t2t", "dat")
+ARCHS = ("cct", "t2t", "dat", "hybrid")
 
 
 def modules() -> list[ModuleType]:

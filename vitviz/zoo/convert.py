@@ -21,7 +21,7 @@ import re
 import shutil
 import tempfile
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,8 +72,11 @@ class Converter:
     ``PreTrainedModel`` to build; ``classifier_key``: the official key of the head's weight,
     whose first dimension gives the number of classes (None: no head);
     ``map_keys``: official state dict -> ours (renames only; identity when the names are kept);
-    ``image_size``, ``mean``, ``std``: the input the authors evaluated at (vitviz resizes the whole
-    image to it rather than centre-cropping, so that every patch of the view is on the image).
+    ``image_size``, ``mean``, ``std``: the input the authors evaluated at; ``shortest_edge``: the short
+    side their evaluation resizes the photo to (bicubic) before its centre crop of ``image_size``
+    (``floor(image_size / crop_pct)`` in timm's terms; None: ``image_size``, the whole short side). The
+    folder written says so (``preprocessor_config.json`` and ``vitviz.json``), so that vitviz shows the
+    converted model the authors' crop and it scores like the original (its maps then cover the crop).
     """
 
     name: str
@@ -85,6 +88,33 @@ class Converter:
     mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
     std: tuple[float, float, float] = (0.229, 0.224, 0.225)
     notes: dict = field(default_factory=dict)
+    shortest_edge: int | None = None
+
+
+def write_center_crop(
+    folder: Path,
+    crop: int,
+    shortest_edge: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+    *,
+    resample: int = 3,
+    settings: dict | None = None,
+) -> None:
+    """Write the original's evaluation as the folder's preprocessing: resize the short side to ``shortest_edge``,
+    keep the centre ``crop`` square (``preprocessor_config.json``, a CLIP-style processor), and ask vitviz to
+    honour the crop (``vitviz.json``: ``"center_crop": true``, beside any other ``settings``)."""
+    from transformers import CLIPImageProcessor
+
+    CLIPImageProcessor(
+        size={"shortest_edge": int(shortest_edge)},
+        crop_size={"height": int(crop), "width": int(crop)},
+        do_center_crop=True,
+        image_mean=list(mean),
+        image_std=list(std),
+        resample=resample,
+    ).save_pretrained(folder)
+    (folder / "vitviz.json").write_text(json.dumps({**(settings or {}), "center_crop": True}, indent=1) + "\n")
 
 
 def _registry() -> dict[str, Converter]:
@@ -284,19 +314,12 @@ def convert(
     _check(state, model.state_dict(), name)
     model.load_state_dict(state, strict=True)
 
-    from transformers import ViTImageProcessor
-
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         model.save_pretrained(tmp, safe_serialization=True)
-        h, w = conv.image_size
-        ViTImageProcessor(
-            size={"height": h, "width": w},
-            image_mean=list(conv.mean),
-            image_std=list(conv.std),
-            resample=3,  # bicubic, as timm-style evaluation does
-        ).save_pretrained(tmp)
+        side = conv.image_size[0]  # the official inputs are square
+        write_center_crop(tmp, side, conv.shortest_edge or side, conv.mean, conv.std, resample=3)  # bicubic, as timm
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)

@@ -340,6 +340,8 @@ CONVERTERS: dict[str, Converter] = {
         model_class=DatForImageClassification,
         classifier_key="cls_head.weight",
         image_size=(384, 384) if name.endswith("384") else (224, 224),
+        # the authors' evaluation (data/build.py, TEST.CROP): Resize(int((256 / 224) * size)), CenterCrop(size)
+        shortest_edge=int((256 / 224) * (384 if name.endswith("384") else 224)),
         notes={
             "source": "LeapLabTHU/DAT (released June 2022 with code 7edbb9b; the same network as 81c67ea)",
             "dataset": "imagenet",

@@ -22,10 +22,24 @@ token): the HF config gets ``eos_token_id = 2``, the value for which ``CLIPTextT
 pools at the argmax of the ids. The zero-shot logits are then open_clip's
 ``logit_scale.exp() * normalize(image) @ normalize(text).T``.
 
+Preprocessing: open_clip's evaluation (``resize_mode`` ``"shortest"``, its default: the short side
+resized to the input size, bicubic, then the centre square) is written as the folder's processor, and
+``vitviz.json`` asks vitviz to honour the crop (:func:`vitviz.zoo.convert.write_center_crop`), so that a
+photo that is not square scores as in open_clip; ``"squash"`` is kept; ``"longest"`` (padding) is
+squashed instead, with a note.
+
 Refused with a message, nothing written: towers open_clip builds from timm (ConvNeXt, ...) or
 Hugging Face text models, ResNet image towers, layer scale, attentional poolers, projection
-biases, other pooling, a ``logit_bias`` (SigLIP-style), and weights whose keys or shapes do not
-fit the config. The tokenizer is written where the folder holds CLIP's BPE tokenizer files
+biases, other pooling, a ``logit_bias`` (SigLIP-style), open_clip 3.x's custom attention block
+(``qk_norm``, ``scaled_cosine_attn``, ``scale_heads``, ``scale_attn_inner``, ``scale_attn``,
+``scale_fc``, ``block_type``: named by the option), and weights whose keys or shapes do not fit the
+config. The config is checked before anything is built from it: at most 1 MB of JSON,
+every size a whole number in a stated range (:data:`BOUNDS`: at most 64 layers, width 4,096,
+64 heads, a vocabulary of 500,000, ...), ``mlp_ratio`` a finite number, widths multiples of
+their heads. The model is then built on PyTorch's ``meta`` device (shapes, no memory) and its
+keys and shapes compared with the weights; only a config that fits them is built for real (a
+width of 4,096 beside weights of width 32 took 1.1 GB before it was compared). The tokenizer is
+written where the folder holds CLIP's BPE tokenizer files
 (``tokenizer.json`` or ``vocab.json`` + ``merges.txt``) and the config names no other tokenizer;
 otherwise the folder works without labels and the report says why.
 """
@@ -33,15 +47,17 @@ otherwise the folder works without labels and the report says why.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from vitviz.zoo.convert import ConvertError, _check, read_state_dict
 
-__all__ = ["OpenClipReport", "convert_open_clip", "hf_clip_config", "map_open_clip"]
+__all__ = ["BOUNDS", "OpenClipReport", "convert_open_clip", "hf_clip_config", "map_open_clip"]
 
 CONFIG = "open_clip_config.json"
 WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.safetensors", "open_clip_pytorch_model.bin")
@@ -72,7 +88,35 @@ _TEXT_UNMAPPABLE = {
     "norm_kwargs": "other norm settings",
     "attn_pooler_heads": None,
 }
-_DEFAULT_OK = {"attn_pooler_queries": 256, "attn_pooler_heads": 8}
+_DEFAULT_OK = {"attn_pooler_queries": 256, "attn_pooler_heads": 8, "block_type": "default"}
+# open_clip 3.x's custom attention block (either tower): named by its option, not by the weights it adds
+_CUSTOM_BLOCK = {
+    "block_type": "open_clip's custom attention block (block_type)",
+    "qk_norm": "LayerNorm on queries and keys (qk_norm)",
+    "scaled_cosine_attn": "scaled cosine attention (scaled_cosine_attn)",
+    "scale_heads": "a learned scale per head (scale_heads)",
+    "scale_attn_inner": "a LayerNorm on the attention output before its projection (scale_attn_inner)",
+    "scale_attn": "a LayerNorm after attention (scale_attn)",
+    "scale_fc": "a LayerNorm inside the MLP (scale_fc)",
+}
+_VISION_UNMAPPABLE.update(_CUSTOM_BLOCK)
+_TEXT_UNMAPPABLE.update(_CUSTOM_BLOCK)
+MAX_CONFIG_BYTES = 2**20  # open_clip_config.json; real ones are about 1 KB
+# What a config may ask for (inclusive ranges), well above every public open_clip ViT (ViT-bigG/14: 48 layers of
+# width 1664, text width 1280; vocabularies of 49,408 to 250,000): the hub check's bounds (vitviz.serve.hub_checks).
+BOUNDS = {
+    "layers": (1, 64),
+    "width": (1, 4096),
+    "head_width": (1, 4096),
+    "heads": (1, 64),
+    "embed_dim": (1, 4096),
+    "image_size": (1, 2048),
+    "patch_size": (1, 2048),
+    "vocab_size": (3, 500_000),  # CLIP's BPE: <|startoftext|> and <|endoftext|> are its last two ids
+    "context_length": (1, 16_384),
+    "intermediate": (1, 16_384),  # width * mlp_ratio
+    "tokens": (1, 16_384),  # (image_size / patch_size) ** 2
+}
 
 
 class OpenClipReport:
@@ -97,7 +141,11 @@ def _read_config(folder: Path) -> dict:
     if not path.is_file():
         raise ConvertError(f"{folder} has no {CONFIG}: an open_clip folder holds it beside the weights.")
     try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:  # checked before reading: a 180 MB "config" was read and accepted
+            raise ConvertError(f"{path} is larger than 1 MB: not an open_clip config. Nothing was written.")
         data = json.loads(path.read_text())
+    except RecursionError:
+        raise ConvertError(f"{path} is nested too deeply to be an open_clip config. Nothing was written.") from None
     except (OSError, ValueError) as exc:
         raise ConvertError(f"{path} is not readable JSON: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("model_cfg", data), dict):
@@ -105,10 +153,59 @@ def _read_config(folder: Path) -> dict:
     return data
 
 
+def _shown(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return repr(value)[:60]
+
+
+def _bad(where: str, value: Any, what: str) -> ConvertError:
+    return ConvertError(f"In {CONFIG}, {where} = {_shown(value)} is not {what}. Nothing was written.")
+
+
+def _whole(cfg: dict, key: str, default: int, where: str, bound: str | None = None) -> int:
+    """``cfg[key]`` (``default`` when absent): a whole number within ``BOUNDS[bound or key]``."""
+    value = cfg.get(key, default)
+    lo, hi = BOUNDS[bound or key]
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise _bad(f"{where}{key}", value, f"a whole number from {lo:,} to {hi:,}")
+    return value
+
+
+def _ratio(cfg: dict, where: str, width: int) -> int:
+    """The MLP width ``width * mlp_ratio``: a finite positive ratio, within ``BOUNDS["intermediate"]``."""
+    value = cfg.get("mlp_ratio", 4.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise _bad(f"{where}mlp_ratio", value, "a finite positive number")
+    inner = int(width * float(value))
+    lo, hi = BOUNDS["intermediate"]
+    if not lo <= inner <= hi:
+        raise _bad(
+            f"{where}mlp_ratio", value, f"a ratio giving an MLP width from {lo:,} to {hi:,} (it gives {inner:,})"
+        )
+    return inner
+
+
+def _side(cfg: dict, key: str, default: int, where: str) -> int:
+    """``image_size`` or ``patch_size``: one number, or a list of equal ones (a square)."""
+    value = cfg.get(key, default)
+    if isinstance(value, (list, tuple)):
+        if not value or len(value) > 2 or len(set(map(repr, value))) > 1:
+            raise ConvertError("Non-square patches or images do not map to Hugging Face CLIP; nothing was written.")
+        value = value[0]
+    return _whole({key: value}, key, default, where)
+
+
 def hf_clip_config(model_cfg: dict):
     """The ``transformers`` ``CLIPConfig`` of an open_clip ``model_cfg``; :class:`ConvertError` where none fits."""
     from transformers import CLIPConfig
 
+    for key in ("vision_cfg", "text_cfg"):
+        if model_cfg.get(key) is not None and not isinstance(model_cfg[key], dict):
+            raise ConvertError(
+                f"In {CONFIG}, {key} must be a table of settings, not {type(model_cfg[key]).__name__}. "
+                "Nothing was written."
+            )
     vision, text = model_cfg.get("vision_cfg") or {}, model_cfg.get("text_cfg") or {}
     problems = _unmappable(vision, _VISION_UNMAPPABLE, "image tower") + _unmappable(
         text, _TEXT_UNMAPPABLE, "text tower"
@@ -128,43 +225,51 @@ def hf_clip_config(model_cfg: dict):
             "This open_clip model does not map to Hugging Face CLIP (" + "; ".join(problems) + "). "
             "vitviz converts open_clip's own ViT image tower with its own text transformer; nothing was written."
         )
-    width = int(vision.get("width", 768))
-    head_width = int(vision.get("head_width", 64))
-    patch = vision.get("patch_size", 16)
-    size = vision.get("image_size", 224)
-    if isinstance(patch, (list, tuple)) or isinstance(size, (list, tuple)):
-        if (
-            len(set(patch if isinstance(patch, (list, tuple)) else [patch])) > 1
-            or len(set(size if isinstance(size, (list, tuple)) else [size])) > 1
-        ):
-            raise ConvertError("Non-square patches or images do not map to Hugging Face CLIP; nothing was written.")
-        patch = patch[0] if isinstance(patch, (list, tuple)) else patch
-        size = size[0] if isinstance(size, (list, tuple)) else size
+    # every size is checked before anything is built from it (types, ranges, divisibility): issue 33.11
+    v, t = "vision_cfg.", "text_cfg."
+    width = _whole(vision, "width", 768, v)
+    head_width = _whole(vision, "head_width", 64, v)
+    if width % head_width:
+        raise ConvertError(
+            f"In {CONFIG}, vision_cfg.width {width} is not a multiple of its head_width {head_width}. Nothing was "
+            "written."
+        )
+    patch, size = _side(vision, "patch_size", 16, v), _side(vision, "image_size", 224, v)
+    tokens = (size // patch) ** 2
+    if not BOUNDS["tokens"][0] <= tokens <= BOUNDS["tokens"][1]:
+        raise _bad(
+            f"{v}image_size / patch_size", f"{size} / {patch}", f"a grid of 1 to {BOUNDS['tokens'][1]:,} patches"
+        )
+    t_width, t_heads = _whole(text, "width", 512, t), _whole(text, "heads", 8, t)
+    if t_width % t_heads:
+        raise ConvertError(
+            f"In {CONFIG}, text_cfg.width {t_width} is not a multiple of its heads {t_heads}. Nothing was written."
+        )
+    vocab = _whole(text, "vocab_size", 49408, t)
     act = "quick_gelu" if model_cfg.get("quick_gelu") else "gelu"
-    t_width = int(text.get("width", 512))
     return CLIPConfig(
-        projection_dim=int(model_cfg.get("embed_dim", 512)),
+        projection_dim=_whole(model_cfg, "embed_dim", 512, ""),
         vision_config={
             "hidden_size": width,
-            "intermediate_size": int(width * float(vision.get("mlp_ratio", 4.0))),
-            "num_hidden_layers": int(vision.get("layers", 12)),
+            "intermediate_size": _ratio(vision, v, width),
+            "num_hidden_layers": _whole(vision, "layers", 12, v),
             "num_attention_heads": width // head_width,
-            "image_size": int(size),
-            "patch_size": int(patch),
+            "image_size": size,
+            "patch_size": patch,
             "hidden_act": act,
             "layer_norm_eps": 1e-5,
         },
         text_config={
-            "vocab_size": int(text.get("vocab_size", 49408)),
+            "vocab_size": vocab,
             "hidden_size": t_width,
-            "intermediate_size": int(t_width * float(text.get("mlp_ratio", 4.0))),
-            "num_hidden_layers": int(text.get("layers", 12)),
-            "num_attention_heads": int(text.get("heads", 8)),
-            "max_position_embeddings": int(text.get("context_length", 77)),
+            "intermediate_size": _ratio(text, t, t_width),
+            "num_hidden_layers": _whole(text, "layers", 12, t),
+            "num_attention_heads": t_heads,
+            "max_position_embeddings": _whole(text, "context_length", 77, t),
             "hidden_act": act,
             "layer_norm_eps": 1e-5,
             "eos_token_id": 2,  # CLIPTextTransformer then pools at the argmax of the ids, as open_clip does
-            "bos_token_id": int(text.get("vocab_size", 49408)) - 2,  # CLIP's BPE: <|startoftext|>, then <|endoftext|>
+            "bos_token_id": vocab - 2,  # CLIP's BPE: <|startoftext|>, then <|endoftext|>
             "pad_token_id": 0,  # open_clip pads with 0
         },
     )
@@ -279,23 +384,35 @@ def convert_open_clip(folder: str | Path, out: str | Path, *, overwrite: bool = 
 
     from transformers import CLIPModel, ViTImageProcessor
 
-    model = CLIPModel(config).eval()
-    _check(mapped, model.state_dict(), "open_clip CLIP of this config")
+    from vitviz.zoo.convert import write_center_crop
+
+    with torch.device("meta"):  # the config's model as shapes only: compared with the weights before it is built
+        shapes = CLIPModel(config)
+    _check(mapped, shapes.state_dict(), "open_clip CLIP of this config")
+    model = CLIPModel(config).eval()  # now the size of the weights themselves
     model.load_state_dict(mapped, strict=True)
     notes: list[str] = []
     tok = _tokenizer(folder, model_cfg.get("text_cfg") or {}, notes)
     pre = data.get("preprocess_cfg") or {}
     size = config.vision_config.image_size
+    mode = pre.get("resize_mode", "shortest")
+    if mode == "longest":
+        notes.append(
+            "open_clip pads this model's photos to a square (resize_mode 'longest'); vitviz resizes the whole photo "
+            "to the square instead, so on a photo that is not square its scores differ from open_clip's"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         model.save_pretrained(tmp, safe_serialization=True)
-        ViTImageProcessor(  # vitviz resizes the whole image (no centre crop), so every patch is on the image
-            size={"height": size, "width": size},
-            image_mean=list(pre.get("mean", OPENAI_MEAN)),
-            image_std=list(pre.get("std", OPENAI_STD)),
-            resample=3 if pre.get("interpolation", "bicubic") == "bicubic" else 2,
-        ).save_pretrained(tmp)
+        mean, std = list(pre.get("mean", OPENAI_MEAN)), list(pre.get("std", OPENAI_STD))
+        resample = 3 if pre.get("interpolation", "bicubic") == "bicubic" else 2
+        if mode == "shortest":  # open_clip's default eval: Resize(size) of the short side, CenterCrop(size)
+            write_center_crop(tmp, size, size, mean, std, resample=resample)
+        else:  # "squash" (and "longest", approximated, with a note): the whole photo resized to the square
+            ViTImageProcessor(
+                size={"height": size, "width": size}, image_mean=mean, image_std=std, resample=resample
+            ).save_pretrained(tmp)
         if tok is not None:
             tok.save_pretrained(tmp)
         if out.exists():

@@ -1,6 +1,6 @@
 """T2T-ViT (Yuan et al. 2021, "Tokens-to-Token ViT"), with the names and shapes of yitu-opensource/T2T-ViT.
 
-The model, as the authors' ``models/t2t_vit.py`` computes it (``ALGORITHMS.md``, "The zoo"):
+The model, as the authors' ``models/t2t_vit.py`` computes it (``docs/families.md#t2t-vit``):
 
 1. **Soft split 0**: ``Unfold(7, stride 4, padding 2)`` turns the image into overlapping 7 x 7 patches:
    a 56 x 56 grid of tokens of width ``3 * 7 * 7 = 147`` at 224 px (Unfold orders the features channel,
@@ -405,6 +405,7 @@ CONVERTERS: dict[str, Converter] = {
         classifier_key="head.weight",
         image_size=(spec[-1], spec[-1]),
         notes={"tokens_type": spec[0], "dataset": "imagenet"},
+        shortest_edge=math.floor(spec[-1] / 0.9),  # the authors' timm default_cfg: crop_pct 0.9, bicubic
     )
     for name, spec in _SIZES.items()
 }

@@ -3,6 +3,8 @@
 Each module of this package holds the adapters of one kind of architecture and
 lists them in its ``FAMILIES``; adding a family touches its module, its tests and
 the presets, nothing else. See ``base.Family`` for the questions an adapter answers.
+A family written outside vitviz joins the registry with :func:`register_family`
+(docs/extending/family.md shows one end to end).
 """
 
 from __future__ import annotations
@@ -12,9 +14,22 @@ from importlib import import_module
 from vitviz.errors import UnsupportedModelError
 from vitviz.models.families.base import Family
 
-__all__ = ["Family", "FAMILIES", "family_for", "supported_model_types"]
+__all__ = ["Family", "FAMILIES", "family_for", "register_family", "supported_model_types"]
 
-_MODULES = ("vit", "swin", "pvt", "cvt", "mobilevit", "contrastive", "selfsupervised", "cct", "t2t", "dat")
+_MODULES = (
+    "vit",
+    "swin",
+    "pvt",
+    "cvt",
+    "mobilevit",
+    "hiera",
+    "contrastive",
+    "selfsupervised",
+    "cct",
+    "t2t",
+    "dat",
+    "hybrid",
+)
 
 
 def _import(name: str):
@@ -45,3 +60,30 @@ def family_for(config) -> Family:
         f"({names}; model types {', '.join(supported_model_types())}). "
         "Choose a supported checkpoint such as google/vit-base-patch16-224 or the bundled 'demo' model."
     )
+
+
+def register_family(family: Family, *, replace: bool = False) -> None:
+    """Add an adapter written outside vitviz to the registry, for every ``model_type`` it names.
+
+    After this, :func:`family_for` (and so ``load_model``) picks ``family`` for configs of those types.
+    A type vitviz already maps to another adapter is refused unless ``replace`` (so a typo cannot
+    silently take over ``vit``). Registration is process-wide; register before the first load.
+
+    Raises:
+        TypeError: ``family`` is not a :class:`Family` instance.
+        ValueError: it names no ``model_types``, or one that is taken (without ``replace``).
+    """
+    global FAMILIES
+    if not isinstance(family, Family):
+        raise TypeError(f"register_family takes a Family instance, got {type(family).__name__}")
+    types = tuple(family.model_types)
+    if not types or not all(isinstance(t, str) and t for t in types):
+        raise ValueError(f"the {family.name} adapter names no model_types (the config's model_type it reads)")
+    taken = [t for t in types if t in _BY_TYPE and _BY_TYPE[t] is not family]
+    if taken and not replace:
+        names = ", ".join(f"{t} ({_BY_TYPE[t].name})" for t in taken)
+        raise ValueError(f"model types already registered: {names}; pass replace=True to take them over")
+    for t in types:
+        _BY_TYPE[t] = family
+    kept = [f for f in (*FAMILIES, family) if any(g is f for g in _BY_TYPE.values())]  # a fully replaced one drops out
+    FAMILIES = tuple(dict.fromkeys(kept))  # once each, in registration order

@@ -29,7 +29,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from vitviz.models.families.base import Call, Family
+from vitviz.models.families.base import BlockLayout, Call, Family
 from vitviz.models.hooks import Site
 from vitviz.record import Geometry, PositionInfo, PositionTable
 from vitviz.zoo.cct import CctAttention, CctBlock, CctSequencePool, token_grid, total_stride
@@ -43,7 +43,11 @@ class Cct(Family):
     """Compact Convolutional Transformer: convolutional tokenizer, global blocks, sequence pooling."""
 
     name = "CCT"
-    projection_paths = ("self_attn.proj",)
+    # qkv is one Linear (q, k, v in that order); the block's MLP is not a module (linear1, GELU, linear2 in the
+    # block's forward), so no MLP point and no attribution.
+    layout = BlockLayout(
+        projection=("self_attn.proj",), q=("self_attn.qkv#0/3",), k=("self_attn.qkv#1/3",), v=("self_attn.qkv#2/3",)
+    )
     model_types = ("cct",)
 
     def patch_size(self, config) -> int:

@@ -62,7 +62,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from vitviz.models.families.base import Call, Family
+from vitviz.models.families.base import FUNCTION, BlockLayout, Call, Family
 from vitviz.models.families.vit import recorded_classes
 from vitviz.models.hooks import Site
 from vitviz.record import Geometry, PositionInfo, PositionTable
@@ -175,8 +175,18 @@ class ContrastiveTower(Family):
     interpolate_kwarg = True  # the fixed-size towers interpolate their position table to other input sizes
     cls_token = False
     # Encoder layers, then SigLIP's pooling head (an nn.MultiheadAttention that never calls out_proj as a module).
-    projection_paths = ("self_attn.out_proj", "attention.out_proj")
-    mlp_output_paths = ("mlp.fc2",)
+    layout = BlockLayout(
+        projection=("self_attn.out_proj", "attention.out_proj"),
+        q=("self_attn.q_proj",),
+        k=("self_attn.k_proj",),
+        v=("self_attn.v_proj",),
+        pattern=(FUNCTION,),
+        caller=("self_attn",),  # absent in SigLIP's pooling head (nn.MultiheadAttention): its pattern is record-only
+        branch=("self_attn",),
+        mlp=("mlp",),
+        mlp_output=("mlp.fc2",),
+        norms=(("layer_norm1",), ("layer_norm2",)),
+    )
 
     # --- layout ------------------------------------------------------------------
     def patch_size(self, config) -> int:

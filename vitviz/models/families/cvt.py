@@ -38,7 +38,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from vitviz.models.families.base import Call, Family, centre_parents
+from vitviz.models.families.base import BlockLayout, Call, Family, centre_parents
 from vitviz.models.hooks import Site
 from vitviz.record import Geometry, PositionInfo
 
@@ -128,7 +128,14 @@ class Cvt(Family):
     """CvT: three stages of global attention over strided, convolutionally reduced keys."""
 
     name = "CvT"
-    projection_paths = ("attention.output.dense",)
+    # CvtOutput adds the residual inside the MLP's last module: no MLP point.
+    layout = BlockLayout(
+        projection=("attention.output.dense",),
+        q=("attention.attention.projection_query",),
+        k=("attention.attention.projection_key",),
+        v=("attention.attention.projection_value",),
+        pattern=("attention.attention.dropout",),
+    )
     model_types = ("cvt",)
     hierarchical = True
 

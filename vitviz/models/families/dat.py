@@ -99,6 +99,7 @@ class Dat(Family):
     """DAT (``model_type`` ``dat``): see the module docstring."""
 
     name = "DAT"
+    sampled_keys = True  # deformable blocks: the Heads page draws the points each query's keys come from
     model_types = ("dat",)
     hierarchical = True
 

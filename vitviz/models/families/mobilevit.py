@@ -15,7 +15,7 @@ layers once per offset inside a patch (``A = ph * pw`` offsets):
   "head"; native ``(A, N)``. Its ``unfolding`` is ``torch.nn.functional.unfold``,
   which drops what does not fill a whole patch: ``gh = floor(h / ph)``.
 
-Maps (``ALGORITHMS.md``, "Hierarchical models"): the map of query patch q is the
+Maps (``docs/definitions.md#mobilevit``): the map of query patch q is the
 mean over offsets of that offset's attention row of q, on the block's patch grid;
 V2's map is the mean over offsets of the context scores. Between blocks, patches
 are folded back into a feature map and mixed by convolutions, so no token-to-token
@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from vitviz.errors import CaptureError
-from vitviz.models.families.base import Call, Family
+from vitviz.models.families.base import BlockLayout, Call, Family
 from vitviz.models.hooks import Site
 from vitviz.record import Geometry, PositionInfo
 
@@ -84,7 +84,14 @@ class MobileViT(Family):
     """
 
     name = "MobileViT"
-    projection_paths = ("attention.output.dense",)
+    # MobileViTOutput adds the residual inside the MLP's last module: no MLP point.
+    layout = BlockLayout(
+        projection=("attention.output.dense",),
+        q=("attention.attention.query",),
+        k=("attention.attention.key",),
+        v=("attention.attention.value",),
+        pattern=("attention.attention.dropout",),
+    )
     model_types = ("mobilevit",)
     hierarchical = True
     _modeling = "transformers.models.mobilevit.modeling_mobilevit"
@@ -257,7 +264,8 @@ class MobileViTV2(MobileViT):
     """
 
     name = "MobileViT V2"
-    projection_paths = ()  # a 1 x 1 convolution projects its one separable "head"
+    # A 1 x 1 convolution projects its one separable "head", and q, k, v come from one convolution.
+    layout = BlockLayout(pattern=("attention.attn_dropout",))
     model_types = ("mobilevitv2",)
     _modeling = "transformers.models.mobilevitv2.modeling_mobilevitv2"
     _layer_class = "MobileViTV2Layer"

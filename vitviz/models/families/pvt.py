@@ -2,7 +2,7 @@
 
 Both are hierarchical: S stages, each a strided (PvT) or overlapping (PvT v2)
 patch-embedding convolution followed by blocks of global attention whose keys and
-values live on a coarser grid (``ALGORITHMS.md``, "Reduced keys"):
+values live on a coarser grid (``docs/definitions.md#reduced-keys``):
 
 * **spatial reduction** by ratio R: a convolution with kernel = stride = R and no
   padding turns the stage grid (gh, gw) into keys on ``(gh // R, gw // R)``; key
@@ -24,7 +24,7 @@ and checked against the reduction module.
 
 PvT v1 appends a CLS token in its last stage only (queries and keys, with a
 position row of its own) and classifies from it; it has absolute position
-embeddings per stage that it cannot resize (``ALGORITHMS.md``, traps: its
+embeddings per stage that it cannot resize (``docs/definitions.md#trap-pvt-v1-size``: its
 interpolation reshapes the native table to the new grid and fails), so **every
 PvT v1 input is resized to the configured ``image_size``** whatever size is asked
 for (:meth:`Pvt.fixed_size`). PvT v2 has no CLS token and no position table,
@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from vitviz.models.families.base import Call, Family, centre_parents
+from vitviz.models.families.base import BlockLayout, Call, Family, centre_parents
 from vitviz.models.hooks import Site
 from vitviz.record import Geometry, PositionInfo, PositionTable
 
@@ -217,7 +217,16 @@ class Pvt(_Pyramid):
     """
 
     name = "PvT"
-    projection_paths = ("attention.output.dense",)
+    layout = BlockLayout(
+        projection=("attention.output.dense",),
+        q=("attention.self.query",),
+        k=("attention.self.key",),
+        v=("attention.self.value",),
+        pattern=("attention.self.dropout",),
+        mlp=("mlp",),
+        mlp_output=("mlp.dense2",),
+        norms=(("layer_norm_1",), ("layer_norm_2",)),
+    )
     model_types = ("pvt",)
 
     def _embed_conv(self, config, stage: int) -> tuple[int, int, int]:
@@ -230,7 +239,7 @@ class Pvt(_Pyramid):
         return 1 if stage == config.num_encoder_blocks - 1 else 0
 
     def fixed_size(self, config) -> tuple[int, int]:
-        """``(image_size, image_size)``: the position tables cannot be resized (``ALGORITHMS.md``, traps)."""
+        """``(image_size, image_size)``: the position tables cannot be resized (``docs/definitions.md#trap-pvt-v1-size``)."""
         return _pair(config.image_size)
 
     def readout(self, config) -> Literal["cls", "pooled"]:
@@ -290,7 +299,16 @@ class PvtV2(_Pyramid):
     """
 
     name = "PvT v2"
-    projection_paths = ("attention.proj",)
+    layout = BlockLayout(
+        projection=("attention.proj",),
+        q=("attention.query",),
+        k=("attention.key",),
+        v=("attention.value",),
+        pattern=("attention.attn_drop",),
+        mlp=("mlp",),
+        mlp_output=("mlp.dense2",),
+        norms=(("layer_norm_1",), ("layer_norm_2",)),
+    )
     model_types = ("pvt_v2",)
 
     def _embed_conv(self, config, stage: int) -> tuple[int, int, int]:

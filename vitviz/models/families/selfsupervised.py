@@ -33,7 +33,7 @@ Layouts, as the ``transformers`` 5.23 modeling code builds them:
   *patch* tokens (``use_mean_pooling``, the default), not CLS.
 * **ViT-MSN** (``vit_msn``): ViT's layout, CLS then patches; the classifier reads CLS.
 
-**The global map where there is no CLS token** (``ALGORITHMS.md``): where a model
+**The global map where there is no CLS token** (``docs/definitions.md#global-map``): where a model
 pools with an attention head (AIMv2 with ``use_head``), the head's own attention
 over the patches, one row per head (``pool`` block); where it mean-pools (I-JEPA,
 AIMv2 without a head, data2vec-vision's classifier), the pooled query: the mean
@@ -44,6 +44,7 @@ the same row.
 from __future__ import annotations
 
 from contextvars import ContextVar
+from dataclasses import replace
 from typing import Any, Literal
 
 import numpy as np
@@ -51,7 +52,7 @@ import torch
 
 from vitviz.errors import CaptureError
 from vitviz.models.families.base import Call, Family
-from vitviz.models.families.vit import Beit, PlainViT, paired_sites
+from vitviz.models.families.vit import Beit, Dinov2, PlainViT, paired_sites
 from vitviz.models.hooks import Site
 from vitviz.record import Geometry, PositionInfo, PositionTable
 
@@ -66,8 +67,7 @@ class Dinov3(PlainViT):
 
     name = "DINOv3"
     model_types = ("dinov3_vit",)
-    layer_scale_paths = ("layer_scale1.lambda1", "layer_scale2.lambda1")
-    norm_paths = ("norm1", "norm2")
+    layout = Dinov2.layout  # norm1 / norm2, scaled branches; q and k taken before the rotary embedding
     interpolate_kwarg = False  # RoPE is computed from each input's own grid
 
     def prefix_kinds(self, config) -> tuple[str, ...]:
@@ -280,10 +280,13 @@ class Aimv2(PlainViT):
 
     name = "AIMv2"
     model_types = ("aimv2_vision_model", "aimv2")
-    projection_paths = ("attention.out_proj",)
-    mlp_path = "ffn"
-    norm_paths = ("rms_norm1", "rms_norm2")
-    mlp_output_paths = ("ffn.down_proj",)
+    layout = replace(
+        PlainViT.layout,
+        projection=("attention.out_proj",),
+        mlp=("ffn",),
+        mlp_output=("ffn.down_proj",),
+        norms=(("rms_norm1",), ("rms_norm2",)),
+    )
     interpolate_kwarg = False  # Aimv2VisionModel.forward has no such argument (its **kwargs swallow it unread)
 
     # --- the image tower and its config -------------------------------------------------
@@ -423,9 +426,18 @@ class Data2VecVision(Beit):
 
     name = "data2vec-vision"
     model_types = ("data2vec-vision",)
-    projection_paths = ("attention.output.dense",)  # the pre-5.x layout: intermediate + output
-    mlp_path = "output"  # Data2VecVisionOutput: the MLP's second Linear and dropout, no residual inside
-    mlp_output_paths = ("output.dense",)
+    # The pre-5.x layout: self-attention with its own dropout on the probabilities, intermediate + output.
+    layout = replace(
+        Beit.layout,
+        projection=("attention.output.dense",),
+        q=("attention.attention.query",),
+        k=("attention.attention.key",),
+        v=("attention.attention.value",),
+        pattern=("attention.attention.dropout",),
+        caller=(),
+        mlp=("output",),  # Data2VecVisionOutput: the MLP's second Linear and dropout, no residual inside
+        mlp_output=("output.dense",),
+    )
     interpolate_kwarg = False  # absolute tables are always interpolated; the relative bias follows the input's grid
 
     def readout(self, config) -> Literal["cls", "pooled"]:

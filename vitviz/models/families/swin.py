@@ -6,7 +6,7 @@ w x w window, with a relative position bias and, when shifted, a mask between th
 regions the roll brought together. vitviz records every block in that native
 form (``window``), read from the block as it ran: its window, shift and padding.
 
-Traps handled here (``ALGORITHMS.md``):
+Traps handled here (``docs/definitions.md#trap-swin-v1``):
 
 * Swin v1 *writes* ``window_size`` and ``shift_size`` on its shared layers whenever
   a stage grid is no larger than the window, and never writes them back: one small
@@ -29,7 +29,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from vitviz.models.families.base import Family, ReadoutHead
+from vitviz.models.families.base import FUNCTION, BlockLayout, Family, ReadoutHead
 from vitviz.models.hooks import Site, installed_sites, model_lock
 from vitviz.record import Geometry, PositionInfo, PositionTable, RelativeBias
 
@@ -59,7 +59,17 @@ class Swin(Family):
     """Swin (microsoft/swin-*): 4 stages by default, windowed attention, mean-pooled readout."""
 
     name = "Swin"
-    projection_paths = ("attention.o_proj",)
+    layout = BlockLayout(
+        projection=("attention.o_proj",),
+        q=("attention.q_proj",),
+        k=("attention.k_proj",),
+        v=("attention.v_proj",),
+        pattern=(FUNCTION,),
+        caller=("attention",),
+        mlp=("mlp",),
+        mlp_output=("mlp.fc2",),
+        norms=(("layernorm_before",), ("layernorm_after",)),
+    )
     model_types = ("swin",)
     hierarchical = True
     interpolate_kwarg = True
@@ -177,7 +187,15 @@ class SwinV2(Swin):
     """Swin V2 (microsoft/swinv2-*): cosine attention, a continuous position bias from a small MLP."""
 
     name = "Swin V2"
-    projection_paths = ("attention.output.dense",)
+    layout = BlockLayout(
+        projection=("attention.output.dense",),
+        q=("attention.self.query",),
+        k=("attention.self.key",),
+        v=("attention.self.value",),
+        pattern=("attention.self.dropout",),
+        mlp=("output",),  # Swinv2Output: the MLP's second Linear and dropout (post-norm blocks: no norms declared)
+        mlp_output=("output.dense",),
+    )
     model_types = ("swinv2",)
     interpolate_kwarg = False
 

@@ -22,7 +22,7 @@ stage's tokens. What a tokens-to-token layer's map is depends on the layer:
   its gradient is zero, so class-specific relevance gets no contribution from a performer's T2T stages
   (the relevance rule then passes R through them unchanged).
 
-**Rollout through stages** (``ALGORITHMS.md``, "Rollout through stages"): within a stage
+**Rollout through stages** (``docs/definitions.md#rollout-through-stages``): within a stage
 ``B = 0.5 F + 0.5 I``, rows renormalised. At a soft split each new token is built from an overlapping
 3 x 3 window of old tokens (stride 2, zero padding 1), centred on old token ``(2 r, 2 c)``; vitviz does
 *not* follow the window: as for every strided re-embedding, each new token's row of R is the mean of
@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from vitviz.models.families.base import Call, Family, ReadoutHead, centre_parents
+from vitviz.models.families.base import BlockLayout, Call, Family, ReadoutHead, centre_parents
 from vitviz.models.hooks import Site
 from vitviz.record import Geometry, PositionInfo, PositionTable
 
@@ -74,8 +74,25 @@ class T2TViT(Family):
     """T2T-ViT and T2T-ViT_t (``T2TViTForImageClassification``)."""
 
     name = "T2T-ViT"
+    # qkv is one Linear (q, k, v); the performer's ``kqv`` orders them k, q, v. The backbone's and the token
+    # transformers' probabilities pass through ``attn.attn_drop``; the performer has none to edit.
+    layout = BlockLayout(
+        q=("attn.qkv#0/3", "kqv#1/3"),
+        k=("attn.qkv#1/3", "kqv#0/3"),
+        v=("attn.qkv#2/3", "kqv#2/3"),
+        pattern=("attn.attn_drop",),
+    )
     model_types = ("t2t",)
     hierarchical = True
+
+    def block_note(self, config, stage: int, num_stages: int) -> str:
+        """The performer's tokens-to-token layers form no attention matrix: their map is the implied one."""
+        if getattr(config, "tokens_type", "") == "performer" and stage < num_stages - 1:
+            return (
+                "A Performer tokens-to-token layer forms no attention matrix: shown is the attention its random-feature "
+                "kernel implies, phi(q) . phi(k) / (phi(q) . sum phi(k)), which is what its output uses."
+            )
+        return ""
 
     # --- loading ---------------------------------------------------------------------
     def patch_size(self, config) -> int:

@@ -8,12 +8,13 @@ its attention module), in forward order, so no module path is hard-coded.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal
 
 import numpy as np
 import torch
 
-from vitviz.models.families.base import ABSENT, BlockParts, Family, ReadoutHead, declared
+from vitviz.models.families.base import FUNCTION, BlockLayout, Family, ReadoutHead
 from vitviz.models.hooks import Site
 from vitviz.record import Geometry, PositionInfo, PositionTable
 
@@ -48,12 +49,19 @@ class PlainViT(Family):
     name = "ViT"
     model_types = ("vit",)
     interpolate_kwarg = True
-    # What a block has, by its path under the layer module (transformers 5 names); see ``block_parts``.
-    projection_paths = ("attention.o_proj",)
-    mlp_output_paths = ("mlp.fc2", "mlp.down_proj")  # GELU MLP, or SwiGLU (DINOv2, DINOv3)
-    mlp_path = "mlp"
-    norm_paths: tuple[str, str] = ("layernorm_before", "layernorm_after")  # before the attention, before the MLP
-    layer_scale_paths: tuple[str, str] | None = None  # None: the blocks have no layer scale
+    # What a block has, by its path under the layer module (transformers 5 names); see ``BlockLayout``.
+    layout = BlockLayout(
+        projection=("attention.o_proj",),
+        q=("attention.q_proj",),
+        k=("attention.k_proj",),
+        v=("attention.v_proj",),
+        pattern=(FUNCTION,),
+        caller=("attention",),
+        branch=("attention",),  # ViTAttention's output is added to the residual as it is (dropout: eval)
+        mlp=("mlp",),
+        mlp_output=("mlp.fc2", "mlp.down_proj"),  # GELU MLP, or SwiGLU (DINOv2, DINOv3)
+        norms=(("layernorm_before",), ("layernorm_after",)),
+    )
 
     def prefix_kinds(self, config) -> tuple[str, ...]:
         return ("CLS",)
@@ -103,35 +111,6 @@ class PlainViT(Family):
         p = self.patch_size(config)
         t = len(self.prefix_kinds(config)) + (hw[0] // p) * (hw[1] // p)
         return config.num_hidden_layers * config.num_attention_heads * t * t
-
-    def block_parts(self, site) -> BlockParts:
-        """The declared parts: ``projection_paths``, ``mlp_path`` and ``layer_scale_paths`` under the layer.
-
-        A declared part the layer lacks makes the block ``unknown``: attribution refuses, naming it.
-        """
-        block = site.block
-        proj, mlp = self.head_projection(site), declared(block, self.mlp_path)
-        missing = [p for p, v in (("/".join(self.projection_paths), proj), (self.mlp_path, mlp)) if v is None]
-        scales: list = [None, None]
-        if self.layer_scale_paths is not None:  # a declared scale may be None or 1.0 (off), but must exist
-            scales = [declared(block, p, ABSENT) for p in self.layer_scale_paths]
-            missing += [p for p, v in zip(self.layer_scale_paths, scales, strict=True) if v is ABSENT]
-            scales = [None if v is ABSENT else v for v in scales]
-        unknown = ""
-        if missing:
-            unknown = (
-                f"the {self.name} adapter declares {', '.join(missing)} in each layer, and this "
-                f"{type(block).__name__} has no such part, so vitviz cannot tell where its "
-                f"{'layer scales' if set(missing) & set(self.layer_scale_paths or ()) else 'parts'} sit"
-            )
-        return BlockParts(
-            projection=proj,
-            mlp=mlp if isinstance(mlp, torch.nn.Module) else None,
-            attn_scale=scales[0],
-            mlp_scale=scales[1],
-            norms=tuple(n if isinstance(n := declared(block, p), torch.nn.Module) else None for p in self.norm_paths),
-            unknown=unknown,
-        )
 
     def readout_head(self, model: torch.nn.Module) -> ReadoutHead | None:
         """``classifier(layernorm(x)[:, 0])``: the final LayerNorm of the CLS token, then the linear classifier."""
@@ -184,8 +163,12 @@ class Dinov2(PlainViT):
     name = "DINOv2"
     model_types = ("dinov2",)
     interpolate_kwarg = False
-    layer_scale_paths = ("layer_scale1.lambda1", "layer_scale2.lambda1")
-    norm_paths = ("norm1", "norm2")
+    layout = replace(
+        PlainViT.layout,
+        branch=("layer_scale1",),  # the scaled attention update the residual receives
+        norms=(("norm1",), ("norm2",)),
+        layer_scales=("layer_scale1.lambda1", "layer_scale2.lambda1"),
+    )
 
     def readout_head(self, model: torch.nn.Module) -> ReadoutHead | None:
         """DINOv2 classifier: ``classifier(cat(CLS, mean of the patches))`` of the normed tokens (registers unread)."""
@@ -217,7 +200,9 @@ class Beit(PlainViT):
 
     name = "BEiT"
     model_types = ("beit",)
-    layer_scale_paths = ("lambda_1", "lambda_2")  # Parameters, or the float 1.0 when layer scale is off
+    # Layer scales are Parameters, or the float 1.0 when off; the layer multiplies by them in its own forward, so
+    # no module outputs the scaled attention update: no ``resid_mid`` point.
+    layout = replace(PlainViT.layout, branch=(), layer_scales=("lambda_1", "lambda_2"))
 
     def readout(self, config) -> Literal["cls", "pooled"]:
         """BEiT's classifier mean-pools the patch tokens (``use_mean_pooling``, on by default), else reads CLS."""

@@ -1,0 +1,57 @@
+"""The test tiers, in one place: which tests drive a real browser, and which are slow.
+
+``pytest -m "not slow and not browser"`` is the inner loop (a few minutes on 2 cores); ``bash .ci/run``
+runs everything. ``conftest.pytest_collection_modifyitems`` applies these marks:
+
+* ``browser``: the test starts Chromium (its own source, or every test of its module, does);
+* ``slow``: measured at over ~10 s on the 2-core CI machine (whole modules, or single tests by node id).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+# Source that starts a browser or a served app: a test whose own code calls one of these is a browser test.
+BROWSER_CALLS = ("require_chromium(", "sync_playwright(", "streamlit_server(", "open_server_heads(", "chromium.launch(")
+# Modules whose every test drives a browser (through module-level helpers).
+BROWSER_MODULES = {
+    "test_browser.py",
+    "test_browser_pages.py",
+    "test_notebook_browser.py",
+    "test_benchmark_load.py",
+    "test_benchmark_side_by_side.py",
+    "test_benchmark_zeroshot.py",
+}
+# Modules whose tests are all slow, and single slow tests ("file.py::name" without parameters).
+SLOW_MODULES = {
+    "test_packaging.py",  # builds a wheel and installs it into a fresh virtual environment
+    "test_notebook.py",  # starts a Jupyter kernel and runs docs/notebook.ipynb
+    "test_ray.py",  # starts a local Ray cluster
+    "test_faithfulness.py",  # 500-image and 200-image demo statistics
+    "test_relevance_demo_square.py",
+    "test_head_estimate.py",
+}
+SLOW_TESTS = {  # measured on 2 busy cores, 2026-11-27 (--durations): 10-40 s each
+    "test_export.py::test_labels_give_the_models_own_logits_per_image",
+    "test_export.py::test_labels_the_tokenizer_does_not_know_are_a_warning",
+    "test_export.py::test_labels_on_a_model_without_a_text_tower_are_refused",
+    "test_export.py::test_cli_query_xy_on_a_cvt",
+    "test_export.py::test_causal_export_on_the_demo_model",
+    "test_export.py::test_causal_export_says_what_a_hierarchical_model_lacks",
+    "test_export.py::test_cli_export_unknown_method_is_a_clear_error",
+    "test_forward.py::test_dinov2_base_shape_at_518_fits_the_default_budget",
+    "test_views_causal.py::test_causal_views_drawn_twice_with_two_states_show_each_states_own_numbers",
+}
+
+
+def tier_marks(item) -> tuple[bool, bool]:
+    """(browser, slow) for a collected test item."""
+    module = item.path.name
+    try:
+        source = inspect.getsource(item.function)
+    except (OSError, TypeError):
+        source = ""
+    browser = module in BROWSER_MODULES or any(call in source for call in BROWSER_CALLS)
+    name = f"{module}::{item.originalname if hasattr(item, 'originalname') else item.name}"
+    slow = module in SLOW_MODULES or name in SLOW_TESTS
+    return browser, slow
