@@ -300,13 +300,13 @@ def test_heads_page_draws_a_hiera_pooling_blocks_windows_on_its_finer_keys(hier_
     at = _app()
     _choose_model(at, str(hier_dirs["hiera"]))
     at.switch_page("pages/heads.py").run()
-    at.radio(key="_stage_pick").set_value(1).run()  # stage 2: 8 x 8 tokens; block 0 pools over stage 1's 16 x 16
+    at.radio(key="_stage_pick").set_value(1).run()  # stage 1: 8 x 8 tokens; block 0 pools over stage 0's 16 x 16
     at.session_state["show_windows"] = True
     at.run()
     _no_trouble(at)
-    big = _titled(at, "Stage 2, block 0, head 0")
+    big = _titled(at, "Stage 1, block 0, head 0")
     z = _decode(big["data"][1]["z"])
-    assert z.shape == (16, 16)  # the keys: stage 1's tokens
+    assert z.shape == (16, 16)  # the keys: stage 0's tokens
     shapes = big["layout"].get("shapes", [])
     # one mask-unit edge per axis, between units of 4 x 4 queries = 8 x 8 keys: at key 8 (x 4 px of 64 / 16)
     assert sorted({s["y0"] for s in shapes if s["type"] == "line" and s["x0"] == 0}) == [32]
