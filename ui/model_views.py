@@ -193,7 +193,10 @@ def draw_token_norms(cur: common.Current, s: NormsSettings, *, key: str) -> np.n
         return None
     kinds = stage.prefix_kinds + ("patch",) * (stage.grid[0] * stage.grid[1])
     first = "embeddings" if s.stage == 0 else f"entering stage {s.stage}"
-    rows = [first, *(f"after {cap.block_label(b)}" for b in stage.blocks)]
+    # a row after each block with tokens of its own (a pooling head, as CCT's, has none)
+    rows = [first, *(f"after {cap.block_label(b)}" for b in stage.blocks if cap.blocks[b].kind != "pool")]
+    if len(rows) != len(stage.token_norms):  # a layout this naming does not know: rows by number, said plainly
+        rows = [first, *(f"after the stage's block {r}" for r in range(len(stage.token_norms) - 1))]
     common.chart(figures.token_norms_figure(stage.token_norms, kinds, row_labels=rows), key=key)
     _, tokens = np.nonzero(token_norm_outliers(stage.token_norms))
     if len(tokens):
