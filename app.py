@@ -15,6 +15,10 @@ st.set_page_config(page_title="vitviz", page_icon=":material/visibility:", layou
 # The navigation is drawn before the engine is imported (torch takes seconds on a cold start): a first visit
 # sees the app's own pages at once. The page itself runs at the end, after the sidebar.
 page = navigation()
+# Streamlit's top padding (6rem) less by half: at 1366 x 768 each page's main map is in view as it opens
+st.html("<style>[data-testid='stMainBlockContainer'] { padding-top: 3rem; }</style>")
+
+import math  # noqa: E402
 
 from ui import common, target_boxes  # noqa: E402
 from vitviz.data.images import read_image  # noqa: E402
@@ -124,25 +128,36 @@ def labels_ui() -> None:
     st.caption(f"{len(labels.names)} labels, e.g. '{md_plain(labels.prompts[0])}'.")
 
 
+def _examples() -> list[str]:
+    return sorted(p.name for p in common.EXAMPLES.iterdir() if p.suffix.lower() in {".jpg", ".png"})
+
+
+def _example_picked() -> None:
+    """A choice in the Example box (a callback: only a change the user makes, before the sidebar is drawn)."""
+    pick = ss.get("example_pick")
+    if pick in _examples():
+        common.set_image((common.EXAMPLES / pick).read_bytes(), pick)
+        ss.example_digest = ss.image_digest
+
+
 def image_ui() -> None:
     st.subheader("Image")
-    examples = sorted(p.name for p in common.EXAMPLES.iterdir() if p.suffix.lower() in {".jpg", ".png"})
-    # An image that is not an example (an upload, an image opened from the Data set page) keeps the
-    # last example picked as the widget's default: a changed default would reset the widget to it.
-    shown = ss.image_name if ss.image_name in examples else ss.get("example_seen")
-    pick = st.selectbox(
-        "Example", examples, index=examples.index(shown) if shown in examples else 0, key="example_pick"
-    )
+    examples = _examples()
+    # The box shows the example shown, or says the image is not one (an upload, an image opened from the Data set
+    # page): every example is then a change, so the example it showed before can be picked again.
+    is_example = ss.image_name in examples and ss.get("example_digest", ss.image_digest) == ss.image_digest
+    other = f"{ss.image_name} (not an example)"
+    options = examples if is_example else [other, *examples]
+    want = ss.image_name if is_example else other
+    if ss.get("example_pick") != want:  # before the box is drawn: it shows the session's image
+        ss.example_pick = want
+    st.selectbox("Example", options, key="example_pick", on_change=_example_picked)
     upload = st.file_uploader(
         "…or upload your own",
         type=["png", "jpg", "jpeg", "webp", "bmp", "gif", "tif", "tiff"],
         help=f"PNG, JPEG, WebP, BMP, GIF or TIFF, up to {common.upload_limit() // 2**20} MB.",
     )
-    picked_new = ss.get("example_seen", pick) != pick  # a new example choice wins over a lingering upload
-    ss.example_seen = pick
-    if picked_new:
-        common.set_image((common.EXAMPLES / pick).read_bytes(), pick)
-    elif upload is not None and upload.file_id != ss.get("last_upload"):
+    if upload is not None and upload.file_id != ss.get("last_upload"):
         data = upload.getvalue()
         try:
             common.session_limits().uploads.acquire()  # public mode: a polite limit per minute
@@ -168,7 +183,10 @@ def size_ui() -> None:
     h, w = model.default_size
     p = model.patch_size
     st.subheader("Input resolution")
-    st.caption(f"The model's own: {w} x {h} px, patches of {p} px ({h // p} x {w // p} grid).")
+    st.caption(
+        f"The model's own: {w} x {h} px (width x height), patches of {p} px: a {h // p} x {w // p} grid "
+        "(rows x columns)."
+    )
     choices = sorted({max(p, round(h * f / p) * p) for f in (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)})
     current = ss.input_size[0] if ss.input_size else h
     side = st.select_slider("Height (px)", choices, value=current if current in choices else h)
@@ -177,6 +195,23 @@ def size_ui() -> None:
     )
     img_w, img_h = ss.image_wh
     width = max(p, round(side * img_w / img_h / p) * p) if keep else side
+    if keep:  # an image too long to keep its shape: say what helps here (the box), not a size already chosen
+        from vitviz.capture.forward import DEFAULT_BUDGET_BYTES, check_budget
+
+        try:
+            check_budget(model, (side, width), batch=1, gradients=False, budget=DEFAULT_BUDGET_BYTES)
+        except VitvizError:
+            st.warning(
+                f"Keeping this {img_w} x {img_h} px image's aspect ratio makes the input {width} x {side} px "
+                f"(width x height), too large to run. Untick 'Keep the image's aspect ratio': it is then resized to "
+                f"{side} x {side} px. Until then the views use that size."
+            )
+            width = side
+    elif abs(math.log((img_w / img_h) / (width / side))) > math.log(1.25):  # stretched by more than a quarter
+        st.caption(
+            f"This {img_w} x {img_h} px image is stretched to {width} x {side} px (width x height): its aspect ratio "
+            "is not kept. Tick the box to keep it."
+        )
     size = None if (side, width) == (h, w) else (side, width)
     if size != ss.input_size:
         ss.input_size = size

@@ -24,7 +24,7 @@ What it does:
 * measures in the page (``performance.now()``, so the load generator's own delays do not count):
   an input event (keydown, mousedown, the file input's change) to the moment the awaited figure
   is in the DOM with new data and its heatmap drawn (a 20 ms in-page poll). The awaited figure is
-  named by its exact title (e.g. "Layer 2, head 1: where patch (3, 4) looks") and must differ in
+  named by its exact title (e.g. "Block 2, head 1: where patch (3, 4) looks") and must differ in
   title or data from every figure of that title on the page before the action. Every head map
   drawn is also compared with the map vitviz computes for the session's own image;
 * splits each redraw: input -> the rerun request leaving the page (the browser's input handling) |
@@ -700,7 +700,7 @@ class Session:
         layer, head, what = await self._map_title(page)
         last = self.run.shape.layers - 1
         target = layer + self.rng.choice([d for d in (-1, 1) if 0 <= layer + d <= last])
-        slider = page.get_by_test_id("stSlider").filter(has_text="Layer").get_by_role("slider")
+        slider = page.get_by_test_id("stSlider").filter(has_text="Block").get_by_role("slider")
         key = "ArrowRight" if target > layer else "ArrowLeft"
         await self._measure(
             page,

@@ -199,7 +199,7 @@ def browser(folder: Path) -> dict:
             )
             upload_s = time.perf_counter() - t
             page.wait_for_timeout(1000)
-            slider = page.get_by_test_id("stSlider").filter(has_text="Layer").get_by_role("slider")
+            slider = page.get_by_test_id("stSlider").filter(has_text="Block").get_by_role("slider")
             layer_times = []
             for key in ("Home", "ArrowRight", "ArrowRight"):
                 before = page.evaluate(

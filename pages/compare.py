@@ -31,7 +31,18 @@ start = target_boxes.session_target(ranked)
 target_boxes.forget_widgets_unless(
     (cur.key, start, None if labels is None else labels.prompts), "compare_target_index", "compare_target_minus"
 )
-target = target_boxes.target_ui(ranked, key="compare_target", start=start)
+boxes, scale_box = st.columns([2, 1])  # the target and the colour scale in one row: the maps in view below
+with boxes:
+    target = target_boxes.target_ui(ranked, key="compare_target", start=start)
+how = scale_box.radio(
+    "Colour scale",
+    SCALES,
+    horizontal=True,
+    key="compare_scale",
+    help="fixed [0, max]: each map over its own maximum, a flat map stays flat (the default: it invents no "
+    "contrast); per map: each map stretched from its min to its max (small differences look large); shared: "
+    "one raw range for the whole panel.",
+)
 cls = target.index
 name = target.name(cur.model.id2label)
 what = "label" if labels else "class"
@@ -85,15 +96,6 @@ except (VitvizError, ValueError) as exc:
     st.error(str(exc))
     st.stop()
 maps_bar.empty()
-how = st.radio(
-    "Colour scale",
-    SCALES,
-    horizontal=True,
-    key="compare_scale",
-    help="fixed [0, max]: each map over its own maximum, a flat map stays flat (the default: it invents no "
-    "contrast); per map: each map stretched from its min to its max (small differences look large); shared: "
-    "one raw range for the whole panel.",
-)
 maps = causal_views.draw_method_maps(cur, causal_views.MethodMapsSettings(target, how, attnlrp), key="method")
 names = list(maps)
 photo.photo_panel(

@@ -215,6 +215,11 @@ if dist.size:
     )
 
 st.subheader("Where the methods disagree most")
+st.caption(
+    "The ten images whose deletion areas differ most between the methods. Each row: every method's deletion area "
+    "(the area under its deletion curve, the explained class's probability as patches go, 0 to 1; lower is better) "
+    "and their range (the largest minus the smallest)."
+)
 methods = [m for m in results.methods if m != "random"]
 ids = results.images().column("image_id").to_pylist()
 paths = dict(zip(ids, results.images().column("path").to_pylist(), strict=True))
@@ -241,7 +246,9 @@ for k in order:
     cols = st.columns([3, 4, 1])
     cols[0].markdown(md_plain(image_id))
     cols[1].caption(
-        ", ".join(f"{md_plain(m)} {areas[k, j]:.2f}" for j, m in enumerate(methods)) + f" (range {spread[k]:.2f})"
+        "deletion area: "
+        + ", ".join(f"{md_plain(m)} {areas[k, j]:.2f}" for j, m in enumerate(methods))
+        + f"; range {spread[k]:.2f} (largest minus smallest)"
     )
     if not public:
         cols[2].button(

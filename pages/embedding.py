@@ -17,6 +17,6 @@ if len(cap.stages) > 1:
         range(len(cap.stages)),
         horizontal=True,
         key="norm_stage",
-        format_func=lambda i: f"{i + 1} ({cap.stages[i].grid[0]} x {cap.stages[i].grid[1]})",
+        format_func=lambda i: f"{i} ({cap.stages[i].grid[0]} x {cap.stages[i].grid[1]})",
     )
 model_views.draw_token_norms(cur, model_views.NormsSettings(s), key="norms")

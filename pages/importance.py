@@ -57,22 +57,27 @@ c2.radio(
 )
 fast = method.startswith("fast")
 key = ("importance", *cur.key, cls, ss.knockout_mode, fast)
+score = "image-text score" if ranked.labels else "logit"  # a zero-shot label's score is no logit
 st.caption(
-    f"Explained: **{md_plain(name)}** (pick another on *Image & predictions*); effects on its logit, before softmax."
+    f"Explained: {'label' if ranked.labels else 'class'} **{md_plain(name)}** (pick another on *Image & "
+    f"predictions*); effects on its {score}, before softmax."
 )
 
 left, right = st.columns(2)
 with left:
-    if ss.get("importance_wanted") != key:
-        run, _ = st.columns([1, 2])
-        run.button("Compute head importance", type="primary", on_click=lambda: ss.update(importance_wanted=key))
-    if ss.get("importance_wanted") == key:
+    # A table this session computed before (another "Replaced by", then back) is shown at once: kept per setting.
+    done = ss.setdefault("importance_done", set())
+    computed = key in done and cached.has_importance(cur, cls, ss.knockout_mode, fast)
+    if ss.get("importance_wanted") != key and not computed:
+        st.button("Compute head importance", type="primary", on_click=lambda: ss.update(importance_wanted=key))
+    if ss.get("importance_wanted") == key or computed:
         stop = st.empty()  # the Stop button lives while the importance is computed, and goes with it
-        stop.button(
-            "Stop",
-            on_click=lambda: ss.update(importance_wanted=None),
-            help="Stops the computation; nothing partial is kept.",
-        )
+        if not computed:
+            stop.button(
+                "Stop",
+                on_click=lambda: ss.update(importance_wanted=None),
+                help="Stops the computation; nothing partial is kept.",
+            )
         bar = st.progress(0.0, text="Knocking out heads…")
         settings = causal_views.ImportanceSettings(cls, ss.knockout_mode, fast, marked=(ss.layer, ss.head))
         try:
@@ -88,6 +93,7 @@ with left:
         else:
             bar.empty()
             stop.empty()
+            done.add(key)
             if fast:
                 exact_key = ("importance", *cur.key, cls, ss.knockout_mode, False)
                 st.warning(f"These are estimates. {trust_note(ss.knockout_mode)}")

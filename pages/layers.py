@@ -28,31 +28,19 @@ common.clamp_state(cap)
 if ss.metric not in SUMMARIES:
     ss.metric = "distance"
 
-st.header("Blocks, rollout and explanations" if cap.is_hierarchical else "Layers, rollout and explanations")
-c1, c2 = st.columns(2)
+st.header("Blocks, rollout and explanations")
+# rollout and relevance first (at 1366 x 768 the rollout map is in view as the page opens), the blocks after
+c1, c2, c3 = st.columns(3)
 c1.selectbox("Head fusion", maps.FUSIONS, **common.keep("fusion"))
-c2.caption(f"Query token: **{cap.token_label(ss.query, ss.query_stage)}** (pick another on the Heads page).")
-
-# Blocks side by side: one row of tiles per stage (each stage has its own grid)
 precision = "float32 mean" if ss.fusion == "mean" else cap.attention_precision
-for stage in cap.stages:
-    attention_views.draw_blocks(
-        cur, attention_views.BlocksSettings(stage.index, common.query_at(cap, stage.index), ss.fusion), key="layer_grid"
-    )
+st.caption(f"Query token: **{cap.token_label(ss.query, ss.query_stage)}** (pick another on the Heads page).")
 
 # Rollout and relevance
-st.subheader("Attention rollout and class-specific relevance")
 if cap.rollout_note:
     st.info(cap.rollout_note)
 else:
-    r1, r2 = st.columns(2)
-    r1.slider(
-        "Blocks rolled out" if cap.is_hierarchical else "Layers rolled out",
-        0,
-        cap.num_blocks - 1,
-        **common.keep("rollout_range"),
-    )
-    r2.slider("Discard ratio (smallest entries zeroed per block)", 0.0, 0.95, step=0.05, **common.keep("discard"))
+    c2.slider("Blocks rolled out", 0, cap.num_blocks - 1, **common.keep("rollout_range"))
+    c3.slider("Discard ratio (smallest entries zeroed per block)", 0.0, 0.95, step=0.05, **common.keep("discard"))
     start, end = ss.rollout_range
     rolled = attention_views.RolloutSettings(
         start, end, query=common.query_at(cap, cap.blocks[end].stage), fusion=ss.fusion, discard=ss.discard
@@ -60,7 +48,9 @@ else:
     left, right = st.columns(2)
     with left:
         try:
-            roll = attention_views.draw_rollout(cur, rolled, key="rollout", config=photo.camera_config("rollout"))
+            roll = attention_views.draw_rollout(
+                cur, rolled, key="rollout", config=photo.camera_config("rollout"), height=400
+            )
         except (VitvizError, ValueError) as exc:
             st.error(str(exc))
             st.stop()
@@ -94,7 +84,9 @@ else:
             except VitvizError as exc:
                 st.error(str(exc))
             else:
-                attention_views.draw_relevance(cur, explained, key="relevance", config=photo.camera_config("relevance"))
+                attention_views.draw_relevance(
+                    cur, explained, key="relevance", config=photo.camera_config("relevance"), height=400
+                )
                 through = model_views.through(exp.start_block, model_views.image_blocks(cur))
                 st.caption(
                     f"Explained: {model_views.explained(target, name)}. Chefer et al.'s rule, the {exp.readout} "
@@ -127,6 +119,12 @@ else:
         set_name="one map",
         gif=lambda view: view_stack(cap, view),
         gif_views=("rollout", "mean"),
+    )
+
+# Blocks side by side: one row of tiles per stage (each stage has its own grid)
+for stage in cap.stages:
+    attention_views.draw_blocks(
+        cur, attention_views.BlocksSettings(stage.index, common.query_at(cap, stage.index), ss.fusion), key="layer_grid"
     )
 
 # DINO masks on the last block's global map

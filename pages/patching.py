@@ -12,15 +12,17 @@ cur = common.require_current()
 cap, ss = cur.cap, st.session_state
 
 st.header("Activation patching")
-st.caption(
-    "Two images at the same input size: the **target** (the sidebar's image) and a **source**. Residual patching "
-    "at (block l, token t): block l's output at token t in the target's run is replaced by the source's value there; "
-    "head patching at (l, h): head h's output z (its slice of the output projection's input, every token) is "
-    "replaced by the source's. Each cell is the target's score after that one patch (before softmax); the colour is "
-    "its change from the clean score. The **estimate** (attribution patching) is the clean score plus the gradient "
-    "times the activation difference: instant, first order. The **exact** grid runs one patched forward per cell "
-    "(batched; blocks before the patched one are reused)."
-)
+# what patching is, folded: at 1366 x 768 the grids are in view as the page opens
+with st.expander("What the grids show"):
+    st.caption(
+        "Two images at the same input size: the **target** (the sidebar's image) and a **source**. Residual patching "
+        "at (block l, token t): block l's output at token t in the target's run is replaced by the source's value there; "
+        "head patching at (l, h): head h's output z (its slice of the output projection's input, every token) is "
+        "replaced by the source's. Each cell is the target's score after that one patch (before softmax); the colour is "
+        "its change from the clean score. The **estimate** (attribution patching) is the clean score plus the gradient "
+        "times the activation difference: instant, first order. The **exact** grid runs one patched forward per cell "
+        "(batched; blocks before the patched one are reused)."
+    )
 if cur.model.zero_shot:
     with st.expander("Labels (zero-shot): edit them here or in the sidebar"):
         target_boxes.labels_ui(cur.model, key="patching")
@@ -32,10 +34,14 @@ if ranked is None:
 # --- the source image --------------------------------------------------------------------------------
 examples = sorted(p.name for p in common.EXAMPLES.iterdir() if p.suffix.lower() in {".jpg", ".png"})
 others = [e for e in examples if e != ss.image_name] or examples
-c1, c2 = st.columns(2)
+source_box, target_box = st.columns(2)
+c1, c2 = source_box.columns(2)
 pick = c1.selectbox("Source image", others, key="patch_source_pick")
 upload = c2.file_uploader(
-    "…or upload a source", type=["png", "jpg", "jpeg", "webp", "bmp", "gif", "tif", "tiff"], key="patch_upload"
+    "…or upload a source",
+    type=["png", "jpg", "jpeg", "webp", "bmp", "gif", "tif", "tiff"],
+    key="patch_upload",
+    label_visibility="collapsed",
 )
 source_bytes, source_name = (common.EXAMPLES / pick).read_bytes(), pick
 if upload is not None:
@@ -61,7 +67,8 @@ target_boxes.forget_widgets_unless(
     "patch_target_index",
     "patch_target_minus",
 )
-target = target_boxes.target_ui(ranked, key="patch_target", start=start)
+with target_box:
+    target = target_boxes.target_ui(ranked, key="patch_target", start=start)
 st.caption(f"Source: **{md_plain(source_name)}**; measured: **{md_plain(target.name(cur.model.id2label))}**.")
 
 
@@ -78,19 +85,28 @@ exact = False
 if ss.get("patching_wanted") != want:
     st.button("Compute exact patching", type="primary", on_click=lambda: ss.update(patching_wanted=want))
 else:
-    st.button("Stop", on_click=lambda: ss.update(patching_wanted=None), help="Stops it; nothing partial is kept.")
+    # The Stop button lives while the grids are computed, and goes with them: once they are done nothing is left to
+    # stop, and the finished grids stay (a click on Stop then would have thrown them away).
+    stop = st.empty()
+    stop.button("Stop", on_click=lambda: ss.update(patching_wanted=None), help="Stops it; nothing partial is kept.")
     bar = st.progress(0.0, text="Patching…")
+
+    def _progress(done: int, total: int) -> None:
+        if ss.get("patching_wanted") != want:  # Stop (or another image or target) while a batch ran
+            bar.empty()
+            stop.empty()
+            st.stop()
+        bar.progress(done / max(total, 1), text=f"{done} of {total} patched positions")
+
     try:
-        causal_views.patching(
-            cur,
-            settings,
-            True,
-            progress=lambda d, t: bar.progress(d / max(t, 1), text=f"{d} of {t} patched positions"),
-        )
+        causal_views.patching(cur, settings, True, progress=_progress)
         exact = True
     except (VitvizError, ValueError) as exc:
         st.error(str(exc))
     bar.empty()
+    stop.empty()
+    if exact:
+        st.caption("Exact grids, kept for this image, source and target; the estimate is replaced below.")
 causal_views.draw_patching(cur, settings, key="patch", exact=exact, files_key="patching")
 
 # --- attention-pattern and path patching, head by head ------------------------------------------------
@@ -117,7 +133,7 @@ else:
 # --- the per-patch logit lens --------------------------------------------------------------------------
 st.subheader("Logit lens per patch")
 st.caption(
-    "Each patch token's residual (row 0: the embeddings; row l: block l's output) through the model's own final "
+    "Each patch token's residual stream (the embeddings, or after block l) through the model's own final "
     "norm and head, as if the head read that token: the measured score, per patch."
 )
 drawn = causal_views.draw_patch_lens(cur, target, key="patch")
@@ -129,7 +145,7 @@ if drawn is not None:
         [f"Per-patch lens, {row}: {target.name(cur.model.id2label)}" for row in rows],
         index=layer,
         colorbar_title="score (raw)",
-        set_name="every layer",
+        set_name="every row",
         gif=lambda view: view_stack(cap, "lens", lens=lens),
         gif_views=("lens",),
         gif_key=(target,),

@@ -31,7 +31,7 @@ if info.tables:
         ss.position = 0
     st.caption(
         f"Cosine similarity between the position embedding of each position and all others, on the model's native "
-        f"{g[0]} x {g[1]} grid ({table.name}; prefix tokens excluded). Click a tile to see it large."
+        f"{g[0]} x {g[1]} grid ({table.name}; rows x columns; prefix tokens excluded). Click a tile to see it large."
     )
     left, right = st.columns([3, 2])
     with left:

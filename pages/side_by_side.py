@@ -17,24 +17,26 @@ from vitviz import figures
 from vitviz.compare import depth_match, difference, token_of
 from vitviz.data.images import read_image
 from vitviz.errors import VitvizError
+from vitviz.tables import long_table
 from vitviz.text import md_plain, plotly_plain
 
 cur = common.require_current()
 ss = st.session_state
 st.header("Side by side")
 st.caption(
-    "Pane A is the sidebar's model and image; pane B differs in one thing. A click on either image sets the query at "
-    "the same point of the image in both panes (each on its own grid); the block is matched by relative depth, the "
-    "head by its index."
+    "Pane A: the sidebar's model and image; pane B differs in one thing. A click on either image sets the query at "
+    "the same point in both panes; blocks are matched by relative depth, heads by index."
 )
 
 DIFFERS = ["models", "images", "labels"] if cur.model.zero_shot else ["models", "images"]
-differs = st.radio("What differs", DIFFERS, horizontal=True, key="sbs_differs")
+# the controls in two rows: at 1366 x 768 both panes are in view as the page opens
+row1 = st.columns([2, 3, 3])
+differs = row1[0].radio("What differs", DIFFERS, horizontal=True, key="sbs_differs")
 VIEWS = {
     "head": "one head",
     "mean": "mean of the heads",
     "rollout": "rollout",
-    "relevance": "relevance (Chefer et al.)",
+    "relevance": "relevance",
 }
 
 
@@ -109,7 +111,8 @@ def _pane_b() -> tuple[common.Current, str] | None:
     return None if cur_b is None else (cur_b, what)
 
 
-pane = _pane_b()
+with row1[1]:
+    pane = _pane_b()
 if pane is None:
     st.stop()
 cur_b, what_b = pane
@@ -125,12 +128,12 @@ def _click(cap):
 common.take_click("sbs_a_map", _click(cap_a))
 common.take_click("sbs_b_map", _click(cap_b))
 
-c1, c2, c3 = st.columns([2, 2, 2])
+c1, c2, c3 = st.columns([4, 3, 1])
 view = c1.radio("View", list(VIEWS), format_func=VIEWS.get, horizontal=True, key="sbs_view")
 block_a = c2.slider("Block (pane A)", 0, cap_a.num_blocks - 1, cap_a.num_blocks - 1, key="sbs_block")
 block_b = depth_match(block_a, cap_a.num_blocks, cap_b.num_blocks)
 head = c3.number_input("Head", 0, max(cap_a.num_heads, cap_b.num_heads) - 1, 0, key="sbs_head")
-scale = st.radio(
+scale = row1[2].radio(
     "Colour scale",
     ["shared [0, max of both]", "each map [0, its max]", "each map [its min, its max]"],
     horizontal=True,
@@ -236,6 +239,7 @@ elif scale.startswith("each map [0"):
 else:
     limits = [(float(np.nanmin(m)), float(np.nanmax(m))) for m in (map_a, map_b)]
 
+drawn_maps = []
 for col, cur_x, settings, (lo, hi), who in zip(st.columns(2), (cur, cur_b), shown, limits, ("A", "B"), strict=True):
     with col:  # the same view function, called once per pane with that pane's state
         drawn = DRAW[view](
@@ -246,9 +250,10 @@ for col, cur_x, settings, (lo, hi), who in zip(st.columns(2), (cur, cur_b), show
             zmin=lo,
             zmax=hi,
             opacity=1.0,
-            height=420,
+            height=350,
         )
         st.caption(f"Range of this map: {np.nanmin(drawn.values):.4g} .. {np.nanmax(drawn.values):.4g}")
+        drawn_maps.append(drawn)
 if differs == "models":
     st.caption(
         f"Pane B: {md_plain(what_b)}, {cap_b.block_label(block_b)} (the same relative depth as "
@@ -256,10 +261,26 @@ if differs == "models":
     )
 
 diff = difference(map_a, map_b)
+# the files name each pane's map and its unit (its colour bar), as drawn
+names = [f"{who}: {plotly_plain(m.title)} ({m.colorbar_title})" for who, m in zip("AB", drawn_maps, strict=True)]
 if diff is None:
     st.caption(
         f"No difference panel: the maps lie on different grids ({map_a.shape[0]} x {map_a.shape[1]} and "
-        f"{map_b.shape[0]} x {map_b.shape[1]})."
+        f"{map_b.shape[0]} x {map_b.shape[1]}, rows x columns)."
+    )
+    a_rows, b_rows = long_table(map_a, ("row", "col"), "value"), long_table(map_b, ("row", "col"), "value")
+    common.downloads(
+        "side_by_side",
+        "sbs",
+        csv={
+            "pane": ["A"] * map_a.size + ["B"] * map_b.size,
+            "map (unit)": [names[0]] * map_a.size + [names[1]] * map_b.size,
+            "row": np.concatenate([a_rows["row"], b_rows["row"]]),
+            "col": np.concatenate([a_rows["col"], b_rows["col"]]),
+            "value": np.concatenate([a_rows["value"], b_rows["value"]]),
+        },
+        a=map_a,
+        b=map_b,
     )
 else:
     bound = float(np.nanmax(np.abs(diff))) or 1.0
@@ -277,4 +298,12 @@ else:
         key="sbs_diff",
     )
     st.caption("Red: larger in A; blue: larger in B; symmetric scale around 0.")
-    common.downloads("side_by_side", "sbs", a=map_a, b=map_b, difference=diff)
+    table = long_table(map_a, ("row", "col"), names[0])
+    common.downloads(
+        "side_by_side",
+        "sbs",
+        csv={**table, names[1]: map_b.reshape(-1), "A - B (the difference panel, A's unit)": diff.reshape(-1)},
+        a=map_a,
+        b=map_b,
+        difference=diff,
+    )

@@ -65,7 +65,7 @@ EXPECTED_PREFIX = {
     "deit": ("CLS", "DIST"),
     "dino": ("CLS",),
     "dinov2": ("CLS",),
-    "dinov2_registers": ("CLS", "REG1", "REG2", "REG3", "REG4"),
+    "dinov2_registers": ("CLS", "REG0", "REG1", "REG2", "REG3"),
     "beit": ("CLS",),
 }
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import streamlit as st
 
-from ui import cached, common
+from ui import cached, common, tiles
 from vitviz import figures
 from vitviz.analysis.blocks import HeadMaps, global_query, head_maps, row_map, select, summed_to, window_edges
 from vitviz.analysis.masks import mass_masks
@@ -80,7 +80,7 @@ class ViewMap:
     """What a view draws: ``values`` (gh, gw) over the image, on stage ``stage``'s grid (a click lands there)."""
 
     values: np.ndarray
-    title: str  # lower case first ("layer 3, head 0: where CLS looks")
+    title: str  # lower case first ("block 3, head 0: where CLS looks")
     colorbar_title: str
     stage: int
     marked: tuple[int, int] | None = None  # the query's cell
@@ -178,6 +178,10 @@ def _draw(cur: common.Current, m: ViewMap, *, key: str, title_prefix: str, confi
     )
     clicks = {"on_select": "rerun", "selection_mode": "points"} if clickable else {}
     common.chart(fig, key=f"{key}_map", config=dict(config or {}), **clicks)
+    if "zmin" not in figure_kw and "zmax" not in figure_kw:  # the figure drew a flat map on its fixed scale
+        note = figures.flat_note(m.values)
+        if note:
+            st.caption(note)
 
 
 def head_looks(cur: common.Current, s: HeadSettings) -> bool:
@@ -228,6 +232,7 @@ def draw_head_grid(cur: common.Current, s: HeadSettings, *, key: str, **figure_k
         [f"head {h}" for h in range(block.num_heads)],
         colorbar_title=f"attention (raw, {cap.attention_precision})",
         image=cap.image,
+        click_hint="click to show it large",  # the page draws the clicked head large
         **{"cols": 6, **figure_kw},
     )
     common.chart(fig, key=f"{key}_grid", on_select="rerun", selection_mode="points")
@@ -322,17 +327,18 @@ def draw_knockout(cur: common.Current, s: KnockoutSettings, *, key: str):
     known = {p.index: p.label for p in ranked.ranked}
     cls = s.class_index if s.class_index in known else ranked.ranked[0].index
     after = ranked.rerank(ko.logits, cur.model.id2label)
+    what, score = ("label", "Image-text score") if ranked.labels else ("class", "Logit")  # zero-shot: labels, scores
     left, right = st.columns(2)
     with left:
-        title = f"Top classes before and after ({ranked.legend})"
+        title = f"Top {'labels' if ranked.labels else 'classes'} before and after ({ranked.legend})"
         common.chart(figures.comparison_figure(ranked.ranked[:5], after, title=title), key=f"{key}_predictions")
         top = (
-            f"The top class changes to '{md_plain(after[0].label)}'."
+            f"The top {what} changes to '{md_plain(after[0].label)}'."
             if after[0].index != ranked.ranked[0].index
-            else "The top class stays."
+            else f"The top {what} stays."
         )
         st.caption(
-            f"Logit of '{md_plain(known[cls])}': {ko.clean_logits[cls]:.3f} -> {ko.logits[cls]:.3f} "
+            f"{score} of '{md_plain(known[cls])}': {ko.clean_logits[cls]:.3f} -> {ko.logits[cls]:.3f} "
             f"(effect {ko.effect[cls]:+.3f}). {top}"
         )
     with right:
@@ -341,19 +347,25 @@ def draw_knockout(cur: common.Current, s: KnockoutSettings, *, key: str):
             b = s.after
             direction = "query" if head_looks(cur, b) else "key"
             values = head_maps(knocked.blocks[b.block], b.query, direction=direction).values
-            fig = figures.small_multiples_figure(
-                values,
-                [f"head {h}" for h in range(len(values))],
-                colorbar_title="attention (raw)",
-                cols=6,
-                image=cap.image,
-            )
-            common.chart(fig, key=f"{key}_heads")
             st.caption(f"{_titled('', cap.block_label(b.block))} after the knock-out: {head_what(cur, b)}.")
+            tiles.draw_tiles(
+                values,
+                [f"{cap.block_label(b.block)}, head {h} after the knock-out" for h in range(len(values))],
+                key=f"{key}_heads",
+                colorbar_title="attention (raw)",
+                image=cap.image,
+                tile_image=True,
+                cols=4,
+            )
+        elif first >= cap.num_blocks - 1:  # nothing after the last block: no attention downstream
+            st.caption(
+                f"{_titled('', cap.block_label(first))} is the model's last block: no block's attention comes after "
+                "it, so the knock-out shows only in the prediction."
+            )
         else:
             st.caption(
-                f"Pick a block after {cap.block_label(first)} to see how the knock-out changes the attention "
-                "downstream; blocks up to the first knocked-out one are unchanged."
+                f"Pick a block after {cap.block_label(first)} (on the Block slider, or in the instant view) to see how "
+                "the knock-out changes the attention downstream; blocks up to the first knocked-out one are unchanged."
             )
     return ko
 
@@ -365,20 +377,27 @@ def draw_blocks(cur: common.Current, s: BlocksSettings, *, key: str) -> np.ndarr
     stage = cap.stages[s.stage]
     rows = [row_map(cap.blocks[b].geometry, select(cap.blocks[b], fusion=s.fusion), s.query) for b in stage.blocks]
     gathered = len({r.grid for r in rows}) > 1  # Hiera: a query-pooling block's keys are the finer tokens before it
-    tiles = np.stack([summed_to(r.values, stage.grid) if gathered else r.values for r in rows])
-    where = f"stage {stage.index + 1} ({stage.grid[0]} x {stage.grid[1]}): " if len(cap.stages) > 1 else ""
+    maps = np.stack([summed_to(r.values, stage.grid) if gathered else r.values for r in rows])
+    where = (
+        f"stage {stage.index} ({stage.grid[0]} x {stage.grid[1]} tokens, rows x columns): "
+        if len(cap.stages) > 1
+        else ""
+    )
     st.subheader(f"{where}where {cap.token_label(s.query, stage.index)} looks, block by block ({s.fusion} of heads)")
     precision = "float32 mean" if s.fusion == "mean" else cap.attention_precision
-    fig = figures.small_multiples_figure(
-        tiles, [cap.block_label(b) for b in stage.blocks], colorbar_title=f"attention (raw, {precision})", cols=6
+    tiles.draw_tiles(
+        maps,
+        [cap.block_label(b) for b in stage.blocks],
+        key=f"{key}_{s.stage}",
+        colorbar_title=f"attention (raw, {precision})",
+        image=cap.image,  # the large map over the image (a cell spans its share of the image on any grid)
     )
-    common.chart(fig, key=f"{key}_{s.stage}")
     if gathered:
         st.caption(
             "The stage's first block pools its queries and attends to the previous stage's tokens: its tile sums "
             "the weight on the tokens inside each token of this stage (the Heads page shows them one by one)."
         )
-    return tiles
+    return maps
 
 
 def draw_masks(cur: common.Current, s: MasksSettings, *, key: str) -> np.ndarray:
@@ -386,15 +405,15 @@ def draw_masks(cur: common.Current, s: MasksSettings, *, key: str) -> np.ndarray
     ``mass_masks`` on the block's map for its global query (CLS, else pooled), 1 kept and 0 dropped."""
     block = cur.cap.blocks[s.block]
     masks = mass_masks(head_maps(block, global_query(block)).values, tau=s.tau).astype(np.float32)
-    fig = figures.small_multiples_figure(
+    tiles.draw_tiles(
         masks,
-        [f"head {h}" for h in range(block.num_heads)],
+        [f"{cur.cap.block_label(block.index)}, head {h}" for h in range(block.num_heads)],
+        key=f"{key}_grid",
         colorbar_title="kept (1) / dropped (0)",
-        cols=6,
+        image=cur.cap.image,
         zmin=0,
         zmax=1,
     )
-    common.chart(fig, key=f"{key}_grid")
     return masks
 
 
@@ -409,11 +428,12 @@ def draw_summaries(cur: common.Current, s: SummarySettings, *, key: str) -> np.n
     with left:
         fig = figures.layer_head_figure(
             table[s.metric],
-            title=f"{SUMMARIES[s.metric]}: click a cell to open that head",
+            title=f"{SUMMARIES[s.metric]}<br>(click a cell to open that head)",
             colorbar_title=SUMMARIES[s.metric],
             marked=s.marked,
             row_labels=[cap.block_label(b) for b in range(cap.num_blocks)],
             stage_of_block=stages,
+            value_name=SUMMARIES[s.metric],
         )
         common.chart(fig, key=f"{key}_map", on_select="rerun", selection_mode="points")
         st.caption("Computed from the float32 weights as each block ran; blank cells are heads a block does not have.")
@@ -454,7 +474,7 @@ def rollout_map(cur: common.Current, s: RolloutSettings) -> ViewMap:
     grid = cap.stages[stage]
     who = "what the model reads" if s.query is None else cap.token_label(s.query, cap.blocks[end].stage)
     precision = "float32 mean" if s.fusion == "mean" else cap.attention_precision
-    title = f"rollout of {who}, {'blocks' if cap.is_hierarchical else 'layers'} {s.start}-{end}"
+    title = f"rollout of {who}, blocks {s.start}-{end}"
     return ViewMap(row[grid.num_prefix :].reshape(grid.grid), title, f"rollout (raw, {precision})", stage)
 
 
@@ -472,7 +492,7 @@ def draw_rollout(
     _draw(cur, m, key=key, title_prefix=title_prefix, config=config, clickable=True, **figure_kw)
     if cur.cap.is_hierarchical:
         st.caption(
-            f"On stage {m.stage + 1}'s grid: windows undone, reduced keys spread over the tokens they came from, "
+            f"On stage {m.stage}'s grid: windows undone, reduced keys spread over the tokens they came from, "
             "merged tokens averaged. The row sums to 1. Definition: vitviz docs, Definitions > Rollout through stages."
         )
     return m

@@ -121,6 +121,11 @@ def get_importance(cur: common.Current, class_index: int, mode: str, fast: bool,
     return results_cache().get_or_compute(("importance", *cur.key, class_index, mode, fast, _labels_key(cur)), compute)
 
 
+def has_importance(cur: common.Current, class_index: int, mode: str, fast: bool) -> bool:
+    """Whether :func:`get_importance` of these settings is in the cache (computed before, not evicted)."""
+    return ("importance", *cur.key, class_index, mode, fast, _labels_key(cur)) in results_cache()
+
+
 def get_attribution(cur: common.Current, class_index: int):
     from vitviz.causal import direct_logit_attribution
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import streamlit as st
 
-from ui import cached, common
+from ui import cached, common, tiles
 from vitviz import figures
 from vitviz.analysis.scales import SCALES, scale_maps
 from vitviz.errors import VitvizError
@@ -150,18 +150,26 @@ def draw_method_maps(cur: common.Current, s: MethodMapsSettings, *, key: str) ->
     maps = target_maps(cur, s.target, attnlrp=s.attnlrp)
     names = list(maps)
     scaled = scale_maps(np.stack([np.asarray(maps[m].values, np.float64) for m in names]), s.scale)
-    fig = figures.small_multiples_figure(
+    tiles.draw_tiles(
         scaled.values,
         [f"{m} [{lo:.3g}, {hi:.3g}]" for m, (lo, hi) in zip(names, scaled.ranges, strict=True)],
+        key=f"{key}_maps",
         colorbar_title=scaled.colorbar_title,
-        cols=6,
         image=cur.cap.image,
+        tile_image=True,
         zmin=scaled.zmin,
         zmax=scaled.zmax,
+        title=f"Every method's map for {plotly_plain(s.target.name(cur.model.id2label))}",
+        cols=4,  # tiles wide enough for their titles ("integrated_gradients [-0.104, 2]") at 1366 x 768
+        tile_px=200,
     )
-    fig.update_layout(title=f"Every method's map for {plotly_plain(s.target.name(cur.model.id2label))}")
-    common.chart(fig, key=f"{key}_maps")
     st.caption("Each tile's title gives the map's own range [min, max] before scaling.")
+    flat = {m: maps[m].values for m in names if figures.is_flat(maps[m].values)}
+    for m, values in flat.items():  # one rule for flat maps (vitviz.figures.flat), said on every page
+        note = figures.flat_note(values, f"The {m} map")
+        st.caption(
+            note + (" The 'per map' scale stretches it anyway: its pattern is noise." if s.scale == "per map" else "")
+        )
     return maps
 
 
@@ -236,21 +244,18 @@ def draw_importance(cur: common.Current, s: ImportanceSettings, *, key: str):
     result = importance(cur, s)
     name = class_name(cur, s.class_index)
     labels, stages = _block_labels(cur)
+    score = "image-text score" if _labels(cur) is not None else "logit"  # a zero-shot label's score is no logit
     title = "Fast estimate (first order, not exact)" if s.fast else "Effect of knocking out each head"
     fig = figures.layer_head_figure(
         result.effects,
-        title=f"{title} on '{plotly_plain(name)}': click a cell to open that head",
-        colorbar_title="estimated change of the logit" if s.fast else "change of the logit",
+        title=f"{title} on '{plotly_plain(name)}'<br>(click a cell to open that head)",
+        colorbar_title=f"estimated change of the {score}" if s.fast else f"change of the {score}",
         marked=s.marked,
         row_labels=labels,
         stage_of_block=stages,
         diverging=True,
+        value_name="estimate" if s.fast else "change",  # every estimated number says so, the hover included
     )
-    if s.fast:  # every estimated number says so, the hover included
-        fig.update_traces(
-            hovertemplate="%{customdata}, head %{x}<br>estimate %{z:.4g}<extra></extra>",
-            selector=dict(type="heatmap"),
-        )
     common.chart(fig, key=f"{key}_map", on_select="rerun", selection_mode="points")
     if not s.fast:
         flips = np.argwhere(result.top1_changed)
@@ -265,7 +270,11 @@ def draw_importance(cur: common.Current, s: ImportanceSettings, *, key: str):
         common.downloads(
             "head_importance",
             key,
-            csv=long_table(result.effects, ("block", "head"), f"change of the logit of '{name}' (logits)"),
+            csv=long_table(
+                result.effects,
+                ("block", "head"),
+                f"change of the {score} of '{name}'" + (" (logits)" if score == "logit" else " (raw)"),
+            ),
             effects=result.effects,
         )
     else:
@@ -274,7 +283,7 @@ def draw_importance(cur: common.Current, s: ImportanceSettings, *, key: str):
             "head_importance_estimate",
             key,
             csv=long_table(
-                result.effects, ("block", "head"), f"estimated change of the logit of '{name}' (first order)"
+                result.effects, ("block", "head"), f"estimated change of the {score} of '{name}' (first order)"
             ),
             estimated_effects=result.effects,
         )
@@ -286,8 +295,9 @@ def draw_attribution(cur: common.Current, s: AttributionSettings, *, key: str):
     ``[block, head]``), the split of the logit and the files (downloads ``f"{key}-npz"``, ``f"{key}-csv"``).
     Returns the ``Attribution``, or None (a message says why)."""
     notes = cached.get_causal_notes(cur.cap.model_name)
-    if notes["attribution"]:
-        st.info(f"Direct logit attribution: {notes['attribution']}")
+    if notes["attribution"]:  # the note names the method itself ("Direct logit attribution is not defined ...")
+        note = notes["attribution"]
+        st.info(note if note.lower().startswith("direct logit attribution") else f"Direct logit attribution: {note}")
         return None
     if _labels(cur) is not None:
         st.info("Direct logit attribution splits class logits; for label scores it is not defined here.")
@@ -304,11 +314,12 @@ def draw_attribution(cur: common.Current, s: AttributionSettings, *, key: str):
         figures.layer_head_figure(
             attr.heads,
             title=f"Direct contribution of each head to '{plotly_plain(name)}'",
-            colorbar_title="share of the logit",
+            colorbar_title="direct contribution (logits)",
             marked=s.marked,
             row_labels=labels,
             stage_of_block=stages,
             diverging=True,
+            value_name="contribution",
         ),
         key=f"{key}_map",
         on_select="rerun",
@@ -391,24 +402,53 @@ def draw_patching(cur: common.Current, s: PatchingSettings, *, key: str, exact: 
     blocks = [f"block {i}" for i in range(cap.num_blocks)]
     left, right = st.columns(2)
     if res is not None:
-        block = st.slider("Block drawn on the image", 0, res.shape[0] - 1, res.shape[0] - 1, key=f"{key}_block")
+        change = res[:, shown.num_prefix :] - shown.clean  # (L, N): the patches' changes, block by block
+        spread = np.nan_to_num(np.nanmax(np.abs(change), axis=1, initial=0.0))
+        # the block drawn first: the one where patching a patch changes the score most (after the last block the
+        # patch tokens reach no readout, so its row is flat)
+        block = st.slider(
+            "Block drawn on the image",
+            0,
+            res.shape[0] - 1,
+            int(np.argmax(spread)),
+            key=f"{key}_block",
+            help="Opens on the block where patching one patch token changes the score most.",
+        )
         with left:
-            cols = [f"{k} {t}" for t, k in enumerate(shown.token_kinds)]
+            cols = [
+                f"{k} {t}" if k != "patch" else f"p{t - shown.num_prefix} (token {t})"
+                for t, k in enumerate(shown.token_kinds)
+            ]
             common.chart(
                 patching_grid_figure(
                     res,
                     clean=shown.clean,
                     source=shown.source,
                     title=f"Residual patching ({kind}): block x token",
-                    x_title="token (prefix first)",
+                    x_title="token (prefix tokens first, then patches p0..)",
                     x_labels=cols,
                     row_labels=blocks,
                     marked_row=block,
+                    scale_from=shown.num_prefix,
                 ),
                 key=f"{key}_residual_grid",
             )
+            if shown.num_prefix:
+                prefix = res[:, : shown.num_prefix] - shown.clean
+                big = float(np.nanmax(np.abs(prefix))) if np.isfinite(prefix).any() else 0.0
+                names = ", ".join(k for k in shown.token_kinds[: shown.num_prefix])
+                st.caption(
+                    f"The colour scale spans the patches' changes (up to {float(np.nanmax(spread)):.3g}). "
+                    f"The {names} column{'s' if shown.num_prefix > 1 else ''} changes the score by up to {big:.3g}"
+                    + (
+                        ": beyond the scale, drawn in its end colours (hover for the values)."
+                        if big > float(np.nanmax(spread))
+                        else "."
+                    )
+                )
         with right:
-            row = res[block, shown.num_prefix :].reshape(shown.grid) - shown.clean
+            row = change[block].reshape(shown.grid)
+            flat = figures.flat_note(row, "change from patching each patch token")
             span = float(np.nanmax(np.abs(row))) or 1.0
             common.chart(
                 figures.map_figure(
@@ -419,9 +459,12 @@ def draw_patching(cur: common.Current, s: PatchingSettings, *, key: str, exact: 
                     colorscale=figures.SIMILARITY_SCALE,
                     zmin=-span,
                     zmax=span,
+                    opacity=0.7,  # the image shows through
                 ),
                 key=f"{key}_row_map",
             )
+            if flat:
+                st.caption(flat)
     if heads is not None:
         common.chart(
             patching_grid_figure(
@@ -434,12 +477,43 @@ def draw_patching(cur: common.Current, s: PatchingSettings, *, key: str, exact: 
             ),
             key=f"{key}_heads_grid",
         )
+    if res is None and heads is None:  # nothing was computed: no files (the notes above say why)
+        return shown
     common.downloads(
         f"patching_{kind}",
         files_key or key,
+        csv=_patching_table(shown, res, heads, kind, measured=target_word(cur)),
         **{k: v for k, v in (("residual", res), ("heads", heads)) if v is not None},
     )
     return shown
+
+
+def target_word(cur: common.Current) -> str:
+    """What the measured number is: a zero-shot label's image-text score, else a class logit."""
+    return "image-text score" if _labels(cur) is not None else "logit"
+
+
+def _patching_table(shown, res, heads, kind: str, *, measured: str) -> dict[str, np.ndarray]:
+    """Both patching grids as one table, one row per cell: which grid, the block, the token (or head) index and its
+    name, the patched score and its change from the clean one (every series the page plots)."""
+    parts = []
+    if res is not None:
+        names = [k if k != "patch" else f"p{t - shown.num_prefix}" for t, k in enumerate(shown.token_kinds)]
+        t = long_table(res, ("block", "token or head"), "value")
+        parts.append(("residual (block x token)", t, np.asarray(names, dtype=object)[t["token or head"]]))
+    if heads is not None:
+        t = long_table(heads, ("block", "token or head"), "value")
+        parts.append(("heads (block x head)", t, np.asarray([f"head {h}" for h in t["token or head"]], dtype=object)))
+    unit = "logits" if measured == "logit" else "raw"
+    suffix = ", first-order estimate" if kind == "estimate" else ""
+    return {
+        "grid": np.concatenate([[g] * len(t["value"]) for g, t, _ in parts]),
+        "block": np.concatenate([t["block"] for _, t, _ in parts]),
+        "token or head": np.concatenate([t["token or head"] for _, t, _ in parts]),
+        "position": np.concatenate([n for _, _, n in parts]),
+        f"patched score ({measured}, {unit}{suffix})": np.concatenate([t["value"] for _, t, _ in parts]),
+        f"patched - clean ({unit}{suffix})": np.concatenate([t["value"] - shown.clean for _, t, _ in parts]),
+    }
 
 
 def head_paths(cur: common.Current, s: PatchingSettings, kind: str, progress=None):
@@ -519,12 +593,20 @@ def draw_patch_lens(cur: common.Current, target, *, key: str):
         st.info(str(exc))
         return None
     rows = lens_rows(cur.cap)[0]  # row 0 the embeddings, row l after block l - 1 (0-based, as the other pages)
-    layer = st.select_slider(
-        "Residual stream",
-        list(range(lens.shape[0])),
-        lens.shape[0] - 1,
-        format_func=rows.__getitem__,
-        key=f"{key}_lens_layer",
+    defined = [r for r in range(lens.shape[0]) if np.isfinite(lens[r]).any()]  # a Swin: its last stage's rows
+    if not defined:
+        st.info("No residual stream of this model passes through its head token by token.")
+        return None
+    layer = (
+        st.select_slider(
+            "Residual stream",
+            defined,
+            defined[-1],
+            format_func=rows.__getitem__,
+            key=f"{key}_lens_layer",
+        )
+        if len(defined) > 1
+        else defined[0]
     )
     common.chart(
         figures.map_figure(

@@ -660,6 +660,9 @@ def chart(fig, *, key: str, **kwargs):
     every figure is drawn with the scale it names. A clickable chart (``on_select="rerun"``) is
     ``click_chart.clickable_chart``: its element outlives the figure, so the last of quick clicks wins.
     """
+    from vitviz.figures import fit_text
+
+    fit_text(fig)  # tick labels, axis titles and long titles inside the figure at any column width
     config = {"doubleClickDelay": DOUBLE_CLICK_MS, **kwargs.pop("config", {})}
     if kwargs.get("on_select") == "rerun":  # a clickable map: one element for the page's life, the last click wins
         return click_chart.clickable_chart(fig, key=key, config=config)

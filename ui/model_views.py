@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import streamlit as st
 
-from ui import cached, common
+from ui import cached, common, tiles
 from vitviz import figures
 from vitviz.analysis.embeddings import token_norm_outliers
 from vitviz.capture.targets import Target
@@ -139,17 +139,14 @@ def draw_bias(cur: common.Current, s: BiasSettings, *, key: str) -> np.ndarray:
     bias = cur.model.position.biases[s.block].bias
     w = (bias.shape[-1] + 1) // 2
     lim = float(np.abs(bias).max()) or 1.0
-    common.chart(
-        figures.small_multiples_figure(
-            bias,
-            [f"head {h}" for h in range(bias.shape[0])],
-            colorbar_title="bias added to the logit (raw)",
-            cols=6,
-            zmin=-lim,
-            zmax=lim,
-            colorscale=figures.rgb_scale(figures.SIMILARITY_SCALE),
-        ),
+    tiles.draw_tiles(
+        bias,
+        [f"{cur.model.position.biases[s.block].name}, head {h}" for h in range(bias.shape[0])],
         key=f"{key}_grid",
+        colorbar_title="bias added to the logit (raw)",
+        zmin=-lim,
+        zmax=lim,
+        colorscale=figures.rgb_scale(figures.SIMILARITY_SCALE),
     )
     st.caption(
         f"Each tile is {2 * w - 1} x {2 * w - 1}: the centre is the query itself, and the cell (dy, dx) from the "
@@ -195,7 +192,12 @@ def draw_token_norms(cur: common.Current, s: NormsSettings, *, key: str) -> np.n
         st.info(f"{cap.family} gives no token states vitviz can measure at this stage.")
         return None
     kinds = stage.prefix_kinds + ("patch",) * (stage.grid[0] * stage.grid[1])
-    common.chart(figures.token_norms_figure(stage.token_norms, kinds), key=key)
+    first = "embeddings" if s.stage == 0 else f"entering stage {s.stage}"
+    # a row after each block with tokens of its own (a pooling head, as CCT's, has none)
+    rows = [first, *(f"after {cap.block_label(b)}" for b in stage.blocks if cap.blocks[b].kind != "pool")]
+    if len(rows) != len(stage.token_norms):  # a layout this naming does not know: rows by number, said plainly
+        rows = [first, *(f"after the stage's block {r}" for r in range(len(stage.token_norms) - 1))]
+    common.chart(figures.token_norms_figure(stage.token_norms, kinds, row_labels=rows), key=key)
     _, tokens = np.nonzero(token_norm_outliers(stage.token_norms))
     if len(tokens):
         listed = sorted({cap.token_label(int(t), s.stage) for t in tokens})
@@ -204,11 +206,17 @@ def draw_token_norms(cur: common.Current, s: NormsSettings, *, key: str) -> np.n
         )
     else:
         st.caption("No token's norm exceeds 3x its block's median.")
-    norms = long_table(stage.token_norms, ("after layer (0: embeddings)", "token"), "token norm (L2)")
+    norms = long_table(stage.token_norms, ("row", "token"), "token norm (L2)")
     common.downloads(
         "token_norms",
         key,
-        csv={**norms, "token kind": np.asarray(kinds)[norms["token"]]},
+        csv={
+            "row (0: the tokens entering; r: after the r-th block)": norms["row"],
+            "residual stream": np.asarray(rows)[norms["row"]],
+            "token": norms["token"],
+            "token kind": np.asarray(kinds)[norms["token"]],
+            "token norm (L2)": norms["token norm (L2)"],
+        },
         token_norms=stage.token_norms,
     )
     return stage.token_norms
@@ -220,19 +228,19 @@ def draw_model_summary(cur: common.Current) -> None:
     cap = cur.cap
     if cap.is_hierarchical:
         grids = "; ".join(
-            f"stage {s.index + 1}: {s.grid[0]} x {s.grid[1]} tokens{' + CLS' if s.num_prefix else ''}, "
+            f"stage {s.index}: {s.grid[0]} x {s.grid[1]} tokens (rows x columns){' + CLS' if s.num_prefix else ''}, "
             f"{len(s.blocks)} blocks of {cap.blocks[s.blocks[0]].num_heads} heads "
             f"({cap.blocks[s.blocks[0]].kind} attention)"
             for s in cap.stages
         )
         st.caption(
-            f"**{cap.model_name}** ({cap.family}), input {cap.input_size[1]} x {cap.input_size[0]} px, "
+            f"**{cap.model_name}** ({cap.family}), input {cap.input_size[1]} x {cap.input_size[0]} px (width x height), "
             f"attention stored as {cap.attention_precision}. {grids}."
         )
     else:
         st.caption(
-            f"**{cap.model_name}** ({cap.family}): {cap.num_layers} layers x {cap.num_heads} heads, "
-            f"input {cap.input_size[1]} x {cap.input_size[0]} px, {cap.num_tokens} tokens, "
+            f"**{cap.model_name}** ({cap.family}): {cap.num_layers} blocks x {cap.num_heads} heads, "
+            f"input {cap.input_size[1]} x {cap.input_size[0]} px (width x height), {cap.num_tokens} tokens, "
             f"attention stored as {cap.attention_precision}."
         )
     if cur.model.family.fixed_size(cur.model.config) is not None:
@@ -395,7 +403,7 @@ def draw_target_relevance(cur: common.Current, s: TargetRelevanceSettings, *, ke
     )
     st.caption(
         f"Explained: {explained(target, name)}. Chefer et al.'s rule, the {exp.readout} row of R, through "
-        f"{through(exp.start_block, n_enc)}."
+        f"{through(exp.start_block, n_enc)}." + (f" {figures.flat_note(rel)}" if figures.is_flat(rel) else "")
     )
     common.downloads(
         "relevance_target",

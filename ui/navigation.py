@@ -50,6 +50,18 @@ def leave_folder_mode() -> None:
 
 
 def navigation():
-    """The app's navigation (the first page is the default); returns the page to run."""
+    """The app's navigation (the first page is the default), drawn as links at the top of the sidebar; returns the
+    page to run.
+
+    Streamlit's own sidebar list is switched off (``client.showSidebarNavigation`` in ``.streamlit/config.toml``):
+    a fresh server's first run goes through the legacy folder mode (:func:`leave_folder_mode`), whose list named
+    the files of ``pages/`` for a moment before this navigation replaced it. The links here only ever name the
+    app's pages.
+    """
     pages = [st.Page(p.script, title=p.title, icon=p.icon, default=i == 0) for i, p in enumerate(PAGES)]
-    return st.navigation(pages)
+    page = st.navigation(pages, position="hidden")
+    with st.sidebar:
+        for p, entry in zip(pages, PAGES, strict=True):
+            st.page_link(p, label=entry.title, icon=entry.icon)
+        st.divider()
+    return page

@@ -12,6 +12,7 @@ import numpy as np
 import streamlit as st
 
 from ui import common
+from vitviz import figures
 from vitviz.capture.forward import seen_part
 from vitviz.data.images import read_image
 from vitviz.figures import animation, overlay
@@ -84,6 +85,9 @@ def photo_panel(
     if cur is not None and cur.model.center_crop is not None:  # the model saw the photo's centre: the maps cover it
         photo = _seen(ss.image_bytes, cur)
     lo, hi = overlay.colour_limits(maps, scale=scale)[index]
+    flat = figures.flat_limits(maps[index]) if scale == "per_map" else None
+    if flat is not None:  # a flat map on its fixed scale, not stretched (vitviz.figures.flat)
+        lo, hi = flat
     composite = overlay.photo_overlay(
         photo, maps[index], limits=(lo, hi), mode=mode, opacity=opacity, threshold=threshold
     )
@@ -100,7 +104,7 @@ def photo_panel(
         config=overlay.image_config((w, h), filename=key, fmt=fmt),
     )
     st.caption(
-        f"The photo at {w} x {h} px (its own size, at most 2048 on the long side); the map upsampled {mode}; "
+        f"The photo at {w} x {h} px (width x height; its own size, at most 2048 on the long side); the map upsampled {mode}; "
         f"colour from {lo:.4g} (bottom) to {hi:.4g} (top), {SCALES[scale]}; cells below {threshold:.0%} of the "
         "scale are not coloured. The camera button saves the figure at that size too."
     )

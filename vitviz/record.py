@@ -404,9 +404,9 @@ class Capture:
         if b.kind == "pool":
             return "pooling head"
         if len(self.stages) == 1:
-            return f"layer {block}"
+            return f"block {block}"
         within = self.stages[b.stage].blocks.index(block)
-        return f"stage {b.stage + 1}, block {within}"
+        return f"stage {b.stage}, block {within}"  # every index 0-based (docs/conventions.md)
 
     # --- the first (or only) stage, as plain ViT views know it ----------------------
     @property
@@ -468,7 +468,7 @@ class Capture:
 
     # --- tokens and pixels -------------------------------------------------------
     def token_label(self, index: int, stage: int = 0) -> str:
-        """``CLS``, ``DIST``, ``REG1``, ``pooled``, or ``patch (row, col)`` for a position in a stage's sequence."""
+        """``CLS``, ``DIST``, ``REG0``, ``pooled``, or ``patch (row, col)`` for a position in a stage's sequence."""
         if index == POOLED:
             return "pooled query"
         s = self.stages[stage]

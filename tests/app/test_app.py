@@ -65,7 +65,7 @@ def test_overview_shows_patches_sequence_and_predictions():
     at = _app()
     figs = _figures(at)
     titles = " ".join(str(f["layout"].get("title", {}).get("text", "")) for f in figs)
-    assert "12 x 12 patches of 8 px" in titles
+    assert "12 x 12 patches (rows x columns) of 8 px" in titles.replace("<br>", " ")
     assert "Input sequence: 1 prefix token(s) + 144 patches = 145 tokens" in titles
     assert "Top predictions" in titles
     # the class selector drives the class-specific views
@@ -111,7 +111,7 @@ def test_layers_rollout_controls_change_the_rollout():
     at.slider(key="_w_discard").set_value(0.5).run()
     assert _titled(at, "Rollout of CLS")["data"][1]["z"] != base
     at.slider(key="_w_rollout_range").set_value((2, 3)).run()
-    assert "layers 2-3" in _titled(at, "Rollout of CLS")["layout"]["title"]["text"]
+    assert "blocks 2-3" in _titled(at, "Rollout of CLS")["layout"]["title"]["text"]
     at.selectbox(key="_w_fusion").set_value("max").run()
     _no_trouble(at)
     assert _titled(at, "Relevance for")  # class-specific relevance next to rollout
@@ -259,7 +259,7 @@ def test_every_page_on_a_hierarchical_model(hier_dirs, key):
     _choose_model(at, str(hier_dirs[key]))
     _no_trouble(at)
     assert at.session_state.model_name == str(hier_dirs[key])
-    assert any("stage 2" in c.value for c in at.caption)  # the overview lists the stages
+    assert any("stage 1" in c.value for c in at.caption)  # the overview lists the stages
     if key == "hiera":  # the overview says what Hiera's tokens are, not the ViT paper's patches and CLS
         assert any("Hiera's tokens" in c.value and "unrolled" in c.value for c in at.caption)
     for page in PAGES[1:]:
@@ -267,7 +267,7 @@ def test_every_page_on_a_hierarchical_model(hier_dirs, key):
         _no_trouble(at)
     at.switch_page("pages/layers.py").run()
     titles = " ".join(str(f["layout"].get("title", {}).get("text", "")) for f in _figures(at))
-    assert "stage 2 (" in " ".join(h.value for h in at.subheader)  # block-by-block maps, one row per stage
+    assert "stage 1 (" in " ".join(h.value for h in at.subheader)  # block-by-block maps, one row per stage
     if key.startswith("mobilevit"):  # rollout is undefined across MobileViT's convolutions: said, not drawn
         assert "Rollout of" not in titles and any("convolution" in i.value for i in at.info)
     else:
@@ -279,18 +279,18 @@ def test_heads_page_stages_windows_and_a_click_at_another_stage(hier_dirs):
     _choose_model(at, str(hier_dirs["swin"]))
     at.switch_page("pages/heads.py").run()
     _no_trouble(at)
-    at.radio(key="_stage_pick").set_value(0).run()  # stage 1: 16 x 16 tokens, windows of 4
+    at.radio(key="_stage_pick").set_value(0).run()  # stage 0: 16 x 16 tokens, windows of 4
     assert at.session_state.layer == 0
     at.select_slider(key="_w_layer").set_value(1).run()  # the shifted block
-    big = _titled(at, "Stage 1, block 1, head 0")
+    big = _titled(at, "Stage 0, block 1, head 0")
     shapes = big["layout"].get("shapes", [])
     # window edges of a shift-2 block sit at tokens 2, 6, 10, 14 (x 4 px): 4 rows + 4 columns, then the query mark
     assert sorted({s["y0"] for s in shapes if s["type"] == "line" and s["x0"] == 0}) == [8, 24, 40, 56]
-    # a click on stage 1 (customdata: token, row, col, value, x, y) picks the token at that pixel ...
+    # a click on stage 0 (customdata: token, row, col, value, x, y) picks the token at that pixel ...
     at.session_state["head_map"] = {"selection": {"points": [{"customdata": [0, 3, 5, 0.0, 22.0, 14.0]}]}}
     at.run()
     assert (at.session_state.query_stage, at.session_state.query) == (0, 3 * 16 + 5)
-    # ... and stage 2 shows the same place: pixel (22, 14) lies in cell (1, 2) of the 8 x 8 grid
+    # ... and stage 1 shows the same place: pixel (22, 14) lies in cell (1, 2) of the 8 x 8 grid
     at.radio(key="_stage_pick").set_value(1).run()
     _no_trouble(at)
     assert any("where token (1, 2) looks" in f["layout"].get("title", {}).get("text", "") for f in _figures(at))
@@ -300,13 +300,13 @@ def test_heads_page_draws_a_hiera_pooling_blocks_windows_on_its_finer_keys(hier_
     at = _app()
     _choose_model(at, str(hier_dirs["hiera"]))
     at.switch_page("pages/heads.py").run()
-    at.radio(key="_stage_pick").set_value(1).run()  # stage 2: 8 x 8 tokens; block 0 pools over stage 1's 16 x 16
+    at.radio(key="_stage_pick").set_value(1).run()  # stage 1: 8 x 8 tokens; block 0 pools over stage 0's 16 x 16
     at.session_state["show_windows"] = True
     at.run()
     _no_trouble(at)
-    big = _titled(at, "Stage 2, block 0, head 0")
+    big = _titled(at, "Stage 1, block 0, head 0")
     z = _decode(big["data"][1]["z"])
-    assert z.shape == (16, 16)  # the keys: stage 1's tokens
+    assert z.shape == (16, 16)  # the keys: stage 0's tokens
     shapes = big["layout"].get("shapes", [])
     # one mask-unit edge per axis, between units of 4 x 4 queries = 8 x 8 keys: at key 8 (x 4 px of 64 / 16)
     assert sorted({s["y0"] for s in shapes if s["type"] == "line" and s["x0"] == 0}) == [32]
@@ -319,7 +319,7 @@ def test_summaries_mark_stages_and_blank_missing_heads(hier_dirs):
     grid = _titled(at, "click a cell")
     z = _decode(grid["data"][0]["z"])
     assert z.shape == (4, 4) and np.isnan(z[:2, 2:]).all() and np.isfinite(z[2:]).all()  # 2 heads, then 4
-    assert grid["layout"]["yaxis"]["ticktext"][2] == "stage 2, block 0"
+    assert grid["layout"]["yaxis"]["ticktext"][2] == "stage 1, block 0"
 
 
 def test_positions_page_shows_relative_bias_for_swin_and_a_sentence_for_cvt(hier_dirs):
@@ -344,8 +344,8 @@ def test_every_page_on_the_modern_vits(modern_dirs, key):
     at.switch_page("pages/heads.py").run()
     titles = " ".join(str(f["layout"].get("title", {}).get("text", "")) for f in _figures(at))
     if key == "dinov3":  # registers are prefix tokens: the bar of tokens not on the image names them
-        prefix = _titled(at, "Attention to tokens not on the image")["data"][0]["x"]
-        assert list(prefix)[:3] == ["CLS", "REG1", "REG2"]
+        prefix = _titled(at, "Where the query's attention goes")["data"][0]["x"]
+        assert list(prefix)[:3] == ["CLS", "REG0", "REG1"]
     if key.startswith("siglip"):  # no CLS: the default query is the pooled one
         assert "pooled query" in titles
 
@@ -433,7 +433,7 @@ def test_knock_out_a_head_on_the_heads_page():
     at.switch_page("pages/heads.py").run()
     at.slider(key="_w_layer").set_value(0).run()
     at.radio(key="_w_head").set_value(1).run()
-    next(b for b in at.button if b.label.startswith("Knock out layer 0, head 1")).click().run()
+    next(b for b in at.button if b.label.startswith("Knock out block 0, head 1")).click().run()
     _no_trouble(at)
     assert at.session_state.knockout == [(0, 1)]
     before_after = _titled(at, "Top classes before and after")
@@ -441,7 +441,7 @@ def test_knock_out_a_head_on_the_heads_page():
     assert any("The top class changes to 'square'" in c.value for c in at.caption)  # the measured demo effect
     at.slider(key="_w_layer").set_value(2).run()  # downstream: attention after the knock-out
     _no_trouble(at)
-    assert any("Layer 2 after the knock-out" in c.value for c in at.caption)
+    assert any("Block 2 after the knock-out" in c.value for c in at.caption)
 
 
 def test_head_importance_page_computes_on_request_and_opens_a_head():

@@ -10,6 +10,8 @@ import numpy as np
 from app_tools import APP, charts, no_trouble
 from streamlit.testing.v1 import AppTest
 
+from vitviz.figures import tile_gap
+
 
 def _maps_figure(at: AppTest) -> dict:
     figs = [json.loads(el.proto.spec) for el in charts(at)]
@@ -50,8 +52,9 @@ def test_compare_maps_default_to_zero_to_max_and_show_each_range(demo_model):
         values = np.asarray(want[name].values, np.float64)
         assert float(lo) == float(f"{values.min():.3g}") and float(hi) == float(f"{values.max():.3g}"), name
         gh, gw = values.shape
-        r, c = divmod(k, 6)
-        tile = z[r * (gh + 1) : r * (gh + 1) + gh, c * (gw + 1) : c * (gw + 1) + gw]
+        r, c = divmod(k, 4)  # four tiles a row
+        stride = gh + tile_gap(gh)
+        tile = z[r * stride : r * stride + gh, c * (gw + 1) : c * (gw + 1) + gw]
         if values.max() > 0:
             np.testing.assert_allclose(tile, values / values.max(), rtol=1e-4, atol=1e-6)
 

@@ -136,3 +136,13 @@ def test_a_run_with_the_random_baseline_alone_opens(tmp_path, monkeypatch):
     no_trouble(at)
     assert list(at.dataframe[0].value["method"]) == ["random"]
     assert any("only the random baseline" in c.value for c in at.caption)
+
+
+def test_the_disagreement_numbers_say_what_they_are(last_results):
+    """Issue 32.12: "where the methods disagree most" listed bare numbers; they are deletion areas and their range."""
+    at = _page()
+    at.button[0].click().run()
+    shown = [re.sub(r"\\(.)", r"\1", c.value) for c in at.caption]
+    rows = [c for c in shown if c.startswith("deletion area: ")]
+    assert len(rows) == 6 and all("; range " in c and "(largest minus smallest)" in c for c in rows)
+    assert any("lower is better" in c and "deletion areas differ most" in c for c in shown)

@@ -67,7 +67,7 @@ def test_heads_and_layers_csvs_have_headers_and_every_head(offered):
         "entropy / log(keys allowed)",
     ]
     assert csvs["logit_lens.csv"][0][0] == "residual stream"
-    assert [r[0] for r in csvs["logit_lens.csv"][1:3]] == ["embeddings", "after layer 0"]
+    assert [r[0] for r in csvs["logit_lens.csv"][1:3]] == ["embeddings", "after block 0"]
     assert sum(c.startswith("probability of") for c in csvs["logit_lens.csv"][0]) == 5
 
 
@@ -105,3 +105,32 @@ def test_importance_csv_and_no_stop_once_done(offered):
     rows = _rows(offered["head_importance.csv"][0])
     assert rows[0][:2] == ["block", "head"] and rows[0][2].startswith("change of the logit of '")
     assert len(rows) == 1 + 4 * 4  # the demo's 4 blocks x 4 heads
+
+
+def test_side_by_side_and_patching_csvs_hold_every_plotted_series(offered):
+    """Issue 32.3: Side by side wrote ``row,col,a`` (pane B and the difference missing); Activation patching wrote
+    ``row,col,residual`` (the head grid missing, and "row, col" were block and token)."""
+    at = _app("pages/side_by_side.py")
+    at.radio(key="sbs_differs").set_value("images").run()  # the flipped copy: one grid, a difference panel
+    no_trouble(at)
+    rows = _rows(offered["side_by_side.csv"][0])
+    head = rows[0]
+    assert head[:2] == ["row", "col"] and len(head) == 5
+    assert head[2].startswith("A: ") and head[3].startswith("B: ") and head[4].startswith("A - B")
+    assert all("(" in h for h in head[2:])  # each with its unit
+    values = np.array([[float(v) for v in r[2:]] for r in rows[1:]])
+    np.testing.assert_allclose(values[:, 0] - values[:, 1], values[:, 2], atol=2e-6)
+
+    offered.clear()
+    at.switch_page("pages/patching.py").run()
+    no_trouble(at)
+    name = next(n for n in offered if n.startswith("patching_") and n.endswith(".csv"))
+    rows = _rows(offered[name][0])
+    head = rows[0]
+    assert head[:4] == ["grid", "block", "token or head", "position"], head
+    assert any(h.startswith("patched score") for h in head) and any(h.startswith("patched - clean") for h in head)
+    grids = {r[0] for r in rows[1:]}
+    assert grids == {"residual (block x token)", "heads (block x head)"}
+    positions = [r[3] for r in rows[1:] if r[0].startswith("residual")]
+    assert positions[:2] == ["CLS", "p0"]  # the demo: CLS, then its patches p0..
+    assert sum(r[0].startswith("heads") for r in rows[1:]) == 4 * 4  # the demo's 4 blocks x 4 heads

@@ -40,7 +40,7 @@ def test_patching_page_estimate_exact_and_lens():
     titles = list(_charts(at))
     assert any(t.startswith("Residual patching (estimate)") for t in titles), titles
     assert any(t.startswith("Head patching (estimate)") for t in titles)
-    assert any(t.startswith("Per-patch lens, after layer 3") for t in titles)  # the demo's last block is layer 3
+    assert any(t.startswith("Per-patch lens, after block 3") for t in titles)  # the demo's last block is block 3
     at.select_slider(key="patch_lens_layer").set_value(0).run()
     assert any(t.startswith("Per-patch lens, embeddings") for t in _charts(at))
     at.button[0].click().run()  # Compute exact patching

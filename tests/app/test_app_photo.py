@@ -20,7 +20,7 @@ def _page(page: str) -> AppTest:
     at.switch_page(page)
     at.run()
     if page == "pages/heads.py":  # the photo panel is part of the server-drawn view (the instant view is the browser's)
-        at.toggle(key="instant_heads").set_value(False).run()
+        at.toggle(key="_w_instant_heads").set_value(False).run()
     return at
 
 
@@ -114,7 +114,7 @@ def test_patching_page_gif_of_the_per_patch_lens():
     wanted, data, n = at.session_state["patch_lens_gif"]
     gif = Image.open(io.BytesIO(data))
     assert wanted[0] == "lens" and gif.n_frames == n == 5  # the demo ViT: embeddings + 4 blocks
-    assert _photo_figure(at)["layout"]["title"]["text"].startswith("Per-patch lens, after layer 3")
+    assert _photo_figure(at)["layout"]["title"]["text"].startswith("Per-patch lens, after block 3")
 
 
 def test_camera_button_of_the_main_maps_saves_at_the_photos_size():

@@ -18,6 +18,8 @@ from PIL import Image
 from streamlit.testing.v1 import AppTest
 from target_reference import clip_relevance_by_hand, relevance_by_hand
 
+from vitviz.figures import tile_gap
+
 STAR = Path(APP).parent / "assets" / "examples" / "demo-star.png"
 
 
@@ -209,8 +211,9 @@ def test_layers_explains_a_label_minus_another_on_demo_clip():
 def _tile(fig: dict, k: int, grid: tuple[int, int]) -> np.ndarray:
     z = _z(fig["data"][0])
     gh, gw = grid
-    r, c = divmod(k, 6)
-    return z[r * (gh + 1) : r * (gh + 1) + gh, c * (gw + 1) : c * (gw + 1) + gw]
+    r, c = divmod(k, 4)  # Compare's tiles: four a row
+    stride = gh + tile_gap(gh)
+    return z[r * stride : r * stride + gh, c * (gw + 1) : c * (gw + 1) + gw]
 
 
 @pytest.mark.parametrize("page, key", [("compare", "compare_target"), ("patching", "patch_target")])

@@ -64,27 +64,27 @@ def test_upload_layer_change_and_patch_click(server, browser, tmp_path):
 
     page.get_by_role("link", name="Heads").click()
     server_heads(page)
-    first = wait_for_title(page, "Layer 3, head 0: where CLS looks")
+    first = wait_for_title(page, "Block 3, head 0: where CLS looks")
     settle(page)
 
-    slider = page.get_by_test_id("stSlider").filter(has_text="Layer").get_by_role("slider")
+    slider = page.get_by_test_id("stSlider").filter(has_text="Block").get_by_role("slider")
     slider.focus()
     slider.press("Home")  # layer 0
-    after_layer = wait_for_title(page, "Layer 0, head 0: where CLS looks")
+    after_layer = wait_for_title(page, "Block 0, head 0: where CLS looks")
     assert after_layer["z"] != first["z"]
     settle(page)
 
-    plot = page.locator(PLOTS).filter(has=page.locator("text=Layer 0, head 0")).first
+    plot = page.locator(PLOTS).filter(has=page.locator("text=Block 0, head 0")).first
     box = plot.locator(".nsewdrag").first.bounding_box()
     page.mouse.click(box["x"] + box["width"] * 0.3, box["y"] + box["height"] * 0.6)
-    clicked = wait_for_title(page, "Layer 0, head 0: where patch (")
+    clicked = wait_for_title(page, "Block 0, head 0: where patch (")
     assert clicked["z"] != after_layer["z"]
     settle(page)
 
     tiles = page.locator(PLOTS).filter(has=page.locator("text=head 3")).first  # the demo model's 4 heads in a row
     box = tiles.locator(".nsewdrag").first.bounding_box()
     page.mouse.click(box["x"] + box["width"] * 0.62, box["y"] + box["height"] * 0.5)
-    head2 = wait_for_title(page, "Layer 0, head 2: where patch (")
+    head2 = wait_for_title(page, "Block 0, head 2: where patch (")
     settle(page)
 
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
@@ -181,18 +181,18 @@ def test_a_hierarchical_model_on_every_page(server, browser, hier_dirs):
         box = page.get_by_label("Hub id or local folder")
         box.fill(str(hier_dirs["swin"]))
         box.press("Enter")
-        page.wait_for_selector("text=stage 2: 8 x 8 tokens", timeout=90_000)
+        page.wait_for_selector("text=stage 1: 8 x 8 tokens", timeout=90_000)
         page.get_by_role("link", name="Heads").click()
-        wait_for_title(page, "Stage 2, block 1, head 0: where pooled query looks")
+        wait_for_title(page, "Stage 1, block 1, head 0: where pooled query looks")
         settle(page)
-        plot = page.locator(PLOTS).filter(has=page.locator("text=Stage 2, block 1, head 0")).first
+        plot = page.locator(PLOTS).filter(has=page.locator("text=Stage 1, block 1, head 0")).first
         box = plot.locator(".nsewdrag").first.bounding_box()
         page.mouse.click(box["x"] + box["width"] * 0.3, box["y"] + box["height"] * 0.6)  # cell (4, 2) of 8 x 8
-        clicked = wait_for_title(page, "Stage 2, block 1, head 0: where token (4, 2) looks")
+        clicked = wait_for_title(page, "Stage 1, block 1, head 0: where token (4, 2) looks")
         assert len(decode(clicked["z"][0])) == 8
         settle(page)
-        page.get_by_text("1 (16 x 16)").click()  # stage 1: the same place on the finer grid
-        wait_for_title(page, "Stage 1, block 0, head 0: where token (9, 5) looks")  # centre (20, 36) px
+        page.get_by_text("0 (16 x 16)").click()  # stage 0: the same place on the finer grid
+        wait_for_title(page, "Stage 0, block 0, head 0: where token (9, 5) looks")  # centre (20, 36) px
         settle(page)
         for link, words in [
             ("Layers & rollout", "Rollout of"),

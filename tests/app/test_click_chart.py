@@ -43,7 +43,7 @@ def test_a_click_redraws_the_map_in_the_same_element_and_sends_the_figure_as_bui
     # customdata of a map cell: token, row, col, value, x, y (the demo: 12 x 12 patches of 8 px)
     _click(at, "head_map", [1 + 3 * 12 + 7, 3, 7, 0.0, 7.5 * 8, 3.5 * 8], "1")
     after = _chart(at, "head_map")
-    assert json.loads(after.spec)["layout"]["title"]["text"] == "Layer 3, head 0: where patch (3, 7) looks"
+    assert json.loads(after.spec)["layout"]["title"]["text"] == "Block 3, head 0: where patch (3, 7) looks"
     assert after.spec != before.spec and after.id == before.id  # st.plotly_chart's id changes with the figure
     config = json.loads(after.config)
     assert config["doubleClickDelay"] == 60 and config["displaylogo"] is False

@@ -20,17 +20,25 @@ def _heads(**state) -> AppTest:
     return at
 
 
+def _page(at: AppTest) -> dict:
+    """What the instant view's component was given: the page, its start (layer, head, query), ..."""
+    view = next(e for e in at.main if e.type == "bidi_component" and e.proto.component_name == "vitviz_head_view")
+    return json.loads(view.proto.json)[0]
+
+
 def _start(at: AppTest) -> dict:
-    frame = next(e for e in at.main if e.type == "iframe")
-    page = frame.proto.srcdoc
+    """Where the page opens: the start written into the page, which the component is also given."""
+    data = _page(at)
+    page = data["page"]
     tag = '<script id="vitviz-data" type="application/json">'
     i = page.index(tag) + len(tag)
-    return json.loads(page[i : page.index("</script>", i)])["start"]
+    assert json.loads(page[i : page.index("</script>", i)])["start"] == data["start"]
+    return data["start"]
 
 
 def test_heads_page_sends_the_maps_once_and_opens_on_the_sessions_layer_and_head():
     at = _heads()
-    assert at.toggle(key="instant_heads").value is True
+    assert at.toggle(key="_w_instant_heads").value is True
     assert not charts(at)  # layer, head and query change in the browser, not on the server
     assert _start(at) == {"layer": 3, "head": 0, "query": 0}  # the demo's last layer, CLS
     at.session_state["layer"], at.session_state["head"] = 1, 2  # as a summary cell on Layers sets them
@@ -40,7 +48,7 @@ def test_heads_page_sends_the_maps_once_and_opens_on_the_sessions_layer_and_head
 
 def test_switching_the_instant_view_off_gives_the_server_drawn_page():
     at = _heads()
-    at.toggle(key="instant_heads").set_value(False).run()
+    at.toggle(key="_w_instant_heads").set_value(False).run()
     assert not at.exception and charts(at)
 
 
@@ -58,7 +66,7 @@ def test_a_typed_folder_with_a_hostile_name_runs_no_script_in_the_app(tiny_dirs,
     at.selectbox(key="model_pick").set_value("other (hub id or local folder)…").run()
     at.text_input(key="model_text").input(str(folder)).run()
     assert not at.exception and at.session_state.model_name == str(folder)
-    page_html = next(e for e in at.main if e.type == "iframe").proto.srcdoc
+    page_html = _page(at)["page"]
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:

@@ -124,10 +124,14 @@ def _charts(at: AppTest) -> dict[str, tuple[str, np.ndarray, list]]:
 
 
 def _tiles(z: np.ndarray, k: int, grid: tuple[int, int], cols: int = 6) -> np.ndarray:
-    """The k tiles of a small-multiples heatmap: one-cell gaps, ``min(cols, k)`` tiles a row."""
+    """The k tiles of a small-multiples heatmap: ``tile_gap`` rows and one column between tiles, ``min(cols, k)``
+    tiles a row."""
+    from vitviz.figures import tile_gap
+
     (gh, gw), cols = grid, min(cols, k)
+    stride = gh + tile_gap(gh)
     places = [divmod(i, cols) for i in range(k)]
-    return np.stack([z[r * (gh + 1) : r * (gh + 1) + gh, c * (gw + 1) : c * (gw + 1) + gw] for r, c in places])
+    return np.stack([z[r * stride : r * stride + gh, c * (gw + 1) : c * (gw + 1) + gw] for r, c in places])
 
 
 def test_one_view_drawn_twice_with_two_states_shows_each_states_own_numbers():
@@ -157,13 +161,13 @@ def test_one_view_drawn_twice_with_two_states_shows_each_states_own_numbers():
         exp = explain_classes(loaded, image, [top], start_block=1)[top]
         where = f"where {cap.token_label(query)} looks"
         refs[who] = {
-            f"{who}_head_map": (f"{who}. layer {block}, head {head}: {where}", maps[head]),
+            f"{who}_head_map": (f"{who}. block {block}, head {head}: {where}", maps[head]),
             f"{who}_mean_map": (
-                f"{who}. layer {block}, mean of {len(maps)} heads: {where}",
+                f"{who}. block {block}, mean of {len(maps)} heads: {where}",
                 maps.astype(np.float64).mean(axis=0),
             ),
             f"{who}_rollout_map": (
-                f"{who}. rollout of what the model reads, layers 0-{cap.num_blocks - 1}",
+                f"{who}. rollout of what the model reads, blocks 0-{cap.num_blocks - 1}",
                 row[cap.num_prefix_tokens :].reshape(cap.grid),
             ),
             f"{who}_relevance_map": (
@@ -247,4 +251,6 @@ def test_a_click_on_a_side_by_side_pane_moves_both_queries_in_the_same_run():
     no_trouble(at)
     charts = _charts(at)
     for key in ("sbs_a_map", "sbs_b_map"):
-        assert "where patch (7, 3) looks" in charts[key][0], charts[key][0]  # 12 x 12: row int(0.6 * 12), col 3
+        assert "where patch (7, 3) looks" in charts[key][0].replace("<br>", " "), charts[key][
+            0
+        ]  # a title may wrap  # 12 x 12: row int(0.6 * 12), col 3

@@ -93,7 +93,7 @@ def test_causal_views_drawn_twice_with_two_states_show_each_states_own_numbers()
         title, z, _ = charts[f"{who}_method_maps"]
         assert title == f"Every method's map for {explained.name(loaded.id2label)}"
         values = [np.asarray(m.values, np.float64) for m in maps.values()]
-        tiles = _tiles(z, len(values), values[0].shape)
+        tiles = _tiles(z, len(values), values[0].shape, cols=4)  # Compare's tiles: four a row
         for name, tile, ref in zip(maps, tiles, values, strict=True):
             if who == "B":  # the shared scale: the raw values
                 np.testing.assert_allclose(tile, ref, rtol=1e-4, atol=1e-6, err_msg=name)
@@ -112,7 +112,7 @@ def test_causal_views_drawn_twice_with_two_states_show_each_states_own_numbers()
             results = [(r.method, r.deletion - m.deletion, r.insertion - m.insertion) for r, m in pairs]
         else:
             results = [(r.method, r.deletion, r.insertion) for r in results]
-        assert title == f"Deletion and insertion curves: {what} (Petsiuk et al. 2018)"
+        assert title.replace("<br>", " ") == f"Deletion and insertion curves: {what} (Petsiuk et al. 2018)"  # may wrap
         assert [t["name"] for t in traces] == [r[0] for r in results for _ in range(2)]
         for k, (_, deletion, insertion) in enumerate(results):
             np.testing.assert_allclose(_array(traces[2 * k]["y"]), deletion, rtol=1e-5, atol=1e-6)
@@ -136,7 +136,10 @@ def test_causal_views_drawn_twice_with_two_states_show_each_states_own_numbers()
         ):
             np.testing.assert_allclose(charts[f"{who}_{kind}_residual_grid"][1], res - p.clean, rtol=1e-4, atol=1e-5)
             np.testing.assert_allclose(charts[f"{who}_{kind}_heads_grid"][1], hd - p.clean, rtol=1e-4, atol=1e-5)
-            row = res[-1, p.num_prefix :].reshape(p.grid) - p.clean  # the slider's default: the last block
+            change = res[:, p.num_prefix :] - p.clean
+            block = int(np.argmax(np.abs(change).max(axis=1)))  # the slider's default: the block patches move most
+            assert at.slider(key=f"{who}_{kind}_block").value == block
+            row = change[block].reshape(p.grid)
             np.testing.assert_allclose(charts[f"{who}_{kind}_row_map"][1], row, rtol=1e-4, atol=1e-5)
             seen[kind] = charts[f"{who}_{kind}_residual_grid"][1]
         assert not np.allclose(ex.residual, est.residual_estimate, atol=1e-4)  # the exact grid is not the estimate

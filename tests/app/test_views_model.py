@@ -225,7 +225,8 @@ def test_how_the_model_reads_the_image_drawn_twice_shows_each_models_own_grid():
         prefix = 0 if loaded.family.hierarchical else 1  # Swin has no CLS token
         _, resized = preprocess(loaded, [Image.open(EXAMPLES / image_name).convert("RGB")], (96, 96))
         title, _, traces = charts[f"{who}_patch_grid"]
-        assert title == f"{side} x {side} patches of {patch} px"
+        want = f"{side} x {side} patches (rows x columns) of {patch} px; input 96 x 96 px (width x height)"
+        assert title.replace("<br>", " ") == want  # the title wraps to the figure's width
         shown = _picture(next(t for t in traces if t["type"] == "image")["source"])
         pictures.append((shown, resized[0].astype(np.float64)))
         title, _, _ = charts[f"{who}_sequence"]
@@ -235,13 +236,13 @@ def test_how_the_model_reads_the_image_drawn_twice_shows_each_models_own_grid():
         if loaded.family.hierarchical:
             summary = next(c for c in captions if c.startswith(f"**{name}**"))
             stages = [
-                f"stage {i + 1}: {side >> i} x {side >> i} tokens, {d} blocks of {h} heads"
+                f"stage {i}: {side >> i} x {side >> i} tokens (rows x columns), {d} blocks of {h} heads"
                 for i, (d, h) in enumerate(zip(cfg.depths, cfg.num_heads, strict=True))
             ]
             assert all(s in summary for s in stages), summary
         else:
             want = (
-                f"**{name}** (ViT): {cfg.num_hidden_layers} layers x {cfg.num_attention_heads} heads, input 96 x 96 px"
+                f"**{name}** (ViT): {cfg.num_hidden_layers} blocks x {cfg.num_attention_heads} heads, input 96 x 96 px"
             )
             assert any(c.startswith(want) for c in captions), captions
     for (shown, own), (_, other) in zip(pictures, pictures[::-1], strict=True):

@@ -255,8 +255,8 @@ def test_hierarchical_heads_only_with_a_reason_for_the_residual(hier_models):
     p = activation_patching(loaded, img_t, img_s, class_index=0, estimate=False)
     assert p.residual is None and "token grid and width change" in p.notes["residual"]
     assert p.heads.shape[0] == 4 and np.isfinite(p.heads).sum() == 2 * 2 + 2 * 4
-    with pytest.raises(NotDefined, match=r"changes its token grid"):
-        patch_lens(loaded, img_t)
+    lens = patch_lens(loaded, img_t)  # the last stage's rows only (tests/capture/test_patch_lens_stages.py)
+    assert np.isnan(lens[0]).all() and np.isfinite(lens[-1]).all()
 
 
 def test_families_without_the_point_get_a_message(hier_models):

@@ -40,7 +40,7 @@ def test_views_are_the_attention_and_rollout_of_each_block(deit):
         np.testing.assert_allclose(maps[b], (row / row.sum())[2:].reshape(4, 4), atol=1e-6)
     lens = np.arange(3 * 16, dtype=np.float32).reshape(3, 4, 4)
     maps, labels = view_stack(deit, "lens", lens=lens)
-    assert len(maps) == 3 and labels[0] == "lens: embeddings" and labels[2] == "lens: after layer 1"
+    assert len(maps) == 3 and labels[0] == "lens: embeddings" and labels[2] == "lens: after block 1"
     with pytest.raises(ValueError, match="lens is not available"):
         view_stack(deit, "lens")
     with pytest.raises(ValueError, match="no block has a head 9"):
@@ -105,17 +105,17 @@ def test_a_hierarchical_model_steps_through_its_stages(hier_dirs):
 
 
 def test_lens_rows_name_blocks_as_the_rest_of_the_app(deit, hier_dirs):
-    """Row l of the lens is the residual after block l - 1: named with the 0-based label the Layer slider shows."""
+    """Row l of the lens is the residual after block l - 1: named with the 0-based label the Block slider shows."""
     from vitviz.figures import lens_figure
     from vitviz.models.load import load_model
 
-    assert lens_rows(deit) == (["embeddings", "after layer 0", "after layer 1"], ["emb", "0", "1"])
+    assert lens_rows(deit) == (["embeddings", "after block 0", "after block 1"], ["emb", "0", "1"])
     swin = capture(load_model(str(hier_dirs["swin"]), device="cpu"), random_image(6, (64, 64)))
     rows, ticks = lens_rows(swin)
     assert len(rows) == swin.num_blocks + 1
-    assert rows[1] == "after stage 1, block 0" and ticks[1] == "s1.0"
+    assert rows[1] == "after stage 0, block 0" and ticks[1] == "s0.0"
     last = swin.num_blocks - 1
-    assert rows[-1] == f"after {swin.block_label(last)}" and ticks[-1].startswith(f"s{len(swin.stages)}.")
+    assert rows[-1] == f"after {swin.block_label(last)}" and ticks[-1].startswith(f"s{len(swin.stages) - 1}.")
 
     probs = np.array([[0.1], [0.5], [0.9]])
     fig = lens_figure(probs, ["cat"], np.array([3, 2, 1]), target="cat", row_labels=rows[:3], tick_labels=ticks[:3])

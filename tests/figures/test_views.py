@@ -20,7 +20,7 @@ def test_image_figure_grid_lines_and_patch_hover():
     i = 1 * 6 + 2
     assert (targets.x[i], targets.y[i]) == (20, 12)
     assert list(targets.customdata[i][:3]) == [10, 1, 2]
-    assert "4 x 6 patches of 8 px" in fig.layout.title.text
+    assert "4 x 6 patches (rows x columns) of 8 px" in fig.layout.title.text
 
 
 def test_map_figure_places_the_map_on_the_image_and_marks_the_query():
@@ -49,13 +49,14 @@ def test_small_multiples_tiles_share_one_scale():
     fig = figures.small_multiples_figure(maps, [f"h{i}" for i in range(5)], colorbar_title="raw", cols=3)
     heat = _trace(fig, "heatmap")[0]
     big = np.asarray(heat.z, dtype=float)
-    assert big.shape == (2 * 3 - 1, 3 * 4 - 1)
-    np.testing.assert_array_equal(big[3:5, 4:7], maps[4])  # tile 4: row 1, column 1
-    assert np.isnan(big[2]).all()  # gap row between the tile rows
+    gap = figures.tile_gap(2)  # tiles of two rows: three empty rows for the next row's titles
+    assert gap == 3 and big.shape == (2 * 2 + gap, 3 * 4 - 1)
+    np.testing.assert_array_equal(big[2 + gap : 4 + gap, 4:7], maps[4])  # tile 4: row 1, column 1
+    assert np.isnan(big[2 : 2 + gap]).all()  # gap rows between the tile rows
     assert (heat.zmin, heat.zmax) == (maps.min(), maps.max())
     assert [a.text for a in fig.layout.annotations] == [f"h{i}" for i in range(5)]
     targets = _trace(fig, "scatter")[0]
-    assert (targets.x[4], targets.y[4], targets.customdata[4][0]) == (5, 3.5, 4)  # centre of tile 4
+    assert (targets.x[4], targets.y[4], targets.customdata[4][0]) == (5, 2 + gap + 0.5, 4)  # centre of tile 4
     with_image = figures.small_multiples_figure(
         maps, ["a"] * 5, colorbar_title="raw", cols=3, image=np.zeros((16, 24, 3), np.uint8)
     )
@@ -63,9 +64,9 @@ def test_small_multiples_tiles_share_one_scale():
 
 
 def test_token_sequence_prefix_first():
-    fig = figures.token_sequence_figure(("CLS", "REG1", "REG2") + ("patch",) * 6, (2, 3))
+    fig = figures.token_sequence_figure(("CLS", "REG0", "REG1") + ("patch",) * 6, (2, 3))
     bar = fig.data[0]
-    assert list(bar.text[:4]) == ["CLS", "REG1", "REG2", "p0"]
+    assert list(bar.text[:4]) == ["CLS", "REG0", "REG1", "p0"]
     assert "3 prefix token(s) + 6 patches = 9 tokens" in fig.layout.title.text
 
 
@@ -82,7 +83,7 @@ def test_layer_head_figure_click_targets():
     v = np.arange(6.0).reshape(2, 3)
     fig = figures.layer_head_figure(v, title="t", colorbar_title="c")
     np.testing.assert_array_equal(_trace(fig, "heatmap")[0].z, v)
-    assert [list(c) for c in _trace(fig, "scatter")[0].customdata][4] == [1, 1]
+    assert [list(c) for c in _trace(fig, "scatter")[0].customdata][4] == [1, 1, 4.0]  # block, head, value
 
 
 def test_position_similarity_tiles():

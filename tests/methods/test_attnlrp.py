@@ -128,8 +128,8 @@ def test_the_shared_model_is_untouched_and_the_map_sums_the_pixels(vit):
 
 def test_unsupported_family_and_bad_targets_get_messages(vit):
     swin = load_model("demo-swin", device="cpu")
-    assert "ViT, DeiT, DINOv2 and CLIP" in METHODS["attnlrp"].unavailable(swin)
-    with pytest.raises(MethodError, match="ViT, DeiT, DINOv2 and CLIP"):
+    assert "ViT, DeiT, DINOv2 (without registers) and CLIP" in METHODS["attnlrp"].unavailable(swin)
+    with pytest.raises(MethodError, match=r"ViT, DeiT, DINOv2 \(without registers\) and CLIP"):
         explain(swin, random_image(0), "attnlrp", class_index=0)
     inputs = Inputs(vit, random_image(0))
     with pytest.raises(MethodError, match="one target"):

@@ -22,7 +22,7 @@ def test_every_page_opens_on_dat(dat_dir):
     at = open_folder(dat_dir)
     no_trouble(at)
     assert at.session_state.model_name == str(dat_dir)
-    assert any("stage 4" in c.value for c in at.caption)  # the overview lists the stages
+    assert any("stage 3" in c.value for c in at.caption)  # the overview lists the stages
     for page in PAGES[1:]:  # the overview is open
         at.switch_page(page).run()
         no_trouble(at)

@@ -48,7 +48,7 @@ def merge_left(r: np.ndarray, prev: Stage, stage: Stage) -> np.ndarray:
     prefix tokens present in both stages carry over, one that enters has a zero row.
     """
     if stage.parents is None:
-        raise ValueError(f"no token-to-token path crosses into stage {stage.index + 1}")
+        raise ValueError(f"no token-to-token path crosses into stage {stage.index}")
     pr, pc = stage.parents
     gh, gw = stage.grid
     grid = r[stage.num_prefix :].reshape(gh, gw)

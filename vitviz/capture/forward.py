@@ -96,10 +96,18 @@ def check_budget(loaded: LoadedModel, hw: tuple[int, int], *, batch: int, gradie
         raise BudgetError(problem)
     need = loaded.family.attention_numel(loaded.config, hw) * 4 * batch * (2 if gradients else 1)
     if need > budget:
+        own_h, own_w = loaded.default_size
+        if min(hw) <= min(own_h, own_w):  # already no larger than the model's own: it is long, not large
+            advice = (
+                f"Its shorter side is already {min(hw)} px: it is large because it is long and thin; choose a shape "
+                f"closer to the model's own {own_w} x {own_h} px (width x height)."
+            )
+        else:
+            advice = f"Choose a smaller input size (e.g. {own_w} px)."
         raise BudgetError(
-            f"An input of {hw[1]} x {hw[0]} px needs about {_size(need)} for attention maps"
+            f"An input of {hw[1]} x {hw[0]} px (width x height) needs about {_size(need)} for attention maps"
             f"{' and their gradients' if gradients else ''}, over the {_size(budget)} budget "
-            f"(VITVIZ_MEMORY_BUDGET_MB). Choose a smaller input size (e.g. {loaded.default_size[1]} px)."
+            f"(VITVIZ_MEMORY_BUDGET_MB). {advice}"
         )
 
 
@@ -316,9 +324,7 @@ def build_stages(loaded: LoadedModel, geometries: Sequence[Geometry], norms: dic
     for s, idx in enumerate(by_stage.values()):
         first = geometries[idx[0]]
         if any(geometries[i].grid != first.grid or geometries[i].prefix_kinds != first.prefix_kinds for i in idx):
-            raise CaptureError(
-                f"blocks of stage {s + 1} disagree on their grid; the {loaded.family.name} adapter is wrong"
-            )
+            raise CaptureError(f"blocks of stage {s} disagree on their grid; the {loaded.family.name} adapter is wrong")
         parents = None if s == 0 else loaded.family.merge_parents(geometries[stages[-1].blocks[-1]], first)
         have = [i for i in idx if i in norms]  # a pooling head has no tokens of its own
         rows = [norms[have[0]][0][image]] + [norms[i][1][image] for i in have] if have else None

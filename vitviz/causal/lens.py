@@ -101,27 +101,46 @@ def logit_lens(
 
 
 def patch_lens_of_run(run: Run, t: Target, *, chunk: int = 64) -> np.ndarray:
-    """``(L + 1, gh, gw)`` float32: ``y`` read out from each patch token's residual (module docstring)."""
+    """``(L + 1, gh, gw)`` float32: ``y`` read out from each patch token's residual (module docstring).
+
+    A hierarchical model (Swin: the grid and width change between stages) reads out only the residual of its last
+    stage's blocks, as the logit lens does: those rows on the last stage's grid, the others (and the embeddings)
+    NaN.
+    """
     loaded = run.loaded
-    if run.readout is None or not run.replayable:
+    hierarchical = loaded.family.hierarchical and run.readout is not None
+    if run.readout is None or not (run.replayable or hierarchical):
         raise NotDefined(
             run.readout_problem
             or causal_notes(loaded)["lens"]
             or f"The per-patch logit lens is not defined for '{loaded.name}'."
         )
-    kinds, grid = token_layout(loaded, run.input_size)
-    p = len(kinds)
-    rows = [run.block_tokens(run.sites[0].index)[0]] + [run.block_tokens(s.index)[1] for s in run.sites]
-    out = np.empty((len(rows), grid[0] * grid[1]), np.float32)
+    rows: list[tuple[int, torch.Tensor]] = []
+    if run.replayable:
+        kinds, grid = token_layout(loaded, run.input_size)
+        p = len(kinds)
+        rows.append((0, run.block_tokens(run.sites[0].index)[0]))
+        rows += [(i + 1, run.block_tokens(s.index)[1]) for i, s in enumerate(run.sites)]
+    else:  # the last stage's blocks: their outputs have the final residual's grid and width
+        last = run.capture.stages[-1]
+        p, grid = last.num_prefix, last.grid
+        final = run.block_tokens(run.sites[-1].index)[1] if run.has_block(run.sites[-1].index) else None
+        if final is None or final.shape[1] != p + grid[0] * grid[1]:
+            raise NotDefined(f"The per-patch logit lens of '{loaded.name}' found no last-stage tokens on its grid.")
+        for i, s in enumerate(run.sites):
+            x = run.block_tokens(s.index)[1] if s.stage == run.sites[-1].stage and run.has_block(s.index) else None
+            if x is not None and x.shape[1:] == final.shape[1:]:
+                rows.append((i + 1, x))
+    out = np.full((len(run.sites) + 1, grid[0] * grid[1]), np.nan, np.float32)
     with torch.inference_mode():
-        for r, x in enumerate(rows):
+        for r, x in rows:
             patches = x[0, p:]  # (N, D)
             t_count = x.shape[1]
             for c in range(0, patches.shape[0], chunk):
                 v = patches[c : c + chunk]  # (k, D): every token of copy i is patch c + i
                 scores = run.readout(v[:, None, :].expand(v.shape[0], t_count, v.shape[1]))
                 out[r, c : c + v.shape[0]] = target_values(t, scores)
-    return frozen(out.reshape(len(rows), *grid))
+    return frozen(out.reshape(len(run.sites) + 1, *grid))
 
 
 def patch_lens(

@@ -93,8 +93,8 @@ def view_stack(
 def lens_rows(cap: Capture) -> tuple[list[str], list[str]]:
     """The logit lens's rows named as the rest of the app names blocks, and their short forms for an axis.
 
-    Row 0 is the embeddings, row l the residual stream after block l - 1 (blocks 0-based, as the Layer slider
-    and :meth:`Capture.block_label`: "after layer 3", "after stage 2, block 1"); short: "emb", "3", "s2.1".
+    Row 0 is the embeddings, row l the residual stream after block l - 1 (blocks 0-based, as the Block slider
+    and :meth:`Capture.block_label`: "after block 3", "after stage 1, block 1"); short: "emb", "3", "s1.1".
     """
     rows, ticks = ["embeddings"], ["emb"]
     for b, block in enumerate(cap.blocks):
@@ -104,7 +104,7 @@ def lens_rows(cap: Capture) -> tuple[list[str], list[str]]:
         elif len(cap.stages) == 1:
             ticks.append(str(b))
         else:
-            ticks.append(f"s{block.stage + 1}.{cap.stages[block.stage].blocks.index(b)}")
+            ticks.append(f"s{block.stage}.{cap.stages[block.stage].blocks.index(b)}")
     return rows, ticks
 
 

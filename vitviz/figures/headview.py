@@ -204,7 +204,7 @@ def head_view_data(
         image=_png_b64(image),
         lut=tuple(_lut(colorscale)),
         title=title,
-        layer_names=tuple(layer_names) if layer_names is not None else tuple(f"layer {i}" for i in range(L)),
+        layer_names=tuple(layer_names) if layer_names is not None else tuple(f"block {i}" for i in range(L)),
     )
     if data.nbytes > max_bytes:
         raise HeadViewTooLarge(_too_large(data.nbytes, max_bytes), data.nbytes)
@@ -277,10 +277,10 @@ _PAGE = r"""<!DOCTYPE html>
 <div id="err"></div>
 <div class="ctl">
  <b id="title"></b>
- <label>Layer <input id="layer" type="range" min="0" value="0"><span id="layerv"></span></label>
+ <label>Block <input id="layer" type="range" min="0" value="0"><span id="layerv"></span></label>
  <label>Head <input id="head" type="range" min="0" value="0"><span id="headv"></span></label>
  <label>Query <select id="query"></select></label>
- <label>Scale <select id="scale"><option value="map">per map [0, max]</option><option value="layer">shared in the layer</option></select></label>
+ <label>Scale <select id="scale"><option value="map">per map [0, max]</option><option value="layer">shared in the block</option></select></label>
  <label>Opacity <input id="opacity" type="range" min="0" max="100" value="100"></label>
  <button id="save" title="Download the large map as PNG">PNG</button>
 </div>
@@ -291,10 +291,10 @@ _PAGE = r"""<!DOCTYPE html>
   <div id="hover" class="note">&nbsp;</div>
   <div id="prefix" class="note"></div>
  </div>
- <div><div class="note" style="max-width:260px">Every layer (rows) x head (columns) for this query; click one to
+ <div><div class="note" style="max-width:260px">Every block (rows) x head (columns) for this query; click one to
  enlarge.</div><div id="thumbs"></div></div>
 </div>
-<div class="note">Attention from the query token to each patch, A[layer, head, query, patch], raw softmax weights
+<div class="note">Attention from the query token to each patch, A[block, head, query, patch], raw softmax weights
 (prefix tokens are not on the image: their share is printed under the map). Maps travel at 8 bits per map, relative
 to the map's maximum (error at most max/510). Click a patch of the large map to make it the query.</div>
 <script id="vitviz-data" type="application/json">__VITVIZ_HEAD_VIEW_DATA__</script>
@@ -355,7 +355,7 @@ function drawBig(){
     bctx.strokeRect(c*big.width/gw, r*big.height/gh, big.width/gw, big.height/gh);
   }
   const m=top(S.layer,S.head,S.query);
-  $("range").textContent=" 0 .. "+m.toPrecision(3)+(S.scale==="layer"?" (shared in the layer)":" (this map)");
+  $("range").textContent=" 0 .. "+m.toPrecision(3)+(S.scale==="layer"?" (shared in the block)":" (this map)");
   let txt="";
   for(let p=0;p<P;p++) txt+=D.prefix[p]+": "+share[rowIndex(S.layer,S.head,S.query)*P+p].toFixed(4)+"  ";
   $("prefix").textContent = P ? ("Attention to prefix tokens (not on the image): "+txt) : "";

@@ -24,19 +24,23 @@ def patching_grid_figure(
     x_labels: Sequence[str] | None = None,
     row_labels: Sequence[str] | None = None,
     marked_row: int | None = None,
+    scale_from: int = 0,
 ) -> go.Figure:
     """``values`` ``(L, X)``: the patched logit per block (rows, forward order) and position (columns).
 
     The colour is the change from the clean logit (``values - clean``) on a red-blue scale
     centred on 0; the hover shows the patched logit, the clean and the source logit. NaN
     cells (not computed, no such head) stay blank. ``marked_row`` outlines one block.
+    ``scale_from``: the colour scale spans the largest change in columns ``scale_from``.. (the patches, where
+    the prefix tokens' columns would dwarf them); cells before it beyond that span take the scale's end colour.
     """
     v = np.asarray(values, np.float64)
     n_rows, n_cols = v.shape
     rows = list(row_labels) if row_labels is not None else [f"block {i}" for i in range(n_rows)]
     cols = list(x_labels) if x_labels is not None else [str(i) for i in range(n_cols)]
     change = v - clean
-    span = float(np.nanmax(np.abs(change))) if np.isfinite(change).any() else 0.0
+    scaled = change[:, scale_from:] if np.isfinite(change[:, scale_from:]).any() else change
+    span = float(np.nanmax(np.abs(scaled))) if np.isfinite(scaled).any() else 0.0
     custom = np.stack(
         [
             np.broadcast_to(np.array(rows, dtype=object)[:, None], v.shape),
@@ -79,7 +83,7 @@ def patching_grid_figure(
         title=title,
         xaxis=dict(title=x_title),
         yaxis=dict(title="block", tickvals=list(range(n_rows)), ticktext=rows, autorange="reversed"),
-        height=min(720, 120 + 24 * n_rows),
+        height=min(720, max(240, 120 + 24 * n_rows)),  # the colour bar's title fits beside a few blocks
         margin=_MARGIN,
         shapes=shapes,
     )

@@ -15,15 +15,18 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
+from vitviz.figures.flat import flat_limits
 from vitviz.record import Prediction
 from vitviz.text import plotly_plain
 
 __all__ = [
     "ATTENTION_SCALE",
+    "fit_text",
     "rgb_scale",
     "image_figure",
     "map_figure",
     "small_multiples_figure",
+    "tile_gap",
     "token_sequence_figure",
     "predictions_figure",
     "prefix_attention_figure",
@@ -63,6 +66,25 @@ def rgb_scale(scale: str | Sequence) -> list[list]:
     return out
 
 
+def fit_text(fig: go.Figure, *, title_chars: int = 80) -> go.Figure:
+    """Room for every text of ``fig`` (changed in place, and returned): each axis grows the margin to hold its tick
+    labels and title (``automargin``), so neither is cut at the figure's edge nor drawn over the other; a title
+    longer than ``title_chars`` wraps at word boundaries, the top margin and the height growing by a line each.
+
+    The figures here keep margins of 10 px (maps fill their column); at 1366 x 768 a half-width column is about
+    450 px wide, where a bar chart's class names and a block x head table's block names did not fit.
+    """
+    fig.update_xaxes(automargin=True)
+    fig.update_yaxes(automargin=True)
+    title, extra = _wrapped(fig.layout.title.text, title_chars)
+    if extra:
+        top = fig.layout.margin.t if fig.layout.margin.t is not None else 40
+        fig.update_layout(title_text=title, margin_t=top + extra)
+        if fig.layout.height is not None:
+            fig.update_layout(height=fig.layout.height + extra)
+    return fig
+
+
 def _kind_colour(kind: str) -> str:
     return KIND_COLOURS["REG"] if kind.startswith("REG") else KIND_COLOURS.get(kind, KIND_COLOURS["patch"])
 
@@ -77,8 +99,9 @@ def _patch_targets(
 ) -> go.Scatter:
     """Invisible markers on cell centres: the only hover/click targets (heatmaps cannot be selected).
 
-    ``customdata`` rows: ``[token, row, col, value, x, y]`` with (x, y) the cell centre in
-    pixels of the model input, so a click can pick the token at that point on any stage.
+    ``customdata`` rows: ``[token, row, col, value, x, y, patch]`` with (x, y) the cell centre in
+    pixels of the model input, so a click can pick the token at that point on any stage, and ``patch``
+    the cell's 0-based row-major index (p0..).
     """
     gh, gw = grid
     ch, cw = (cell, cell) if np.isscalar(cell) else cell
@@ -90,7 +113,7 @@ def _patch_targets(
         y=y,
         mode="markers",
         marker=dict(size=max(4, min(24, 400 // max(gh, gw))), opacity=0.0, symbol="square"),
-        customdata=np.stack([prefix + np.arange(gh * gw), rows, cols, vals, x, y], axis=1),
+        customdata=np.stack([prefix + np.arange(gh * gw), rows, cols, vals, x, y, np.arange(gh * gw)], axis=1),
         hovertemplate=hover,
         name="patches",
         showlegend=False,
@@ -110,10 +133,14 @@ def image_figure(image: np.ndarray, *, patch_size: int, num_prefix_tokens: int, 
             grid,
             patch_size,
             num_prefix_tokens,
-            "patch (row %{customdata[1]}, col %{customdata[2]})<br>index %{customdata[0]} in the sequence<extra></extra>",
+            "patch p%{customdata[6]} (row %{customdata[1]}, col %{customdata[2]})<br>index %{customdata[0]} in the "
+            "sequence<extra></extra>",
         )
     )
-    fig.update_layout(title=title or f"{grid[0]} x {grid[1]} patches of {patch_size} px", margin=_MARGIN, height=480)
+    default = f"{grid[0]} x {grid[1]} patches (rows x columns) of {patch_size} px; input {w} x {h} px (width x height)"
+    # the title fits the figure's own width (about its plot height times the image's aspect ratio)
+    text, extra = _wrapped(title or default, max(28, int((480 - 50) * w / h / 8.5)))
+    fig.update_layout(title=text, margin={**_MARGIN, "t": _MARGIN["t"] + extra}, height=480 + extra)
     _image_axes(fig, h, w)
     return fig
 
@@ -138,7 +165,8 @@ def map_figure(
     """A ``(gh, gw)`` map over the image (or alone), clickable cell by cell.
 
     ``click_hint`` ends each cell's hover text ("click to make it the query" where a click does that);
-    by default the hover promises nothing.
+    by default the hover promises nothing. Without ``zmin`` and ``zmax``, the colour scale spans the map's
+    range, except for a flat map (:mod:`vitviz.figures.flat`), drawn on its fixed scale.
 
     Cells span the image evenly (``image`` height / gh by width / gw pixels), so maps
     on a stage grid or a coarser key grid sit where their tokens are; without an
@@ -146,6 +174,8 @@ def map_figure(
     ``windows`` (row edges, column edges in cells) draws window boundaries.
     """
     gh, gw = grid_map.shape
+    if zmin is None and zmax is None:  # a flat map on a fixed scale, not stretched (vitviz.figures.flat)
+        zmin, zmax = flat_limits(grid_map) or (None, None)
     if image is not None:
         h, w = image.shape[:2]
     else:
@@ -192,9 +222,22 @@ def map_figure(
                 type="rect", x0=c * cw, x1=(c + 1) * cw, y0=r * ch, y1=(r + 1) * ch, line=dict(color="#00e5ff", width=3)
             )
         )
-    fig.update_layout(title=title, margin=_MARGIN, height=height, shapes=shapes)
+    # the title fits the figure's own width (about its height times the map's aspect ratio, plus the colour bar)
+    chars = max(28, int(((height - 50) * w / h + 90) / 8.5))
+    title, extra = _wrapped(title, chars)
+    fig.update_layout(title=title, margin={**_MARGIN, "t": _MARGIN["t"] + extra}, height=height + extra, shapes=shapes)
     _image_axes(fig, h, w)
     return fig
+
+
+def _wrapped(title: str, chars: int) -> tuple[str, int]:
+    """``title`` on lines of at most ``chars`` characters (at word boundaries), and the pixels the extra lines take."""
+    import textwrap
+
+    if not title or "<br>" in title or len(title) <= chars:
+        return title, 0
+    lines = textwrap.wrap(title, chars, break_long_words=False, break_on_hyphens=False)
+    return "<br>".join(lines), 20 * (len(lines) - 1)
 
 
 def _data_uri(image: np.ndarray, *, max_side: int | None = None, quality: int = 90) -> str:
@@ -212,6 +255,12 @@ def _data_uri(image: np.ndarray, *, max_side: int | None = None, quality: int = 
     return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
+def tile_gap(rows: int) -> int:
+    """Empty cells between two rows of tiles of ``rows`` cells in :func:`small_multiples_figure` (one between
+    columns): room for a line of title over tiles of few, large cells."""
+    return 1 if rows >= 12 else (2 if rows >= 6 else 3)
+
+
 def small_multiples_figure(
     maps: np.ndarray,
     titles: Sequence[str],
@@ -224,8 +273,12 @@ def small_multiples_figure(
     tile_px: int = 170,
     image: np.ndarray | None = None,
     opacity: float = 1.0,
+    click_hint: str = "",
 ) -> go.Figure:
     """``(K, gh, gw)`` maps as a grid of tiles on one shared colour scale (default: shared min/max).
+
+    ``click_hint`` ends each tile's hover ("click to show it large" where a click does that); by default
+    the hover promises nothing.
 
     All tiles live in one heatmap with one-cell gaps: a single trace keeps the figure
     fast to build and to draw (12 subplots cost ten times as much). With ``image``
@@ -233,12 +286,18 @@ def small_multiples_figure(
     target whose ``customdata`` is ``[tile index]``.
     """
     k, gh, gw = maps.shape
+    if zmin is None and zmax is None:  # a flat set of tiles on a fixed scale, not stretched (vitviz.figures.flat)
+        zmin, zmax = flat_limits(maps) or (None, None)
     cols = max(1, min(cols, k))
     rows = -(-k // cols)
-    big = np.full((rows * (gh + 1) - 1, cols * (gw + 1) - 1), np.nan)
+    # rows of tiles lie ``gap`` cells apart: room for the next row's titles (a 6 x 6 grid's one cell was less than a
+    # line of text, and the titles sat on the tiles above)
+    gap = tile_gap(gh)
+    stride = gh + gap
+    big = np.full((rows * stride - gap, cols * (gw + 1) - 1), np.nan)
     for i, m in enumerate(maps):
         r, c = divmod(i, cols)
-        big[r * (gh + 1) : r * (gh + 1) + gh, c * (gw + 1) : c * (gw + 1) + gw] = m
+        big[r * stride : r * stride + gh, c * (gw + 1) : c * (gw + 1) + gw] = m
     tile_r, tile_c = np.divmod(np.arange(k), cols)
     fig = go.Figure(
         [
@@ -254,12 +313,12 @@ def small_multiples_figure(
             ),
             go.Scatter(
                 x=tile_c * (gw + 1) + (gw - 1) / 2,
-                y=tile_r * (gh + 1) + (gh - 1) / 2,
+                y=tile_r * stride + (gh - 1) / 2,
                 mode="markers",
                 marker=dict(size=tile_px // 2, opacity=0.0, symbol="square"),
                 customdata=np.arange(k)[:, None],
                 text=list(titles),
-                hovertemplate="%{text}: click to show it large<extra></extra>",
+                hovertemplate="%{text}" + (f": {click_hint}" if click_hint else "") + "<extra></extra>",
                 showlegend=False,
             ),
         ]
@@ -273,7 +332,7 @@ def small_multiples_figure(
                     xref="x",
                     yref="y",
                     x=c * (gw + 1) - 0.5,
-                    y=r * (gh + 1) - 0.5,
+                    y=r * stride - 0.5,
                     sizex=gw,
                     sizey=gh,
                     xanchor="left",
@@ -288,11 +347,11 @@ def small_multiples_figure(
         annotations=[
             dict(
                 x=(i % cols) * (gw + 1) + (gw - 1) / 2,
-                y=(i // cols) * (gh + 1) - 0.5,
+                y=(i // cols) * stride - 0.5,
                 text=t,
                 showarrow=False,
                 yanchor="bottom",
-                font=dict(size=12),
+                font=dict(size=11),
             )
             for i, t in enumerate(titles)
         ],
@@ -370,7 +429,10 @@ def prefix_attention_figure(
     patch_total: float | None = None,
     title: str = "Attention to tokens not on the image (raw)",
 ) -> go.Figure:
-    """A bar per prefix token (values in [0, 1]), plus one for all patches together when ``patch_total`` is given."""
+    """A bar per prefix token (values in [0, 1]), plus one for all patches together when ``patch_total`` is given
+    (the default title then says so: the patches are on the image)."""
+    if patch_total is not None and title == "Attention to tokens not on the image (raw)":
+        title = "Where the query's attention goes (raw)"  # tokens off the image, and all patches together
     names = list(kinds) + ([] if patch_total is None else ["all patches"])
     vals = [float(v) for v in values] + ([] if patch_total is None else [float(patch_total)])
     fig = go.Figure(
@@ -403,16 +465,18 @@ def layer_head_figure(
     row_labels: Sequence[str] | None = None,
     stage_of_block: Sequence[int] | None = None,
     diverging: bool = False,
+    value_name: str = "value",
 ) -> go.Figure:
     """A blocks x heads heatmap (rows = blocks in forward order); click a cell to open that head.
 
     ``diverging``: a red-blue scale centred on 0 (effects and attributions, which take both signs).
+    ``value_name``: how the hover names a cell's value ("estimate" for an estimate).
 
     ``nan`` cells (heads a block does not have) stay blank and are not clickable;
     a line separates stages.
     """
     num_layers, num_heads = values.shape
-    labels = list(row_labels) if row_labels is not None else [f"layer {i}" for i in range(num_layers)]
+    labels = list(row_labels) if row_labels is not None else [f"block {i}" for i in range(num_layers)]
     fig = go.Figure(
         go.Heatmap(
             z=values,
@@ -422,25 +486,34 @@ def layer_head_figure(
             zmid=0.0 if diverging else None,
             colorbar=dict(title=dict(text=colorbar_title, side="right"), thickness=12),
             customdata=np.broadcast_to(np.array(labels, dtype=object)[:, None], values.shape),
-            hovertemplate="%{customdata}, head %{x}<br>%{z:.4g}<extra></extra>",
+            hovertemplate=f"%{{customdata}}, head %{{x}}<br>{value_name} %{{z:.4g}}<extra></extra>",
             hoverongaps=False,
         )
     )
     cells_l, cells_h = np.nonzero(np.isfinite(values))
     fig.add_trace(
-        go.Scatter(
+        go.Scatter(  # the click targets lie over the cells: their hover carries the value too
             x=cells_h,
             y=cells_l,
             mode="markers",
             marker=dict(size=14, opacity=0.0, symbol="square"),
-            customdata=np.stack([cells_l, cells_h], axis=1),
+            customdata=np.stack([cells_l, cells_h, values[cells_l, cells_h]], axis=1),
             text=[labels[i] for i in cells_l],
-            hovertemplate="%{text}, head %{customdata[1]}: click to open<extra></extra>",
+            hovertemplate=f"%{{text}}, head %{{customdata[1]}}<br>{value_name} %{{customdata[2]:.4g}}<br>click to open"
+            "<extra></extra>",
             showlegend=False,
         )
     )
-    shapes = [
-        dict(type="line", x0=-0.5, x1=num_heads - 0.5, y0=b - 0.5, y1=b - 0.5, line=dict(color="white", width=3))
+    heads_of = np.isfinite(values).sum(axis=1)  # heads each block has (its finite cells)
+    shapes = [  # a stage's boundary spans the cells on either side of it, not the blank cells beyond them
+        dict(
+            type="line",
+            x0=-0.5,
+            x1=max(heads_of[b - 1], heads_of[b]) - 0.5,
+            y0=b - 0.5,
+            y1=b - 0.5,
+            line=dict(color="white", width=3),
+        )
         for b in _stage_starts(stage_of_block)
     ]
     if marked is not None:
@@ -458,13 +531,13 @@ def layer_head_figure(
         title=title,
         xaxis=dict(title="head", dtick=1),
         yaxis=dict(
-            title="block" if stage_of_block else "layer",
+            title="block",
             tickvals=list(range(num_layers)),
             ticktext=labels,
             autorange="reversed",
         ),
-        height=min(720, 120 + 24 * num_layers),
-        margin=_MARGIN,
+        height=min(720, max(280, 120 + 24 * num_layers)) + (20 if "<br>" in title else 0),
+        margin={**_MARGIN, "t": 60 if "<br>" in title else 40},  # the colour bar's title fits beside a few blocks
         clickmode="event+select",
         dragmode=False,
         shapes=shapes,
@@ -505,7 +578,7 @@ def distance_depth_figure(
     ]
     notes = (
         [
-            dict(x=b, y=image_px, text=f"stage {i + 1}", showarrow=False, yanchor="top", xanchor="left")
+            dict(x=b, y=image_px, text=f"stage {i}", showarrow=False, yanchor="top", xanchor="left")
             for i, b in enumerate([0, *starts])
         ]
         if starts
@@ -513,7 +586,7 @@ def distance_depth_figure(
     )
     fig.update_layout(
         title="Mean attention distance by depth (one point per head)",
-        xaxis=dict(title="network depth (block)" if starts else "network depth (layer)", dtick=1),
+        xaxis=dict(title="network depth (block)", dtick=1),
         yaxis=dict(title="mean attention distance (pixels)", range=[0, image_px]),
         height=420,
         margin=_MARGIN,
@@ -566,7 +639,7 @@ def position_similarity_figure(similarity: np.ndarray, grid: tuple[int, int], *,
         title=f"Position embedding similarity, {g_rows} x {g_cols} positions{sub}",
         xaxis=dict(visible=False, constrain="domain"),
         yaxis=dict(visible=False, autorange="reversed", scaleanchor="x"),
-        height=640,
+        height=560,
         margin=_MARGIN,
     )
     return fig
@@ -614,25 +687,44 @@ def patch_components_figure(
     return fig
 
 
-def token_norms_figure(norms: np.ndarray, token_kinds: Sequence[str]) -> go.Figure:
-    """Residual-stream norm of every token after each layer (row 0 = embeddings)."""
-    labels = [k if k != "patch" else f"p{i}" for i, k in enumerate(token_kinds)]
+def token_norms_figure(
+    norms: np.ndarray, token_kinds: Sequence[str], *, row_labels: Sequence[str] | None = None
+) -> go.Figure:
+    """Residual-stream norm of every token ``(R, T)``: row 0 the tokens entering (the embeddings), row r after
+    block r - 1. ``row_labels`` ``(R,)``: what each row is (default "embeddings", "after block 0", ...; a later
+    stage's rows name its own blocks). Patches are named p0.. as on the Overview (prefix tokens by kind)."""
+    n_rows = norms.shape[0]
+    rows = (
+        list(row_labels) if row_labels is not None else ["embeddings", *(f"after block {b}" for b in range(n_rows - 1))]
+    )
+    if len(rows) != n_rows:
+        raise ValueError(f"{len(rows)} row labels for {n_rows} rows")
+    n_prefix = sum(k != "patch" for k in token_kinds)
+    tokens = [k if k != "patch" else f"p{i - n_prefix}" for i, k in enumerate(token_kinds)]
+    custom = np.stack(
+        [
+            np.broadcast_to(np.array(rows, dtype=object)[:, None], norms.shape),
+            np.broadcast_to(np.array(tokens, dtype=object)[None, :], norms.shape),
+        ],
+        axis=-1,
+    )
+    ticks = ["emb" if r == "embeddings" else r.removeprefix("after block ") for r in rows]
     fig = go.Figure(
         go.Heatmap(
             z=norms,
             x=np.arange(norms.shape[1]),
-            y=np.arange(norms.shape[0]),
+            y=np.arange(n_rows),
             colorscale=rgb_scale(NORM_SCALE),
-            customdata=np.broadcast_to(np.array(labels, dtype=object), norms.shape),
-            hovertemplate="after layer %{y}<br>token %{x} (%{customdata})<br>norm %{z:.3g}<extra></extra>",
+            customdata=custom,
+            hovertemplate="%{customdata[0]}<br>token %{x} (%{customdata[1]})<br>L2 norm %{z:.4g}<extra></extra>",
             colorbar=dict(title=dict(text="L2 norm (raw)", side="right"), thickness=12),
         )
     )
     fig.update_layout(
-        title="Token norms through the network (row 0: embeddings; high-norm outliers stand out)",
-        xaxis=dict(title="token (prefix tokens first)"),
-        yaxis=dict(title="layer", autorange="reversed", dtick=1),
-        height=min(520, 140 + 24 * norms.shape[0]),
+        title=f"Token norms through the network (row 0: {rows[0]}; then after each block; outliers stand out)",
+        xaxis=dict(title="token (prefix tokens first, then patches p0..)"),
+        yaxis=dict(title="block", autorange="reversed", tickvals=list(range(n_rows)), ticktext=ticks),
+        height=min(520, 140 + 24 * n_rows),
         margin=_MARGIN,
     )
     return fig
@@ -678,7 +770,7 @@ def lens_figure(
     """Logit lens: the probability of a few classes after each block (row 0: the embeddings) and the rank of
     the final top-1 class (1 = top), against depth. ``probabilities`` ``(L+1, K)``, ``ranks`` ``(L+1,)``;
     ``nan`` where the lens is not defined. ``row_labels`` ``(L+1,)``: what each row is, as the rest of the app
-    names blocks (default: "embeddings", then "after block 0" .. "after block L-1", 0-based like the Layer slider);
+    names blocks (default: "embeddings", then "after block 0" .. "after block L-1", 0-based like the Block slider);
     ``tick_labels`` ``(L+1,)``: their short forms on the x axis (default: "emb", then 0 .. L-1).
     """
     from plotly.subplots import make_subplots
@@ -689,7 +781,7 @@ def lens_figure(
     if len(row_labels) != len(depth):
         raise ValueError(f"{len(row_labels)} row labels for {len(depth)} rows")
     rows = np.asarray(list(row_labels), dtype=object)
-    # ticks: "emb", then the block's 0-based index, the numbers the Layer slider shows
+    # ticks: "emb", then the block's 0-based index, the numbers the Block slider shows
     if tick_labels is None:
         tick_labels = ["emb", *(str(b) for b in range(len(depth) - 1))]
     ticks = dict(tickmode="array", tickvals=depth, ticktext=list(tick_labels))
@@ -724,7 +816,11 @@ def lens_figure(
     fig.update_xaxes(title_text="residual stream after block (emb: the embeddings)", **ticks)
     fig.update_yaxes(range=[0, 1], tickformat=".0%", row=1, col=1)
     fig.update_yaxes(autorange="reversed", title_text="rank (1 = top)", row=1, col=2)
-    fig.update_layout(title="Logit lens: what the model would predict after each block", height=380, margin=_MARGIN)
+    fig.update_layout(
+        title="Logit lens: what the model would predict after each block",
+        height=400,
+        margin=dict(l=10, r=10, t=80, b=10),  # the title above the two subplots' titles
+    )
     return fig
 
 
@@ -758,7 +854,9 @@ def curves_figure(fractions: np.ndarray, curves: dict[str, tuple[np.ndarray, np.
     fig.update_xaxes(title_text="fraction of patches", tickformat=".0%")
     fig.update_yaxes(title_text=f"probability of '{target}'", range=[0, 1], row=1, col=1)
     fig.update_yaxes(range=[0, 1], row=1, col=2)
-    fig.update_layout(title="Deletion and insertion curves (Petsiuk et al. 2018)", height=400, margin=_MARGIN)
+    fig.update_layout(
+        title="Deletion and insertion curves (Petsiuk et al. 2018)", height=420, margin=dict(l=10, r=10, t=80, b=10)
+    )
     return fig
 
 
@@ -786,5 +884,5 @@ def areas_figure(deletion: dict[str, np.ndarray], insertion: dict[str, np.ndarra
                 col=col,
             )
     fig.update_yaxes(range=[0, 1])
-    fig.update_layout(title="Areas over the images, per method", height=420, margin=_MARGIN)
+    fig.update_layout(title="Areas over the images, per method", height=440, margin=dict(l=10, r=10, t=80, b=10))
     return fig

@@ -200,8 +200,8 @@ def unsupported(loaded: LoadedModel) -> str:
         return f"AttnLRP has no rule here for the SwiGLU feed-forward of '{loaded.name}' (its gate is not a module)."
     if kind not in SUPPORTED_MODEL_TYPES:
         return (
-            f"AttnLRP is implemented for the ViT, DeiT, DINOv2 and CLIP image towers; '{loaded.name}' is "
-            f"{loaded.family.name} ({kind})."
+            "AttnLRP is implemented for the ViT, DeiT, DINOv2 (without registers) and CLIP image towers; "
+            f"'{loaded.name}' is {loaded.family.name} ({kind})."
         )
     return ""
 

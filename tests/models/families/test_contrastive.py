@@ -296,7 +296,7 @@ def test_record_layout_prefix_grid_blocks_and_pool(models, processors, key, size
 
 def block_label_ok(cap) -> bool:
     labels = [cap.block_label(i) for i in range(cap.num_blocks)]
-    expected = [f"layer {i}" for i in range(VISION["num_hidden_layers"])]
+    expected = [f"block {i}" for i in range(VISION["num_hidden_layers"])]
     return labels == expected + (["pooling head"] if cap.blocks[-1].kind == "pool" else [])
 
 

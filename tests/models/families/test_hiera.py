@@ -266,7 +266,7 @@ def test_record_layout(hiera4):
     assert [s.grid for s in cap.stages] == [(16, 24), (8, 12), (4, 6), (2, 3)]
     assert [s.blocks for s in cap.stages] == [(0,), (1, 2), (3, 4), (5, 6)]
     assert cap.readout == "pooled" and cap.is_hierarchical and cap.patch_size == 4
-    assert not cap.rollout_note and cap.block_label(5) == "stage 4, block 0"
+    assert not cap.rollout_note and cap.block_label(5) == "stage 3, block 0"
     for s in cap.stages[1:]:
         np.testing.assert_array_equal(s.parents[0], np.arange(2 * s.grid[0]) // 2)
 

@@ -40,7 +40,7 @@ KEYS = ("dinov3", "mae", "ijepa", "aimv2_vision", "aimv2_native", "aimv2", "data
 RESIZABLE = tuple(k for k in KEYS if k not in ("aimv2_vision", "aimv2"))  # learned AIMv2 tables: native size only
 CLASSIFIERS = ("ijepa", "data2vec", "msn")
 EXPECTED = {  # model_type, class loaded, prefix kinds, readout, blocks (layers + pooling head)
-    "dinov3": ("dinov3_vit", "DINOv3ViTModel", ("CLS", "REG1", "REG2"), "cls", 2),
+    "dinov3": ("dinov3_vit", "DINOv3ViTModel", ("CLS", "REG0", "REG1"), "cls", 2),
     "mae": ("vit_mae", "ViTMAEForPreTraining", ("CLS",), "cls", 2),
     "ijepa": ("ijepa", "IJepaForImageClassification", (), "pooled", 2),
     "aimv2_vision": ("aimv2_vision_model", "Aimv2VisionModel", (), "head", 3),
@@ -347,8 +347,8 @@ def test_dinov3_registers_are_prefix_tokens(models):
     loaded = models["dinov3"]
     cap = capture(loaded, random_image(6))
     assert loaded.config.num_register_tokens == 2
-    assert cap.token_kinds[:4] == ("CLS", "REG1", "REG2", "patch")
-    assert [cap.token_label(i) for i in range(3)] == ["CLS", "REG1", "REG2"]
+    assert cap.token_kinds[:4] == ("CLS", "REG0", "REG1", "patch")
+    assert [cap.token_label(i) for i in range(3)] == ["CLS", "REG0", "REG1"]
     assert cap.default_query(0) == 0 and cap.token_centre(0, 2) is None
 
 

@@ -279,7 +279,7 @@ def test_relative_bias_maps_are_indexed_by_key_offset(swin, swinv2, version):
     loaded = swin if version == 1 else swinv2
     info = loaded.position
     assert not info.tables and len(info.biases) == 4
-    assert info.biases[0].name == "stage 1, block 0"
+    assert info.biases[0].name == "stage 0, block 0"
     bias = info.biases[0].bias
     assert bias.shape == (2, 7, 7)
     layer = _layers(loaded)[0]
@@ -301,7 +301,7 @@ def test_record_layout(swin):
     assert cap.is_hierarchical and cap.readout == "pooled" and cap.attention_stack is None
     assert [s.grid for s in cap.stages] == [(16, 16), (8, 8)]
     assert [s.blocks for s in cap.stages] == [(0, 1), (2, 3)]
-    assert cap.block_label(3) == "stage 2, block 1"
+    assert cap.block_label(3) == "stage 1, block 1"
     assert cap.token_at(1, 70.0, 5.0) == 0 * 8 + 7  # clipped to the last column
     assert cap.carry_query(cap.token_at(0, 33, 17), 0, 1) == 2 * 8 + 4
     with pytest.raises(ValueError, match="no dense"):

@@ -92,7 +92,7 @@ def _projection_conv(projection: torch.nn.Module) -> torch.nn.Conv2d | None:
 def _check_block(stage: int, layer: torch.nn.Module, stage_module: torch.nn.Module) -> None:
     """Refuse blocks transformers' own forward cannot run, with the reason, before any capture."""
     attn = _attention_module(layer)
-    name = f"stage {stage + 1}"
+    name = f"stage {stage}"
     q_conv = _projection_conv(attn.convolution_projection_query)
     k_conv = _projection_conv(attn.convolution_projection_key)
     if q_conv is None or k_conv is None:

@@ -183,7 +183,7 @@ class Dat(Family):
             attn = site.extra["attn"]
             if site.extra["kind"] != "D":
                 w = int(attn.window_size[0])
-                name = f"stage {site.stage + 1}, block {site.extra['within']}"
+                name = f"stage {site.stage}, block {site.extra['within']}"
                 biases.append(RelativeBias(name, _bias_map(attn.relative_position_bias_table, w)))
         note = "DAT has no absolute position embeddings: window blocks use relative bias tables."
         return PositionInfo(biases=tuple(biases), note=note)

@@ -205,7 +205,7 @@ class Hiera(Family):
                 if q > 1:
                     if not strides or math.prod(strides[0]) != q or int(layer.query_stride) != q:
                         raise ValueError(
-                            f"stage {s + 1} pools its queries by {q} where the tokens are unrolled by {strides}"
+                            f"stage {s} pools its queries by {q} where the tokens are unrolled by {strides}"
                         )
                     pools = strides[0]
                 info = _Layer(strides, pools, scale)

@@ -116,7 +116,7 @@ def _stage_geometry(
     expected = n if key_grid is None else key_grid[0] * key_grid[1]
     if tk != prefix + expected:
         raise RuntimeError(
-            f"stage {site.stage + 1} block {site.index}: {tk} keys, expected {prefix} prefix + {expected} "
+            f"stage {site.stage} block {site.index}: {tk} keys, expected {prefix} prefix + {expected} "
             f"({'no reduction' if key_grid is None else f'{key_grid[0]} x {key_grid[1]}'})"
         )
     return Geometry(
@@ -250,7 +250,7 @@ class Pvt(_Pyramid):
         for s, stage in enumerate(model.base_model.encoder.block):
             for j, layer in enumerate(stage):
                 attn = layer.attention.self
-                drop = _check_dropout(attn.dropout, f"stage {s + 1} block {j}: attention.self.dropout")
+                drop = _check_dropout(attn.dropout, f"stage {s} block {j}: attention.self.dropout")
                 sites.append(Site(index=len(sites), stage=s, attention=drop, block=layer, extra=attn))
         return sites
 
@@ -276,10 +276,10 @@ class Pvt(_Pyramid):
             rows = table.reshape(-1, table.shape[-1])[prefix:].numpy().copy()
             if rows.shape[0] != h * w:
                 raise ValueError(
-                    f"stage {s + 1} has {rows.shape[0]} position embeddings but a {h} x {w} grid at its "
+                    f"stage {s} has {rows.shape[0]} position embeddings but a {h} x {w} grid at its "
                     f"configured size {config.image_size}"
                 )
-            tables.append(PositionTable(f"stage {s + 1}", rows, (h, w)))
+            tables.append(PositionTable(f"stage {s}", rows, (h, w)))
         return PositionInfo(tables=tuple(tables))
 
     def patch_weight(self, model: nn.Module) -> np.ndarray:
@@ -326,7 +326,7 @@ class PvtV2(_Pyramid):
         for s, stage in enumerate(model.base_model.encoder.layers):
             for j, layer in enumerate(stage.blocks):
                 attn = layer.attention
-                drop = _check_dropout(attn.attn_drop, f"stage {s + 1} block {j}: attention.attn_drop")
+                drop = _check_dropout(attn.attn_drop, f"stage {s} block {j}: attention.attn_drop")
                 sites.append(Site(index=len(sites), stage=s, attention=drop, block=layer, extra=attn))
         return sites
 

@@ -5,7 +5,7 @@ grid (rows and columns 0..P-1 the prefix, then the patches in row-major order).
 Layouts, as the ``transformers`` 5.23 modeling code builds them:
 
 * **DINOv3** (``dinov3_vit``, ``DINOv3ViTModel``; 5.23 has no classifier): CLS, k
-  registers (``REG1`` .. ``REGk``), patches. No absolute position table: every
+  registers (``REG0`` .. ``REG{k-1}``, 0-based as every index), patches. No absolute position table: every
   attention layer rotates the queries and keys of the *patch* tokens (rotary
   embeddings, RoPE, from each patch's centre on the grid); CLS and the registers
   are not rotated. Any input size that is a multiple of the patch size works.
@@ -71,7 +71,7 @@ class Dinov3(PlainViT):
     interpolate_kwarg = False  # RoPE is computed from each input's own grid
 
     def prefix_kinds(self, config) -> tuple[str, ...]:
-        return ("CLS", *(f"REG{i + 1}" for i in range(int(getattr(config, "num_register_tokens", 0) or 0))))
+        return ("CLS", *(f"REG{i}" for i in range(int(getattr(config, "num_register_tokens", 0) or 0))))
 
     def position_table(self, model: torch.nn.Module) -> torch.Tensor | None:
         return None

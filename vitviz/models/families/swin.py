@@ -153,7 +153,7 @@ class Swin(Family):
         for site in self.sites(model):
             b = site.block.attention
             w = site.extra["window"]
-            biases.append(RelativeBias(f"stage {site.stage + 1}, block {self._within(model, site)}", self._bias(b, w)))
+            biases.append(RelativeBias(f"stage {site.stage}, block {self._within(model, site)}", self._bias(b, w)))
         tables = ()
         pos = getattr(model.base_model.embeddings, "position_embeddings", None)
         if pos is not None:

@@ -157,7 +157,7 @@ class T2TViT(Family):
         t = len(prefix) + side * side
         if raw.dim() != 4 or raw.shape[-1] != t or raw.shape[-2] != t:
             raise RuntimeError(
-                f"stage {site.stage + 1}: expected {len(prefix)} prefix + {side} x {side} tokens, got attention "
+                f"stage {site.stage}: expected {len(prefix)} prefix + {side} x {side} tokens, got attention "
                 f"of shape {tuple(raw.shape)}"
             )
         return Geometry(

@@ -192,7 +192,7 @@ class Dinov2Registers(Dinov2):
     model_types = ("dinov2_with_registers",)
 
     def prefix_kinds(self, config) -> tuple[str, ...]:
-        return ("CLS", *(f"REG{i + 1}" for i in range(config.num_register_tokens)))
+        return ("CLS", *(f"REG{i}" for i in range(config.num_register_tokens)))
 
 
 class Beit(PlainViT):
