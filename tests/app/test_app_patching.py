@@ -64,7 +64,8 @@ def test_patching_page_with_zero_shot_labels_and_a_hierarchical_model():
     titles = list(_charts(at))
     assert any(t.startswith("Residual patching (estimate)") for t in titles), titles
     assert at.selectbox(key="patch_target_index").label == "Label"
-    assert any("label" in i.value.lower() for i in at.info)  # no per-patch lens for label scores, said why
+    said = [i.value for i in [*at.info, *at.warning, *at.caption]]
+    assert any("label" in i.value.lower() for i in at.info), said  # no per-patch lens for label scores, said why
     at.selectbox(key="model_pick").set_value("demo-swin").run()
     no_trouble(at, "demo-swin")
     titles = list(_charts(at))

@@ -654,7 +654,10 @@ def clear_runs(model: torch.nn.Module | None = None) -> None:
 
 def _key(loaded: LoadedModel, image: Image.Image, hw, label_embeddings, budget_bytes: int) -> tuple:
     labels = None if label_embeddings is None else hashlib.sha1(np.asarray(label_embeddings, np.float32)).hexdigest()
-    return (id(loaded.model), loaded.name, _digest(image), hw, str(loaded.dtype), labels, budget_bytes)
+    # The adapter and the class names are part of what the scores mean: a zero-shot model seen as a classifier of
+    # its labels (``zeroshot.as_classifier``) shares the model but not the scores, so it must not share the Run.
+    scores = (type(loaded.family).__qualname__, id(loaded.family), tuple(sorted((loaded.id2label or {}).items())))
+    return (id(loaded.model), loaded.name, _digest(image), hw, str(loaded.dtype), labels, budget_bytes, scores)
 
 
 def peek_run(
