@@ -1,4 +1,4 @@
-"""Command line: ``vitviz {app,export,evaluate,convert,demo-data,train-demo} ...`` (or ``python -m vitviz ...``)."""
+"""Command line: ``vitviz {app,export,evaluate,convert,demo-data,train-demo,sae} ...`` (or ``python -m vitviz ...``)."""
 
 from __future__ import annotations
 
@@ -531,6 +531,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="address to listen on (default 127.0.0.1, this machine only; 0.0.0.0 for every interface)",
     )
     ap.set_defaults(func=_app)
+
+    from vitviz.sae.cli import add_parser as add_sae_parser
+
+    add_sae_parser(sub)
     return parser
 
 
