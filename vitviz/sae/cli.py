@@ -1,4 +1,4 @@
-"""``vitviz sae {train,measure}``: the command line of :mod:`vitviz.sae` (registered by ``__main__``)."""
+"""``vitviz sae {train,measure,train-demo}``: the command line of :mod:`vitviz.sae` (registered by ``__main__``)."""
 
 from __future__ import annotations
 
@@ -85,9 +85,18 @@ def _measure(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_demo(args: argparse.Namespace) -> int:
+    from vitviz.sae.demo import train_demo_sae
+
+    result = train_demo_sae(args.out, progress=_bar())
+    print(f"wrote {result.out}")
+    print(result.table())
+    return 0
+
+
 def add_parser(sub) -> None:
     """Register ``sae`` and its commands on the main parser's subparsers."""
-    sae = sub.add_parser("sae", help="sparse-autoencoder features: train, measure")
+    sae = sub.add_parser("sae", help="sparse-autoencoder features: train, measure, rebuild the demo's SAE")
     cmds = sae.add_subparsers(dest="sae_command", required=True)
 
     tr = cmds.add_parser(
@@ -136,3 +145,12 @@ def add_parser(sub) -> None:
     me.add_argument("--write", action="store_true", help="also write metrics.json into the SAE's folder")
     me.add_argument("--device", default=None)
     me.set_defaults(func=_measure)
+
+    td = cmds.add_parser(
+        "train-demo",
+        help="rebuild the bundled demo SAE (vitviz/assets/demo-sae) and its ground-truth table",
+        description="Writes demo-data, trains the demo SAE with fixed settings and seed, measures it and the "
+        "shapes' AUROC. Bit for bit with OMP_NUM_THREADS=1.",
+    )
+    td.add_argument("--out", default=None, help="default: the bundled folder vitviz/assets/demo-sae")
+    td.set_defaults(func=_train_demo)

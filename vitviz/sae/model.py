@@ -321,6 +321,7 @@ def save_sae(sae: SparseAutoencoder, folder: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / (WEIGHTS_FILE + ".tmp")
     save_file(sae.state(), str(tmp), metadata={"format": "pt"})
+    tmp.chmod(0o644)  # safetensors writes owner-only; the folder is shared (the bundled SAE ships in the package)
     tmp.replace(out / WEIGHTS_FILE)
     text = json.dumps(sae.cfg.to_cfg(), indent=2, sort_keys=True) + "\n"
     (out / (CFG_FILE + ".tmp")).write_text(text)
