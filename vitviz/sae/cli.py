@@ -86,8 +86,11 @@ def _measure(args: argparse.Namespace) -> int:
 
 
 def _train_demo(args: argparse.Namespace) -> int:
-    from vitviz.sae.demo import train_demo_sae
+    from vitviz.sae.demo import blocks_table, compare_blocks, train_demo_sae
 
+    if args.compare_blocks:
+        print(blocks_table(compare_blocks(progress=_bar())))
+        return 0
     result = train_demo_sae(args.out, progress=_bar())
     print(f"wrote {result.out}")
     print(result.table())
@@ -153,4 +156,10 @@ def add_parser(sub) -> None:
         "shapes' AUROC. Bit for bit with OMP_NUM_THREADS=1.",
     )
     td.add_argument("--out", default=None, help="default: the bundled folder vitviz/assets/demo-sae")
+    td.add_argument(
+        "--compare-blocks",
+        action="store_true",
+        help="instead: train a smaller SAE at each block's output and print the shapes' AUROC per block (writes "
+        "nothing)",
+    )
     td.set_defaults(func=_train_demo)

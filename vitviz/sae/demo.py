@@ -118,6 +118,56 @@ def train_demo_sae(out: str | Path | None = None, *, progress: Callable | None =
     return DemoSAE(target, scores, report.metrics or {})
 
 
+# The per-block comparison of docs/sae.md: the demo recipe, smaller (384 features, k = 8, 600 steps), at each block
+BLOCK_COMPARISON = dict(width="4x", k=8, steps=600)
+
+
+def compare_blocks(*, progress: Callable | None = None) -> list[dict]:
+    """For each block's output of the demo ViT, an SAE of :data:`BLOCK_COMPARISON` trained like the bundled one and
+    its shapes' table: ``[{"point", "shapes": {label: AUROC}, "lowest", "explained_variance"}, ...]``."""
+    from vitviz.data.shapes import write_dataset
+    from vitviz.models.hooks import installed_points
+    from vitviz.models.load import load_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    rows = []
+    try:
+        loaded = load_model("demo", device="cpu")
+        points = [n for n in installed_points(loaded.model).names() if n.startswith("blocks.") and n.endswith(".out")]
+        points = [n for n in points if n.count(".") == 2]  # blocks.{i}.out (not attn.out, mlp.out)
+        with tempfile.TemporaryDirectory(prefix="vitviz-demo-blocks-") as tmp:
+            csv = write_dataset(Path(tmp) / "data", **DEMO_DATA)
+            for point in points:
+                settings = TrainSettings(data=str(csv), **{**DEMO_SETTINGS, **BLOCK_COMPARISON, "point": point})
+                report = train(settings, Path(tmp) / point, loaded=loaded, progress=progress)
+                scores = shape_auroc(report.sae, loaded, ground_truth_seeds(), progress=progress)
+                rows.append(
+                    {
+                        "point": point,
+                        "shapes": {s.label: s.auroc for s in scores},
+                        "lowest": min(s.auroc for s in scores),
+                        "explained_variance": (report.metrics or {}).get("explained_variance"),
+                    }
+                )
+    finally:
+        torch.set_num_threads(threads)
+    return rows
+
+
+def blocks_table(rows: list[dict]) -> str:
+    """:func:`compare_blocks`'s rows in Markdown."""
+    labels = list(rows[0]["shapes"]) if rows else []
+    out = [
+        "| point | " + " | ".join(labels) + " | lowest | explained variance |",
+        "|---|" + "---|" * (len(labels) + 2),
+    ]
+    for r in rows:
+        cells = " | ".join(f"{r['shapes'][k]:.3f}" for k in labels)
+        out.append(f"| `{r['point']}` | {cells} | {r['lowest']:.3f} | {r['explained_variance']:.3f} |")
+    return "\n".join(out)
+
+
 def read_ground_truth(folder: str | Path = DEMO_SAE_DIR) -> list[ShapeScore]:
     """The shapes' table written beside a demo SAE (empty if there is none)."""
     path = Path(folder) / GROUND_TRUTH_FILE
