@@ -198,3 +198,28 @@ def test_the_command_line(tmp_path, data, capsys):
     assert rc == 0 and '"explained_variance"' in capsys.readouterr().out
     rc = main(["sae", "measure", "--sae", str(tmp_path / "none"), "--data", str(data)])
     assert rc == 1 and "does not exist" in capsys.readouterr().err
+
+
+def test_a_full_disk_is_a_message_and_the_rerun_goes_on(tmp_path, data, demo_model, monkeypatch):
+    import errno
+
+    items = read_dataset(data).items[:12]
+    real = np.save
+    calls = []
+
+    def full(path, arr):
+        calls.append(path)
+        if len(calls) == 2:  # the second shard finds the disk full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, arr)
+
+    monkeypatch.setattr(np, "save", full)
+    with pytest.raises(SAEError, match=r"No space left on device.*1 shards written before are kept"):
+        tr.collect(demo_model, POINT, items, tmp_path / "w", settings={}, image_batch=4, shard_mb=0.05)
+    assert not list((tmp_path / "w").glob("*.tmp.npy"))
+    monkeypatch.setattr(np, "save", real)
+    man = tr.collect(demo_model, POINT, items, tmp_path / "w", settings={}, image_batch=4, shard_mb=0.05)
+    assert man.done and man.done_ids() == {it.image_id for it in items}
+    (tmp_path / "w" / tr.MANIFEST).write_text("{not json")
+    with pytest.raises(SAEError, match="cannot be read"):
+        tr.collect(demo_model, POINT, items, tmp_path / "w", settings={})

@@ -178,7 +178,10 @@ class Manifest:
         path = folder / MANIFEST
         if not path.is_file():
             return None
-        return cls(**json.loads(path.read_text()))
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError) as exc:
+            raise SAEError(f"{path} cannot be read ({exc}): delete {folder} to collect the activations again") from None
 
 
 def _load_items(items: Sequence, skipped: list[list[str]]) -> list[tuple[Any, Any]]:
@@ -256,10 +259,18 @@ def collect(
         name = f"shard_{len(man.shards):05d}.npy"
         arr = np.concatenate(pending)
         tmp = work / (name + ".tmp.npy")
-        np.save(tmp, arr)
-        tmp.replace(work / name)
-        man.shards[name] = {"tokens": int(arr.shape[0]), "images": list(pending_ids)}
-        man.save(work)
+        try:
+            np.save(tmp, arr)
+            tmp.replace(work / name)
+            man.shards[name] = {"tokens": int(arr.shape[0]), "images": list(pending_ids)}
+            man.save(work)
+        except OSError as exc:  # a full disk: the shards already written stay listed, a rerun goes on from them
+            man.shards.pop(name, None)
+            tmp.unlink(missing_ok=True)
+            raise SAEError(
+                f"cannot write {work / name} ({exc.strerror or exc}): the {len(man.shards)} shards written before "
+                "are kept; free some space and run the same command again to go on"
+            ) from None
         pending.clear()
         pending_ids.clear()
 
@@ -291,7 +302,11 @@ def collect(
 
 def _diff(a: dict, b: dict) -> str:
     keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-    return ", ".join(f"{k}: {a.get(k)!r} then {b.get(k)!r}" for k in keys[:4])
+
+    def show(v) -> str:
+        return f"{len(v)} entries" if isinstance(v, list) and len(v) > 4 else repr(v)
+
+    return ", ".join(f"{k}: {show(a.get(k))} then {show(b.get(k))}" for k in keys[:4])
 
 
 # --- 2.-3. training ------------------------------------------------------------------------------------------
@@ -445,8 +460,15 @@ def _step_loss(sae: SparseAutoencoder, x: torch.Tensor, since: torch.Tensor, dea
 
 def _save_checkpoint(path: Path, state: dict) -> None:
     tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    tmp.replace(path)
+    try:
+        torch.save(state, tmp)
+        tmp.replace(path)
+    except OSError as exc:  # the previous checkpoint (if any) stays as it was
+        tmp.unlink(missing_ok=True)
+        raise SAEError(
+            f"cannot write the checkpoint {path} ({exc.strerror or exc}): free some space and run the same command "
+            "again to go on from the last checkpoint"
+        ) from None
 
 
 def train_sae(
