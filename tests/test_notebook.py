@@ -28,6 +28,7 @@ from vitviz.errors import ImageError, ModelLoadError, VitvizError
 from vitviz.figures.headview import pack_rows
 from vitviz.models.zeroshot import ZeroShotError, encode_labels, parse_labels, score
 from vitviz.notebook import DEFAULT_OPACITY, OPTIONS, VIEWS, HeadView
+from vitviz.sae.demo import DEMO_SAE_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 STAR = ROOT / "assets" / "examples" / "demo-star.png"
@@ -90,7 +91,8 @@ def test_static_views_are_the_apps_figures_of_the_same_numbers(demo_run):
     assert list(bars.x)[::-1] == pytest.approx([p.probability for p in cap.predictions])
     assert list(bars.y)[-1] == f"{cap.predictions[0].label} ({cap.predictions[0].index})"
     for view in VIEWS:
-        assert vitviz.show(demo_run, view) is not None
+        options = {"sae": DEMO_SAE_DIR} if view == "features" else {}  # the bundled demo SAE reads demo's blocks.2
+        assert vitviz.show(demo_run, view, **options) is not None
 
 
 def test_relevance_is_the_engines_for_the_class_asked(demo_run):
@@ -118,7 +120,8 @@ def test_zero_shot_runs_score_the_labels_and_draw_every_view(clip_run):
     assert list(bars.y)[::-1] == [f"{labels.names[i]} ({i})" for i in order]
     assert list(bars.x)[::-1] == pytest.approx(expected.probabilities[order], abs=1e-5)
     for view in VIEWS:
-        assert vitviz.show(clip_run, view) is not None
+        if view != "features":  # no SAE is bundled for demo-clip
+            assert vitviz.show(clip_run, view) is not None
 
 
 def test_zero_shot_relevance_explains_the_labels_score(clip_run):

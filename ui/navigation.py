@@ -25,6 +25,7 @@ PAGES = (
     PageEntry("pages/layers.py", "Layers & rollout", ":material/layers:"),
     PageEntry("pages/importance.py", "Head importance", ":material/science:"),
     PageEntry("pages/patching.py", "Activation patching", ":material/swap_horiz:"),
+    PageEntry("pages/features.py", "Features (SAE)", ":material/category:"),
     PageEntry("pages/compare.py", "Compare explanations", ":material/compare:"),
     PageEntry("pages/side_by_side.py", "Side by side", ":material/splitscreen:"),
     PageEntry("pages/dataset.py", "Data set", ":material/dataset:"),

@@ -1,4 +1,4 @@
-"""Command line: ``vitviz {app,export,evaluate,convert,demo-data,train-demo} ...`` (or ``python -m vitviz ...``)."""
+"""Command line: ``vitviz {app,export,evaluate,convert,demo-data,train-demo,sae} ...`` (or ``python -m vitviz ...``)."""
 
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ def _export(args: argparse.Namespace) -> int:
             if unknown:
                 print(f"warning: {terminal_text(unknown)}", file=sys.stderr)
     check_against_model(loaded, size, args.class_index, labels=labels)
+    sae, sae_features = _export_sae(args, loaded)
     if args.class_minus is not None:
         check_against_model(loaded, size, args.class_minus, labels=labels)
     class_index, minus_index = args.class_index, args.class_minus
@@ -88,11 +89,36 @@ def _export(args: argparse.Namespace) -> int:
             gif=args.gif,
             gif_head=args.gif_head,
             relevance_from_block=args.relevance_from_block,
+            sae=sae,
+            sae_features=sae_features,
         )
     report.failed[:0] = [(p, "no such file") for p in missing]
     print(terminal_text(f"wrote {len(report.written)} of {len(args.images)} images to {args.out}"))
     print_failures(report)
     return 1 if report.failed else 0
+
+
+def _export_sae(args: argparse.Namespace, loaded):
+    """``--sae DIR`` (and ``--features 3,17``, ``--sae-point``) -> the SAE, checked against the model, and the ids."""
+    if args.sae is None:
+        if args.features is not None or args.sae_point is not None:
+            raise UsageError("--features and --sae-point need --sae")
+        return None, None
+    from vitviz.sae.load import load_sae
+
+    sae = load_sae(args.sae, point=args.sae_point, loaded=loaded)
+    ids = None
+    if args.features is not None:
+        try:
+            ids = [int(v) for v in args.features.split(",") if v.strip()]
+        except ValueError:
+            raise UsageError(
+                f"--features takes feature numbers separated by commas (3,17), got {args.features!r}"
+            ) from None
+        bad = [i for i in ids if not 0 <= i < sae.d_sae]
+        if bad:
+            raise UsageError(f"--features {bad}: the SAE has features 0..{sae.d_sae - 1}")
+    return sae, ids
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -367,6 +393,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --labels: prompt-word relevance runs through text blocks K..last (default 0: all blocks; "
         "-1: the last only)",
     )
+    ex.add_argument(
+        "--sae",
+        default=None,
+        metavar="DIR",
+        help="also write sae_*: an SAE's features (SAELens folder, ViT-Prisma or saev checkpoint; e.g. the bundled "
+        "vitviz/assets/demo-sae for --model demo)",
+    )
+    ex.add_argument(
+        "--features",
+        default=None,
+        metavar="F1,F2",
+        help="with --sae: the features mapped in sae_feature_maps (default: the image's 8 most active)",
+    )
+    ex.add_argument("--sae-point", default=None, help="with --sae: its point, where the checkpoint does not say (saev)")
     ex.add_argument("--device", default=None, help="cuda, mps or cpu (default: best available)")
     ex.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     ex.add_argument("--allow-pickle", action="store_true", help="accept pickle-only checkpoints (runs their code!)")
@@ -543,6 +583,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="address to listen on (default 127.0.0.1, this machine only; 0.0.0.0 for every interface)",
     )
     ap.set_defaults(func=_app)
+
+    from vitviz.sae.cli import add_parser as add_sae_parser
+
+    add_sae_parser(sub)
     return parser
 
 

@@ -26,7 +26,7 @@ from vitviz.models.load import LoadedModel
 from vitviz.models.prompt_relevance import install_text_hooks, prompt_relevance, token_table
 from vitviz.models.zeroshot import Labels, TextTower, ZeroShotError, encode_labels, score
 
-__all__ = ["block_query", "capture_arrays", "overlay_map", "ExportReport", "export_images"]
+__all__ = ["block_query", "capture_arrays", "overlay_map", "ExportReport", "export_images", "sae_arrays"]
 
 
 def block_query(cap: Capture, stage: int, query_xy: tuple[float, float] | None) -> int:
@@ -188,6 +188,8 @@ def export_images(
     gif_head: int = 0,
     gif_side: int = 512,
     relevance_from_block: int = 0,
+    sae=None,
+    sae_features: Sequence[int] | None = None,
 ) -> ExportReport:
     """Write ``<stem>.npz`` and ``<stem>_rollout.png`` (``_attention.png`` where rollout is undefined) per image.
 
@@ -220,8 +222,16 @@ def export_images(
     ``methods``: explanation methods (:mod:`vitviz.methods`, e.g. ``attnlrp``): ``method_<name>`` ``(gh, gw)``
     float32, each method's raw map on the first stage's grid for ``method_class`` (``class_index``, else the
     top-1); a method that does not apply is refused before any image is read.
+    ``sae`` (a :class:`~vitviz.sae.model.SparseAutoencoder` of one of the model's points): ``sae_point``, each
+    token's strongest features ``sae_top_ids`` / ``sae_top_values`` (T, k) and the maps ``sae_feature_maps``
+    (F, gh, gw) of ``sae_features`` (default: the image's most active features), ``sae_feature_ids`` (F,)
+    (:func:`sae_arrays`); an SAE that does not fit the model is refused before any image is read.
     """
     chosen = _methods(loaded, methods)
+    if sae is not None:
+        from vitviz.sae.load import check_point
+
+        check_point(sae, loaded)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     report = ExportReport()
@@ -275,6 +285,12 @@ def export_images(
                     report.notes.setdefault(key, reason)
             if chosen:
                 arrays.update(_method_arrays(loaded, images[names.index(path)], chosen, size, class_index))
+            if sae is not None:
+                try:
+                    arrays.update(sae_arrays(loaded, images[names.index(path)], sae, sae_features, size))
+                except VitvizError as exc:
+                    report.failed.append((str(path), str(exc)))
+                    continue
             target = out / f"{stem}.npz"
             _write_npz(target, arrays)
             name, grid_map = overlay_map(cap, arrays)
@@ -330,6 +346,35 @@ def _methods(loaded: LoadedModel, methods: Sequence[str] | None) -> list:
         if why:
             raise MethodError(why)
     return chosen
+
+
+SAE_DEFAULT_MAPS = 8  # features mapped when none are chosen: the image's most active ones
+
+
+def sae_arrays(loaded: LoadedModel, image, sae, feature_ids: Sequence[int] | None, size) -> dict[str, np.ndarray]:
+    """``sae_point``; ``sae_top_ids`` (T, k) int32 and ``sae_top_values`` (T, k) float32, each token's k largest
+    feature activations, largest first (k: a TopK SAE's own k, else 32; T the point's tokens); the maps
+    ``sae_feature_maps`` (F, gh, gw) float32 of ``feature_ids`` over the point's patch grid (default: the
+    :data:`SAE_DEFAULT_MAPS` features with the largest activation on any patch) and ``sae_feature_ids`` (F,)."""
+    from vitviz.capture.run import get_run
+    from vitviz.sae.run import features
+
+    run = get_run(loaded, image, size=size)
+    feats = features(run, sae)
+    ids, vals = feats.top()
+    if feature_ids is None:
+        gh, gw = feats.grid
+        peak = feats.values[feats.n_prefix : feats.n_prefix + gh * gw].max(dim=0).values.numpy()
+        chosen = [int(i) for i in np.argsort(-peak, kind="stable")[:SAE_DEFAULT_MAPS] if peak[i] > 0]
+    else:
+        chosen = [int(i) for i in feature_ids]
+    return {
+        "sae_point": np.array(feats.point),
+        "sae_top_ids": ids,
+        "sae_top_values": vals,
+        "sae_feature_ids": np.array(chosen, dtype=np.int32),
+        "sae_feature_maps": feats.maps(chosen),
+    }
 
 
 def _method_arrays(loaded: LoadedModel, image, chosen: list, size, class_index: int | None) -> dict[str, np.ndarray]:

@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
 __all__ = ["VIEWS", "OPTIONS", "DEFAULT_OPACITY", "NotebookError", "HeadView", "run", "show"]
 
-VIEWS = ("heads", "heads-static", "rollout", "relevance", "predictions", "positions", "tokens")
+VIEWS = ("heads", "heads-static", "rollout", "relevance", "predictions", "positions", "tokens", "features")
 # The options each view takes (``show(run, view, **options)``); anything else is refused, naming these.
 OPTIONS: dict[str, tuple[str, ...]] = {
     "heads": ("height", "max_bytes", "opacity"),
@@ -70,6 +70,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "predictions": ("top",),
     "positions": ("block",),
     "tokens": (),
+    "features": ("sae", "feature", "opacity"),
 }
 DEFAULT_OPACITY = 0.6  # of a map over the photo: the photo stays visible (1 hides it)
 
@@ -301,7 +302,10 @@ def show(target: Run | Capture, view: str = "heads", **options: Any) -> HeadView
     * ``predictions``: ``top`` (how many, default 5);
     * ``positions``: the cosine similarity of the learned position embeddings (the ViT paper's Figure 7,
       centre), or for models with relative position biases (Swin) every head's bias of block ``block``;
-    * ``tokens``: the token sequence.
+    * ``tokens``: the token sequence;
+    * ``features`` (needs a run): a sparse autoencoder's feature over the image; ``sae`` (required: an SAE folder
+      or file, or a loaded :class:`~vitviz.sae.model.SparseAutoencoder`), ``feature`` (default: the feature
+      most active on any patch), ``opacity``.
     """
     from vitviz.capture.run import Run
     from vitviz.record import Capture
@@ -335,7 +339,37 @@ def show(target: Run | Capture, view: str = "heads", **options: Any) -> HeadView
         raise NotebookError(f"{view} needs the model's scores: pass the run from vitviz.run(), not a bare record")
     if view == "relevance":
         return _relevance(target, **options)
+    if view == "features":
+        return _features(target, **options)
     return _predictions(target, **options)
+
+
+def _features(run: Run, *, sae: Any = None, feature: Any = None, opacity: Any = DEFAULT_OPACITY) -> go.Figure:
+    from vitviz import figures
+    from vitviz.sae import SparseAutoencoder, load_sae
+    from vitviz.sae.run import features
+
+    if sae is None:
+        raise NotebookError("show(run, 'features') needs sae=: an SAE folder (e.g. vitviz/assets/demo-sae) or file")
+    if not isinstance(sae, SparseAutoencoder):
+        if not isinstance(sae, (str, Path)):
+            raise NotebookError(f"sae is an SAE folder, a file or a loaded SparseAutoencoder; got {type(sae).__name__}")
+        sae = load_sae(sae, loaded=run.loaded)
+    opacity = _fraction("opacity", opacity)
+    feats = features(run, sae)
+    gh, gw = feats.grid
+    patches = feats.values[feats.n_prefix : feats.n_prefix + gh * gw]
+    if feature is None:
+        feature = int(patches.max(dim=0).values.argmax())
+    feature = _index("feature", feature, sae.d_sae, f"the SAE has {sae.d_sae} features")
+    on = float((patches[:, feature] > 0).float().mean())
+    return figures.map_figure(
+        run.capture.image,
+        feats.map(feature),
+        title=f"Feature {feature} of the SAE at {feats.point} (active on {on:.0%} of the patches)",
+        colorbar_title="activation",
+        opacity=opacity,
+    )
 
 
 def _did_you_mean(word: Any, choices: Sequence[str]) -> str:

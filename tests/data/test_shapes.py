@@ -1,6 +1,6 @@
 import numpy as np
 
-from vitviz.data.shapes import CLASSES, make_sample, write_dataset
+from vitviz.data.shapes import CLASSES, IMAGE_SIZE, make_sample, write_dataset
 
 
 def test_same_seed_same_image_and_box():
@@ -27,3 +27,14 @@ def test_write_dataset(tmp_path):
     csv_path = write_dataset(tmp_path, n=3, seed=1)
     assert len(csv_path.read_text().splitlines()) == 4
     assert len(list(tmp_path.glob("*.png"))) == 3
+
+
+def test_make_sample_returns_the_shapes_own_pixels():
+    for seed in range(6):
+        s = make_sample(seed)
+        assert s.mask.shape == (IMAGE_SIZE, IMAGE_SIZE) and s.mask.dtype == bool
+        ys, xs = np.nonzero(s.mask)
+        assert (int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1) == s.box
+        on = np.asarray(s.image)[s.mask]
+        assert (on == on[0]).all()  # one fill colour: the shape is drawn last, nothing covers it
+        assert make_sample(seed) == s  # the mask does not take part in equality

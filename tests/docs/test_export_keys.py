@@ -18,6 +18,7 @@ from conftest import save_tiny
 from vitviz.__main__ import main
 from vitviz.data.shapes import make_sample
 from vitviz.methods import METHODS
+from vitviz.sae.demo import DEMO_SAE_DIR
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "export.md"
 _ROW = re.compile(r"^\| `([a-z_0-9<>A-Z]+)` \|", re.MULTILINE)
@@ -56,7 +57,7 @@ def exported(tmp_path_factory) -> dict[str, set[str]]:
     runs = {
         "demo": [
             "--model", "demo", "--causal", "--class", "4", "--class-minus", "1", "--patch-from", str(square),
-            "--methods", methods, "--gif", "rollout", "--query-xy", "40,40",
+            "--methods", methods, "--gif", "rollout", "--query-xy", "40,40", "--sae", str(DEMO_SAE_DIR),
         ],
         "demo-clip": [
             "--model", "demo-clip", "--labels", "circle,square,star", "--causal", "--label", "star",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import colorsys
 import csv
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +33,8 @@ class Sample:
     image: Image.Image  # RGB, IMAGE_SIZE x IMAGE_SIZE
     label: int  # index into CLASSES
     box: tuple[int, int, int, int]  # (x0, y0, x1, y1) in pixels, x1/y1 exclusive
+    # (size, size) bool: the pixels of the shape itself, as drawn (the shape is drawn last: nothing covers it)
+    mask: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
 def _polygon(kind: str, cx: float, cy: float, r: float, angle: float) -> list[tuple[float, float]]:
@@ -107,7 +109,7 @@ def _shape_colour(rng: np.random.Generator, label: int, local: np.ndarray) -> tu
 
 
 def make_sample(seed: int, *, size: int = IMAGE_SIZE, label: int | None = None) -> Sample:
-    """One image, its label and the shape's tight bounding box, from ``seed`` alone."""
+    """One image, its label, the shape's tight bounding box and its pixel mask, from ``seed`` alone."""
     rng = np.random.default_rng(seed)
     label = int(rng.integers(len(CLASSES))) if label is None else int(label)
     img = _background(rng, size)
@@ -123,9 +125,10 @@ def make_sample(seed: int, *, size: int = IMAGE_SIZE, label: int | None = None) 
     else:
         mdraw.polygon(_polygon(kind, cx, cy, r, rng.uniform(0, 2 * math.pi)), fill=255)
     img.paste(Image.new("RGB", (size, size), fill), (0, 0), mask)
-    ys, xs = np.nonzero(np.asarray(mask))
+    pixels = np.asarray(mask) > 0
+    ys, xs = np.nonzero(pixels)
     box = (int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1)
-    return Sample(image=img, label=label, box=box)
+    return Sample(image=img, label=label, box=box, mask=pixels)
 
 
 def make_batch(seeds: range | list[int], *, size: int = IMAGE_SIZE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -1,0 +1,165 @@
+"""``vitviz sae {train,measure,train-demo}``: the command line of :mod:`vitviz.sae` (registered by ``__main__``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+__all__ = ["add_parser"]
+
+
+def _bar():
+    """A progress callback drawing one tqdm bar per stage (collect, train, measure) on stderr."""
+    from tqdm import tqdm
+
+    bars: dict[str, tqdm] = {}
+
+    def progress(stage: str, done: int, total: int, numbers: dict) -> None:
+        bar = bars.get(stage)
+        if bar is None:
+            for other in bars.values():
+                other.close()
+            bar = bars[stage] = tqdm(total=total, initial=done, desc=stage, file=sys.stderr, unit="step")
+        bar.update(done - bar.n)
+        if numbers:
+            bar.set_postfix({k: f"{v:.3g}" if isinstance(v, float) else v for k, v in numbers.items()}, refresh=False)
+        if done >= total:
+            bar.close()
+
+    return progress
+
+
+def _train(args: argparse.Namespace) -> int:
+    from vitviz.cli_checks import UsageError, input_size
+    from vitviz.sae.train import TrainSettings, train
+
+    if args.engine == "ray":
+        raise UsageError("--engine ray is not available for SAE training yet: use the local engine (the default)")
+    settings = TrainSettings(
+        model=args.model,
+        point=args.point,
+        data=args.data,
+        width=args.width,
+        k=args.k,
+        activation=args.activation,
+        l1=args.l1,
+        tokens=args.tokens,
+        seed=args.seed,
+        steps=args.steps,
+        batch_tokens=args.batch_tokens,
+        lr=args.lr,
+        held_out=args.held_out,
+        limit=args.limit,
+        size=input_size(args.size),
+        max_disk_mb=args.max_disk_mb,
+        device=args.device,
+    )
+    report = train(settings, args.out, progress=_bar(), keep_work=args.keep_activations)
+    for where, why in report.skipped:
+        print(f"skipped: {where}: {why}", file=sys.stderr)
+    print(f"wrote {report.out} ({report.sae.cfg.describe()})")
+    if report.metrics:
+        print(json.dumps(report.metrics, indent=2))
+    return 0
+
+
+def _measure(args: argparse.Namespace) -> int:
+    from vitviz.cli_checks import input_size
+    from vitviz.evaluate.data import read_dataset
+    from vitviz.models.load import load_model
+    from vitviz.sae.load import load_sae
+    from vitviz.sae.measure import measure, write_metrics
+
+    loaded = load_model(args.model, device=args.device)
+    sae = load_sae(args.sae, point=args.point, loaded=loaded)
+    items = read_dataset(args.data, limit=args.limit).items
+    metrics = measure(sae, loaded, items, size=input_size(args.size), progress=_bar()).as_dict()
+    if args.write:
+        if not Path(args.sae).is_dir():
+            print(f"--write: {args.sae} is not a folder", file=sys.stderr)
+            return 2
+        print(f"wrote {write_metrics(args.sae, metrics)}")
+    print(json.dumps(metrics, indent=2))
+    return 0
+
+
+def _train_demo(args: argparse.Namespace) -> int:
+    from vitviz.sae.demo import blocks_table, compare_blocks, train_demo_sae
+
+    if args.compare_blocks:
+        print(blocks_table(compare_blocks(progress=_bar())))
+        return 0
+    result = train_demo_sae(args.out, progress=_bar())
+    print(f"wrote {result.out}")
+    print(result.table())
+    return 0
+
+
+def add_parser(sub) -> None:
+    """Register ``sae`` and its commands on the main parser's subparsers."""
+    sae = sub.add_parser("sae", help="sparse-autoencoder features: train, measure, rebuild the demo's SAE")
+    cmds = sae.add_subparsers(dest="sae_command", required=True)
+
+    tr = cmds.add_parser(
+        "train",
+        help="train an SAE on one point's activations over a folder of images",
+        description="Collect one point's activations over the images (shards on disk, bounded), train a TopK SAE "
+        "(or ReLU + L1), save it as a SAELens folder (cfg.json + sae_weights.safetensors) and measure it on "
+        "held-out images (metrics.json). An interrupted run started again with the same options resumes.",
+    )
+    tr.add_argument("--model", default="demo", help="'demo', a hub id or a local folder")
+    tr.add_argument("--point", required=True, help="the vitviz point, e.g. blocks.2.out")
+    tr.add_argument("--data", required=True, metavar="FOLDER_OR_CSV", help="images, as `evaluate` reads them")
+    tr.add_argument("--out", required=True, help="the SAE's folder (also the work folder while training)")
+    tr.add_argument("--width", default="16x", help="features: a multiple of the point's width (16x) or a number")
+    tr.add_argument("--k", type=int, default=32, help="TopK: features kept per token (default 32)")
+    tr.add_argument("--activation", default="topk", choices=("topk", "relu"), help="topk, or relu with an L1 loss")
+    tr.add_argument("--l1", type=float, default=5.0, help="relu: the L1 coefficient (default 5)")
+    tr.add_argument(
+        "--tokens",
+        default="patches",
+        choices=("patches", "all"),
+        help="train on the patch tokens only (default) or on every token (CLS, registers...)",
+    )
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--steps", type=int, default=None, help="default: 10 passes over the training tokens")
+    tr.add_argument("--batch-tokens", type=int, default=4096, help="tokens per step (default 4096)")
+    tr.add_argument("--lr", type=float, default=4e-4, help="Adam's peak learning rate (default 4e-4)")
+    tr.add_argument("--held-out", type=int, default=100, help="images kept out of training for metrics.json")
+    tr.add_argument("--limit", type=int, default=None, help="use the first N usable images only")
+    tr.add_argument("--size", type=int, nargs="+", metavar="PX", help="input size: one number (square) or H W")
+    tr.add_argument(
+        "--max-disk-mb", type=float, default=4096.0, help="refuse before starting if the activations need more"
+    )
+    tr.add_argument("--keep-activations", action="store_true", help="keep the shards after training")
+    tr.add_argument("--engine", default="local", choices=("local", "ray"), help="ray: not available yet")
+    tr.add_argument("--device", default=None)
+    tr.set_defaults(func=_train)
+
+    me = cmds.add_parser("measure", help="explained variance, L0, dead/dense features and the splice cost")
+    me.add_argument("--sae", required=True, help="an SAE folder or file (SAELens, ViT-Prisma, saev)")
+    me.add_argument("--model", default="demo")
+    me.add_argument("--data", required=True, metavar="FOLDER_OR_CSV", help="held-out images")
+    me.add_argument("--point", default=None, help="the point, where the checkpoint does not say (saev)")
+    me.add_argument("--limit", type=int, default=None)
+    me.add_argument("--size", type=int, nargs="+", metavar="PX")
+    me.add_argument("--write", action="store_true", help="also write metrics.json into the SAE's folder")
+    me.add_argument("--device", default=None)
+    me.set_defaults(func=_measure)
+
+    td = cmds.add_parser(
+        "train-demo",
+        help="rebuild the bundled demo SAE (vitviz/assets/demo-sae) and its ground-truth table",
+        description="Writes demo-data, trains the demo SAE with fixed settings and seed, measures it and the "
+        "shapes' AUROC. Bit for bit with OMP_NUM_THREADS=1.",
+    )
+    td.add_argument("--out", default=None, help="default: the bundled folder vitviz/assets/demo-sae")
+    td.add_argument(
+        "--compare-blocks",
+        action="store_true",
+        help="instead: train a smaller SAE at each block's output and print the shapes' AUROC per block (writes "
+        "nothing)",
+    )
+    td.set_defaults(func=_train_demo)
