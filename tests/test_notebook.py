@@ -186,6 +186,8 @@ def test_maps_leave_the_photo_visible_and_take_an_opacity(demo_run):
     "view,options,words",
     [
         ("heads-static", {"layer": 9}, "layer=9: demo has 4 blocks"),
+        ("heads-static", {"block": 9}, "block=9: demo has 4 blocks"),
+        ("heads-static", {"block": 1, "layer": 2}, "name the same thing"),
         ("heads-static", {"layer": 99}, "layer=99"),
         ("heads-static", {"query": 10**9}, "query="),
         ("heads-static", {"layer": "1"}, "whole number"),

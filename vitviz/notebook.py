@@ -64,7 +64,7 @@ VIEWS = ("heads", "heads-static", "rollout", "relevance", "predictions", "positi
 # The options each view takes (``show(run, view, **options)``); anything else is refused, naming these.
 OPTIONS: dict[str, tuple[str, ...]] = {
     "heads": ("height", "max_bytes", "opacity"),
-    "heads-static": ("layer", "query"),
+    "heads-static": ("block", "query", "layer"),  # layer: the older name of block
     "rollout": ("start", "stop", "fusion", "discard", "opacity"),
     "relevance": ("class_index", "label", "opacity"),
     "predictions": ("top",),
@@ -268,9 +268,10 @@ class HeadView:
         webbrowser.open(path.as_uri())
         return path
 
-    def figure(self, *, layer: int | None = None, query: int | None = None) -> go.Figure:
-        """The static version: every head of one layer (default: the last) for one query (default: CLS)."""
-        return _heads_static(self.capture, layer=layer, query=query)
+    def figure(self, *, block: int | None = None, query: int | None = None, layer: int | None = None) -> go.Figure:
+        """The static version: every head of one block (0-based, default: the last; ``layer``: its older name) for
+        one query (default: CLS)."""
+        return _heads_static(self.capture, block=block, layer=layer, query=query)
 
 
 _UNTRUSTED = (
@@ -294,7 +295,8 @@ def show(target: Run | Capture, view: str = "heads", **options: Any) -> HeadView
       8 MB: a larger record, e.g. ``demo`` at 224 px, gets the static figure and a warning naming the size
       it needs; raise it to send the page anyway, and the notebook file keeps it), ``opacity`` of the map
       over the photo (0..1, default 0.6);
-    * ``heads-static``: ``layer`` (default: the last), ``query`` (a token index; default: CLS);
+    * ``heads-static``: ``block`` (0-based, default: the last; ``layer`` is the same, its older name), ``query``
+      (a token index; default: CLS);
     * ``rollout``: ``start``, ``stop`` (blocks ``start..stop-1``), ``fusion`` (``"mean"``, ``"max"``,
       ``"min"``), ``discard`` (ratio in [0, 1)), ``opacity``;
     * ``relevance`` (needs a run, not a bare record): ``class_index`` (a classifier; default: the top-1),
@@ -407,9 +409,9 @@ def _fraction(name: str, value: Any, *, below_one: bool = False) -> float:
     return v
 
 
-def _layer(cap: Capture, layer: Any) -> int:
+def _layer(cap: Capture, layer: Any, name: str = "layer") -> int:
     n = cap.num_blocks
-    return n - 1 if layer is None else _index("layer", layer, n, f"{cap.model_name} has {n} blocks")
+    return n - 1 if layer is None else _index(name, layer, n, f"{cap.model_name} has {n} blocks")
 
 
 def _heads(
@@ -463,11 +465,13 @@ def _query(cap: Capture, b: int, query: Any) -> int:
     )
 
 
-def _heads_static(cap: Capture, *, layer: Any = None, query: Any = None) -> go.Figure:
+def _heads_static(cap: Capture, *, block: Any = None, layer: Any = None, query: Any = None) -> go.Figure:
     from vitviz import figures
     from vitviz.analysis.blocks import head_maps
 
-    b = _layer(cap, layer)
+    if block is not None and layer is not None and block != layer:
+        raise NotebookError(f"block={block!r} and layer={layer!r} name the same thing: give one")
+    b = _layer(cap, layer, "layer") if block is None else _layer(cap, block, "block")
     block = cap.blocks[b]
     q = _query(cap, b, query)
     maps = head_maps(block, q)
