@@ -19,14 +19,14 @@ while loading (``attention.attention.query`` -> ``attention.q_proj``), so only c
 
 from __future__ import annotations
 
-import json
-import math
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from vitviz.models.safetensors_header import HeaderError, read_header
 
 __all__ = [
     "Footprint",
@@ -37,25 +37,6 @@ __all__ = [
 ]
 
 MAX_MISSING_SHARE = 0.01  # of the parameters: what load_model lets a checkpoint leave out (heads, poolers)
-_MAX_HEADER = 100 * 2**20  # bytes of a safetensors header
-_DTYPE_BYTES = {
-    "BOOL": 1,
-    "U8": 1,
-    "I8": 1,
-    "F8_E4M3": 1,
-    "F8_E5M2": 1,
-    "I16": 2,
-    "U16": 2,
-    "F16": 2,
-    "BF16": 2,
-    "I32": 4,
-    "U32": 4,
-    "F32": 4,
-    "I64": 8,
-    "U64": 8,
-    "F64": 8,
-    "C64": 8,
-}
 
 
 @dataclass(frozen=True)
@@ -98,32 +79,20 @@ class _BadHeader(ValueError):
 def _header_elements(path: Path) -> int:
     """Values the tensors of one safetensors file hold, from its header; each entry's span checked against its
     shape and the file's size, so a header cannot claim more than the file holds."""
-    size = path.stat().st_size
-    with open(path, "rb") as fh:
-        head = fh.read(8)
-        n = int.from_bytes(head, "little") if len(head) == 8 else -1
-        if n < 2 or n > min(size - 8, _MAX_HEADER):
-            raise _BadHeader(f"{path.name}: its header length does not fit the file")
-        try:
-            header = json.loads(fh.read(n))
-        except (UnicodeDecodeError, ValueError, RecursionError):
-            raise _BadHeader(f"{path.name}: its header is not JSON") from None
-    if not isinstance(header, dict):
-        raise _BadHeader(f"{path.name}: its header is not a table of tensors")
-    data, total = size - 8 - n, 0
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            itemsize = _DTYPE_BYTES[info["dtype"]]
-            begin, end = (int(v) for v in info["data_offsets"])
-            count = math.prod(int(d) for d in info["shape"])
-        except (KeyError, TypeError, ValueError):
-            raise _BadHeader(f"{path.name}: the entry of {str(name)[:80]} cannot be read") from None
-        if not 0 <= begin <= end <= data or end - begin != count * itemsize:
-            raise _BadHeader(f"{path.name}: {str(name)[:80]} does not fit the file")
-        total += count
-    return total
+    why = {
+        "length": "its header length does not fit the file",
+        "json": "its header is not JSON",
+        "table": "its header is not a table of tensors",
+    }
+    try:
+        entries, _ = read_header(path)
+    except HeaderError as exc:
+        if exc.kind == "entry":
+            raise _BadHeader(f"{path.name}: the entry of {exc.name[:80]} cannot be read") from None
+        if exc.kind in ("span", "outside"):
+            raise _BadHeader(f"{path.name}: {exc.name[:80]} does not fit the file") from None
+        raise _BadHeader(f"{path.name}: {why[exc.kind]}") from None
+    return sum(e.count for e in entries)
 
 
 def checkpoint_elements(files: Iterable[str | Path]) -> int:

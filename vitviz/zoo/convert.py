@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import math
 import re
 import shutil
 import tempfile
@@ -29,6 +28,7 @@ from typing import Any
 import torch
 
 from vitviz.errors import VitvizError
+from vitviz.models.safetensors_header import HeaderError, read_header
 
 __all__ = ["Converter", "ConvertError", "official_names", "converter_for", "read_state_dict", "convert"]
 
@@ -39,25 +39,6 @@ DATASET_CLASSES = {"cifar10": 10, "cifar100": 100, "flowers102": 102, "imagenet"
 # (a dict subclass) becomes an OrderedDict, whether or not yacs is installed.
 SETTINGS_CLASSES = [argparse.Namespace, (collections.OrderedDict, "yacs.config.CfgNode")]
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_MAX_HEADER = 100 * 2**20  # bytes of a safetensors header
-_DTYPE_BYTES = {
-    "BOOL": 1,
-    "U8": 1,
-    "I8": 1,
-    "F8_E4M3": 1,
-    "F8_E5M2": 1,
-    "I16": 2,
-    "U16": 2,
-    "F16": 2,
-    "BF16": 2,
-    "I32": 4,
-    "U32": 4,
-    "F32": 4,
-    "I64": 8,
-    "U64": 8,
-    "F64": 8,
-    "C64": 8,
-}
 
 
 class ConvertError(VitvizError):
@@ -135,6 +116,20 @@ def converter_for(name: str) -> Converter:
     return registry[name]
 
 
+def _header_problem(path: Path, exc: HeaderError) -> str:
+    if exc.kind == "length":
+        return f"{path.name} is not a safetensors file: its header length does not fit the file."
+    if exc.kind == "json":
+        return f"{path.name} is damaged: its safetensors header is not JSON."
+    if exc.kind == "table":
+        return f"{path.name} is damaged: its safetensors header is not a table of tensors."
+    if exc.kind == "entry":
+        return f"{path.name} is damaged: the header entry of {exc.name[:80]} cannot be read."
+    if exc.kind == "outside":
+        return f"{path.name} is damaged: {exc.name[:80]} {exc} (truncated?)."
+    return f"{path.name} is damaged: {exc.name[:80]} {exc}."
+
+
 def check_safetensors(path: Path) -> None:
     """Refuse a safetensors file whose header or sizes do not add up, before it is read.
 
@@ -142,35 +137,11 @@ def check_safetensors(path: Path) -> None:
     ``data_offsets`` must tile the data area exactly (no gap, no overlap, nothing after the
     last), each span holding ``prod(shape) * itemsize`` bytes.
     """
-    size = path.stat().st_size
-    with open(path, "rb") as fh:
-        head = fh.read(8)
-        n = int.from_bytes(head, "little") if len(head) == 8 else -1
-        if n < 2 or n > min(size - 8, _MAX_HEADER):
-            raise ConvertError(f"{path.name} is not a safetensors file: its header length does not fit the file.")
-        try:
-            header = json.loads(fh.read(n))
-        except (UnicodeDecodeError, ValueError):
-            raise ConvertError(f"{path.name} is damaged: its safetensors header is not JSON.") from None
-    if not isinstance(header, dict):
-        raise ConvertError(f"{path.name} is damaged: its safetensors header is not a table of tensors.")
-    data = size - 8 - n
-    spans = []
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            itemsize = _DTYPE_BYTES[info["dtype"]]
-            begin, end = (int(v) for v in info["data_offsets"])
-            count = math.prod(int(d) for d in info["shape"])
-        except (KeyError, TypeError, ValueError):
-            raise ConvertError(f"{path.name} is damaged: the header entry of {name[:80]} cannot be read.") from None
-        if end - begin != count * itemsize:
-            raise ConvertError(
-                f"{path.name} is damaged: {name[:80]} has shape {info['shape']} ({count * itemsize} bytes) "
-                f"but {end - begin} bytes of data."
-            )
-        spans.append((begin, end, name))
+    try:
+        entries, data = read_header(path)
+    except HeaderError as exc:
+        raise ConvertError(_header_problem(path, exc)) from None
+    spans = [(e.begin, e.end, e.name) for e in entries]
     at = 0
     for begin, end, name in sorted(spans):
         if begin != at:
