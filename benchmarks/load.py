@@ -85,7 +85,7 @@ from browser_tools import BARS_JS, CHROMIUM, FLAGS, IDLE_JS, PLOTS, decode, stre
 EXAMPLES = ROOT / "assets" / "examples"
 DEFAULT_IMAGE = "demo-star.png"  # what a new session shows before its upload
 SERVER_ENV = {"VITVIZ_PUBLIC": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
-MAP_TITLE = re.compile(r"^Layer (\d+), head (\d+): (.*)$")
+MAP_TITLE = re.compile(r"^Block (\d+), head (\d+): (.*)$")
 TITLE_IN_SPEC = re.compile(rb'"title":\{"text":"((?:[^"\\]|\\.)*)"')
 TIMEOUTS = {"load": 90.0, "navigate": 45.0, "upload": 60.0, "change": 30.0}
 UPLOAD_LIMIT_TEXT = "images in the last minute, the most this server allows"
@@ -110,10 +110,11 @@ INIT_JS = """
   const PLOTS = "__PLOTS__";
   const vv = window.__vv = {input: 0, sends: [], result: null, watch: null, timer: null,
                             errors: [], seen: {}, queue: {texts: 0, maxAhead: -1, seen: {}}};
-  const titleOf = el => { const t = el.layout && el.layout.title; return ((t && (typeof t === "string" ? t : t.text)) || "").replace(/<[^>]*>/g, ""); };
+  const titleOf = el => { const t = el.layout && el.layout.title; return ((t && (typeof t === "string" ? t : t.text)) || "").replace(/<br>/g, " ").replace(/<[^>]*>/g, ""); };
   const sig = el => titleOf(el) + "|" + JSON.stringify((el.data || []).map(t => [t.z ?? null, t.x ?? null, t.source ?? null]));
   const drawn = el => !(el.data || []).some(t => t.type === "heatmap") || !!el.querySelector(".hm image");
-  const matches = (s, t) => t.startsWith(s.prefix) && (!s.exact || t === s.prefix);
+  // Long titles are wrapped with <br> (vitviz.figures' fit_text): compare them as one line.
+  const matches = (s, t) => { t = t.replace(/<br>/g, " "); return t.startsWith(s.prefix) && (!s.exact || t === s.prefix); };
   const check = () => {
     const w = vv.watch;
     if (!w) return;
@@ -189,11 +190,11 @@ INIT_JS = """
 # Where to click: the page coordinates of point ``index`` of the figure's click targets (its scatter
 # trace with customdata), after scrolling the figure into view; with that point's customdata.
 POINT_JS = """([which, index]) => {
-  const titleOf = el => { const t = el.layout && el.layout.title; return ((t && (typeof t === "string" ? t : t.text)) || "").replace(/<[^>]*>/g, ""); };
+  const titleOf = el => { const t = el.layout && el.layout.title; return ((t && (typeof t === "string" ? t : t.text)) || "").replace(/<br>/g, " ").replace(/<[^>]*>/g, ""); };
   const els = Array.from(document.querySelectorAll("__PLOTS__"));
   const el = which === "grid"
     ? els.find(e => ((e.layout && e.layout.annotations) || []).some(a => a.text === "head 0"))
-    : els.find(e => /^Layer \\d+, head \\d+: /.test(titleOf(e)));
+    : els.find(e => /^Block \\d+, head \\d+: /.test(titleOf(e)));
   if (!el || !el._fullLayout) return null;
   const trace = (el._fullData || []).find(t => t.type === "scatter" && t.customdata);
   if (!trace || index >= trace.x.length) return null;
@@ -203,8 +204,8 @@ POINT_JS = """([which, index]) => {
           data: Array.from(trace.customdata[index]), count: trace.x.length};
 }""".replace("__PLOTS__", PLOTS)
 MAP_TITLE_JS = """() => Array.from(document.querySelectorAll("__PLOTS__"))
-  .map(el => { const t = el.layout && el.layout.title; return ((t && (typeof t === "string" ? t : t.text)) || "").replace(/<[^>]*>/g, ""); })
-  .find(t => /^Layer \\d+, head \\d+: /.test(t)) || null""".replace("__PLOTS__", PLOTS)
+  .map(el => { const t = el.layout && el.layout.title; return ((t && (typeof t === "string" ? t : t.text)) || "").replace(/<br>/g, " ").replace(/<[^>]*>/g, ""); })
+  .find(t => /^Block \\d+, head \\d+: /.test(t)) || null""".replace("__PLOTS__", PLOTS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -651,7 +652,7 @@ class Session:
         with contextlib.suppress(Exception):
             return await page.evaluate(
                 f"""() => Array.from(document.querySelectorAll("{PLOTS}"))
-                    .map(el => (((el.layout || {{}}).title || {{}}).text || "").replace(/<[^>]*>/g, ""))"""
+                    .map(el => (((el.layout || {{}}).title || {{}}).text || "").replace(/<br>/g, " ").replace(/<[^>]*>/g, ""))"""
             )
         return []
 
@@ -662,7 +663,7 @@ class Session:
         await page.get_by_role("link", name="Heads").click()
         toggle = page.get_by_test_id("stCheckbox").filter(has_text="Instant view")
         await toggle.wait_for(timeout=TIMEOUTS["navigate"] * 1000)
-        await self._measure(page, "navigate", {"prefix": "Layer "}, toggle.locator("label").click, TIMEOUTS["navigate"])
+        await self._measure(page, "navigate", {"prefix": "Block "}, toggle.locator("label").click, TIMEOUTS["navigate"])
 
     async def _navigate(self, page, link: str, prefix: str) -> None:
         click = page.get_by_role("link", name=link).click
@@ -680,7 +681,7 @@ class Session:
         k = self.uploads % len(self.files)
         path = self.files[k]
         layer, head, _ = await self._map_title(page)
-        title = f"Layer {layer}, head {head}: where CLS looks"  # a new image resets the query to CLS
+        title = f"Block {layer}, head {head}: where CLS looks"  # a new image resets the query to CLS
         self.run.uploading.add(self.index)
         try:
             step = await self._measure(
@@ -705,7 +706,7 @@ class Session:
         await self._measure(
             page,
             "layer",
-            {"prefix": f"Layer {target}, head {head}: {what}", "exact": True},
+            {"prefix": f"Block {target}, head {head}: {what}", "exact": True},
             lambda: slider.press(key),
             TIMEOUTS["change"],
         )
@@ -726,7 +727,7 @@ class Session:
         await self._measure(
             page,
             "head",
-            {"prefix": f"Layer {layer}, head {target}: {what}", "exact": True},
+            {"prefix": f"Block {layer}, head {target}: {what}", "exact": True},
             lambda: page.mouse.click(point["x"], point["y"]),
             TIMEOUTS["change"],
         )
@@ -742,7 +743,7 @@ class Session:
         await self._measure(
             page,
             "patch",
-            {"prefix": f"Layer {layer}, head {head}: {where}", "exact": True},
+            {"prefix": f"Block {layer}, head {head}: {where}", "exact": True},
             lambda: page.mouse.click(point["x"], point["y"]),
             TIMEOUTS["change"],
         )

@@ -97,10 +97,16 @@ def check_budget(loaded: LoadedModel, hw: tuple[int, int], *, batch: int, gradie
     need = loaded.family.attention_numel(loaded.config, hw) * 4 * batch * (2 if gradients else 1)
     if need > budget:
         own_h, own_w = loaded.default_size
-        if min(hw) <= min(own_h, own_w):  # already no larger than the model's own: it is long, not large
+        long_side_over = max(hw) > max(own_h, own_w)
+        if min(hw) <= min(own_h, own_w) and long_side_over:  # no wider than the model's own: long, not large
             advice = (
                 f"Its shorter side is already {min(hw)} px: it is large because it is long and thin; choose a shape "
                 f"closer to the model's own {own_w} x {own_h} px (width x height)."
+            )
+        elif tuple(hw) == (own_h, own_w) or not long_side_over:  # the model's own size (or smaller) is too much
+            advice = (
+                "Choose a smaller input size than the model's own, or raise the budget (VITVIZ_MEMORY_BUDGET_MB) "
+                "if the machine has the memory."
             )
         else:
             advice = f"Choose a smaller input size (e.g. {own_w} px)."
