@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from vitviz.models.safetensors_header import HeaderError, read_header
+from vitviz.safetensors_header import HeaderError, read_header
 
 __all__ = [
     "Footprint",

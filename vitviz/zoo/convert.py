@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from vitviz.errors import VitvizError
-from vitviz.models.safetensors_header import HeaderError, read_header
+from vitviz.safetensors_header import HeaderError, read_header
 
 __all__ = ["Converter", "ConvertError", "official_names", "converter_for", "read_state_dict", "convert"]
 
