@@ -333,3 +333,34 @@ def test_the_sum_check_fails_when_a_part_is_missing(dinov2_pair, monkeypatch):
     monkeypatch.setattr(fam, "block_parts", wrong)
     with pytest.raises(C.NotDefined, match="add up to"):
         C.direct_logit_attribution(gamma, random_image(4))
+
+
+@pytest.mark.parametrize("key", _model_types())
+def test_gradcam_read_from_the_run_is_gradcam_from_its_own_forward(every_family, key):
+    """Grad-CAM reads the image's Run (one backward through its graph) on every family, and gives what a forward
+    of its own gives; the method then runs no forward at all."""
+    from vitviz.capture.run import get_run
+    from vitviz.methods import explain
+    from vitviz.methods import gradcam as G
+
+    loaded = every_family(key)
+    img = random_image(2, size=(70, 60))
+    run = get_run(loaded, img)
+    assert run.has_graph
+    if not run.scores.numel():
+        pytest.skip(f"{key}: a backbone without scores (Grad-CAM needs a target)")
+    top = int(run.scores.argmax())
+
+    def score(out):
+        return run.score_of(out)[0, top]
+
+    got = G.gradcam_of_run(run, score)
+    pixels, _ = preprocess(loaded, [img], run.input_size)
+    ref = G.gradcam_map(loaded, pixels, run.input_size, score)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-7)
+    try:  # the method's own forward would fail here: it reads the run
+        G.run_forward, saved = None, G.run_forward
+        m = explain(loaded, img, "gradcam")
+    finally:
+        G.run_forward = saved
+    assert m.values.shape == m.grid

@@ -32,6 +32,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -111,14 +112,16 @@ class _RunRecorder(SummaryRecorder):
         # The Run keeps every block's live float32 probabilities (``_raw``): summaries are computed from them when
         # a view first reads them, not in the forward (the patching estimate reads none).
         super().__init__(loaded, call, attention_dtype, num_sites, lazy_summaries=True)
-        self.blocks: dict[int, tuple[torch.Tensor | None, torch.Tensor | None, tuple, dict]] = {}
+        # site -> (input tokens, output tokens, call args, call kwargs, raw output: kept with a graph only, where the
+        # graph holds it anyway, for gradients with respect to a block's input read in the family's layout)
+        self.blocks: dict[int, tuple[torch.Tensor | None, torch.Tensor | None, tuple, dict, Any]] = {}
         self.raw: dict[int, torch.Tensor] = {}
 
     def block(self, site: Site, g: Geometry, raw, module, args, kwargs, output) -> None:
         super().block(site, g, raw, module, args, kwargs, output)
         tokens = self.loaded.family.tokens(self.call, site, module, args, kwargs, output)
         inp, out = tokens if tokens is not None else (None, None)
-        self.blocks[site.index] = (inp, out, args, kwargs)
+        self.blocks[site.index] = (inp, out, args, kwargs, output if torch.is_grad_enabled() else None)
         self.raw[site.index] = raw
 
 
@@ -156,7 +159,7 @@ class Run:
     readout: ReadoutHead | None = field(repr=False)
     readout_problem: str  # why ``readout`` is None although the family describes one ("" otherwise)
     _values: Mapping[str, torch.Tensor] = field(repr=False)  # point -> value (in the graph when has_graph)
-    _blocks: Mapping[int, tuple] = field(repr=False)  # site -> (input tokens, output tokens, args, kwargs)
+    _blocks: Mapping[int, tuple] = field(repr=False)  # site -> (input tokens, output tokens, args, kwargs, output)
     _raw: Mapping[int, torch.Tensor] = field(repr=False)  # site -> live probabilities (graph)
     _out: object = field(repr=False)  # the forward's output (graph)
     _graph_scores: torch.Tensor | None = field(repr=False)  # (1, C) in the graph
@@ -167,8 +170,9 @@ class Run:
     def nbytes(self) -> int:
         """Memory this Run holds: every tensor it keeps (points, probabilities, pixels; storages counted once), what
         its autograd graph saved for the backward, and its capture's arrays."""
+        outputs = [o[0] if isinstance(o, (tuple, list)) else o for *_, o in self._blocks.values() if o is not None]
         return (
-            _tensor_bytes([*self._values.values(), *self._raw.values(), self.pixels])
+            _tensor_bytes([*self._values.values(), *self._raw.values(), self.pixels, *outputs])
             + self.graph_bytes
             + int(self.capture.nbytes)
         )
@@ -212,7 +216,7 @@ class Run:
 
     def block_tokens(self, site: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Block ``site``'s input and output tokens ``(1, T, C)`` in the stage's order (the family's layout)."""
-        inp, out, _, _ = self._blocks[site]
+        inp, out, *_ = self._blocks[site]
         return _detached(inp), _detached(out)
 
     def has_block(self, site: int) -> bool:
@@ -221,8 +225,12 @@ class Run:
 
     def block_call(self, site: int) -> tuple[tuple, dict]:
         """The arguments the model called block ``site`` with (for replays)."""
-        _, _, args, kwargs = self._blocks[site]
+        _, _, args, kwargs, _ = self._blocks[site]
         return args, kwargs
+
+    def block_output(self, site: int) -> Any:
+        """What block ``site`` returned, live in the graph (None for a run without its graph)."""
+        return self._blocks[site][4]
 
     @property
     def replayable(self) -> bool:

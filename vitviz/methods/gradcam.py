@@ -24,8 +24,9 @@ head's). This is the layer pytorch-grad-cam's own ViT and Swin recipes use
 (the residual stream) rather than after it. The last block's *output* would not do
 for CLS models: the classifier reads only the CLS token after a per-token LayerNorm,
 so the gradient with respect to the output's patch tokens is exactly zero there.
-The block input is found by the block's forward hook (``vitviz.models.hooks``) and
-its gradient by ``torch.autograd.grad``; no ``.grad`` is written on the shared model.
+The block input is the one the image's Run recorded (its graph: one backward, no forward of Grad-CAM's
+own; a forward of its own only where the Run has no graph, over the memory budget), its gradient by
+``torch.autograd.grad``; no ``.grad`` is written on the shared model.
 
 **On the last CNN stage** (``GradCam(layer="cnn")``, ``explain(..., "gradcam", layer="cnn")``): for a
 hybrid ViT, whose tokens are cells of a ResNet's feature map, the same formula on that map, Grad-CAM's
@@ -50,7 +51,7 @@ from vitviz.methods.base import Inputs, Method
 from vitviz.models.families.base import Call
 from vitviz.models.load import LoadedModel
 
-__all__ = ["GradCam", "gradcam_map", "cnn_gradcam_map"]
+__all__ = ["GradCam", "gradcam_map", "gradcam_of_run", "cnn_gradcam_map"]
 
 _INPUT_KEYS = ("hidden_states", "hidden_state")
 
@@ -84,34 +85,16 @@ def _with_input(args: tuple, kwargs: dict, value: torch.Tensor) -> tuple[tuple, 
     return args, {**kwargs, key: value}
 
 
-def gradcam_map(
-    loaded: LoadedModel, pixels: torch.Tensor, hw: tuple[int, int], target: int | Callable[[object], torch.Tensor]
-) -> np.ndarray:
-    """Grad-CAM ``(gh_L, gw_L)`` float32 on the last attention block's grid for normalised ``pixels`` ``(1, 3, h, w)``.
-
-    ``target``: a class index (its logit ``y_c``), or a function of the forward's output giving ``(1,)`` or a
-    scalar (a bound :class:`~vitviz.capture.targets.Target`: a label's score, a difference of two).
-
-    The activations and their gradients are both rearranged by the family's own
-    ``tokens`` (a pure reshape / slice of the block input), so prefix tokens,
-    padding and MobileViT's unfolding are handled where the family knows them.
-    """
+def _cam(loaded: LoadedModel, call: Call, site, g, args: tuple, kwargs: dict, output, grad) -> np.ndarray:
+    """``ReLU(A @ mean_t dA)`` on the block's grid, ``A`` and its gradient ``grad`` (the block input's shape) both
+    rearranged by the family's own ``tokens`` (a pure reshape / slice of the block input), so prefix tokens,
+    padding and MobileViT's unfolding are handled where the family knows them."""
     fam = loaded.family
-    call = Call(loaded.config, hw, 1)
-    rec = _LastBlockInput(loaded, call)
-    pixels = pixels.detach().clone().requires_grad_(True)  # the graph reaches every block; parameters need no grad
-    with torch.enable_grad():
-        out = run_forward(loaded, pixels, rec)
-        if rec.last is None:
-            raise CaptureError(f"'{loaded.name}' has no attention block before its head: nothing for Grad-CAM")
-        site, g, module, args, kwargs, output = rec.last
-        x = _block_input(args, kwargs)
-        y = fam.logits(loaded.model, out)[0, target] if isinstance(target, int) else target(out).reshape(-1)[0]
-        (grad,) = torch.autograd.grad(y, [x], allow_unused=True)
+    x = _block_input(args, kwargs)
     grad = torch.zeros_like(x) if grad is None else grad
-    acts = fam.tokens(call, site, module, args, kwargs, output)[0].detach()  # (1, T, C)
+    acts = fam.tokens(call, site, site.block, args, kwargs, output)[0].detach()  # (1, T, C)
     g_args, g_kwargs = _with_input(args, kwargs, grad)
-    grads = fam.tokens(call, site, module, g_args, g_kwargs, output)[0]  # the same rearrangement of the gradient
+    grads = fam.tokens(call, site, site.block, g_args, g_kwargs, output)[0]  # the same rearrangement of the gradient
     n = g.grid[0] * g.grid[1]
     p = g.num_prefix
     a = acts[0, p : p + n].double()  # (N, C)
@@ -119,6 +102,50 @@ def gradcam_map(
     weights = d.mean(dim=0)  # (C,)
     cam = torch.relu(a @ weights)  # (N,)
     return cam.reshape(g.grid).float().cpu().numpy()
+
+
+def _scalar(loaded: LoadedModel, target: int | Callable[[object], torch.Tensor]) -> Callable[[object], torch.Tensor]:
+    if isinstance(target, int):
+        return lambda out: loaded.family.logits(loaded.model, out)[0, target]
+    return lambda out: target(out).reshape(-1)[0]
+
+
+def gradcam_map(
+    loaded: LoadedModel, pixels: torch.Tensor, hw: tuple[int, int], target: int | Callable[[object], torch.Tensor]
+) -> np.ndarray:
+    """Grad-CAM ``(gh_L, gw_L)`` float32 on the last attention block's grid for normalised ``pixels`` ``(1, 3, h, w)``,
+    from a forward of its own (:func:`gradcam_of_run` reads an image's Run instead).
+
+    ``target``: a class index (its logit ``y_c``), or a function of the forward's output giving ``(1,)`` or a
+    scalar (a bound :class:`~vitviz.capture.targets.Target`: a label's score, a difference of two).
+    """
+    call = Call(loaded.config, hw, 1)
+    rec = _LastBlockInput(loaded, call)
+    pixels = pixels.detach().clone().requires_grad_(True)  # the graph reaches every block; parameters need no grad
+    with torch.enable_grad():
+        out = run_forward(loaded, pixels, rec)
+        if rec.last is None:
+            raise CaptureError(f"'{loaded.name}' has no attention block before its head: nothing for Grad-CAM")
+        site, g, _, args, kwargs, output = rec.last
+        (grad,) = torch.autograd.grad(_scalar(loaded, target)(out), [_block_input(args, kwargs)], allow_unused=True)
+    return _cam(loaded, call, site, g, args, kwargs, output, grad)
+
+
+def gradcam_of_run(run, target: int | Callable[[object], torch.Tensor]) -> np.ndarray | None:
+    """Grad-CAM as :func:`gradcam_map`, read from an image's :class:`~vitviz.capture.run.Run` (its graph: one
+    backward, no forward); None where the run cannot give it (no graph: over the memory budget)."""
+    found = [
+        (s, g) for s, g in zip(run.sites, run.geometries, strict=True) if g.kind != "pool" and run.has_block(s.index)
+    ]
+    if not run.has_graph or not found:
+        return None
+    site, g = found[-1]
+    output = run.block_output(site.index)
+    if output is None:
+        return None
+    args, kwargs = run.block_call(site.index)
+    (grad,) = run.gradients(_scalar(run.loaded, target), [_block_input(args, kwargs)])
+    return _cam(run.loaded, Call(run.loaded.config, run.input_size, 1), site, g, args, kwargs, output, grad)
 
 
 def cnn_gradcam_map(
@@ -178,7 +205,11 @@ class GradCam(Method):
         return self.cnn_definition if self.layer == "cnn" else self.definition
 
     def compute(self, inputs: Inputs, target: BoundTarget | None, seed: int) -> np.ndarray:
+        if self.layer == "tokens":
+            got = gradcam_of_run(inputs.run, target)  # the image's one forward, with its graph
+            if got is not None:
+                return got
         pixels, _ = preprocess(inputs.loaded, [inputs.image], inputs.input_size)
-        if self.layer == "cnn":
+        if self.layer == "cnn":  # the feature map comes back from a forward of its own (no hook reads it)
             return cnn_gradcam_map(inputs.loaded, pixels, inputs.input_size, target)
         return gradcam_map(inputs.loaded, pixels, inputs.input_size, target)
