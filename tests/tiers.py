@@ -4,12 +4,25 @@
 runs everything. ``conftest.pytest_collection_modifyitems`` applies these marks:
 
 * ``browser``: the test starts Chromium (its own source, or every test of its module, does);
-* ``slow``: measured at over ~10 s on the 2-core CI machine (whole modules, or single tests by node id).
+* ``slow``: whole modules and single tests named below, and every test whose measured time (setup, call and
+  teardown, from ``tests/durations.json``) is over ``SLOW_SECONDS``. The file is measured, not guessed: run
+  the fast tier on a quiet 2-core machine with ``--junitxml=FILE`` and ``python tests/tiers.py FILE`` merges
+  its times in (a test's module fixtures count in the first test that builds them, so measure again after a
+  change of tiers until the fast tier's own time stays under its goal, 3 minutes).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
+import json
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DURATIONS = HERE / "durations.json"  # node id -> seconds, as measured (see the module docstring)
+SLOW_SECONDS = 2.5
 
 # Source that starts a browser or a served app: a test whose own code calls one of these is a browser test.
 BROWSER_CALLS = ("require_chromium(", "sync_playwright(", "streamlit_server(", "open_server_heads(", "chromium.launch(")
@@ -44,6 +57,15 @@ SLOW_TESTS = {  # measured on 2 busy cores, 2026-11-27 (--durations): 10-40 s ea
 }
 
 
+@functools.lru_cache(maxsize=1)
+def measured() -> dict[str, float]:
+    """``tests/durations.json``: node id -> seconds (empty when the file is missing)."""
+    try:
+        return {str(k): float(v) for k, v in json.loads(DURATIONS.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
 def tier_marks(item) -> tuple[bool, bool]:
     """(browser, slow) for a collected test item."""
     module = item.path.name
@@ -53,5 +75,25 @@ def tier_marks(item) -> tuple[bool, bool]:
         source = ""
     browser = module in BROWSER_MODULES or any(call in source for call in BROWSER_CALLS)
     name = f"{module}::{item.originalname if hasattr(item, 'originalname') else item.name}"
-    slow = module in SLOW_MODULES or name in SLOW_TESTS
+    slow = module in SLOW_MODULES or name in SLOW_TESTS or measured().get(item.nodeid, 0.0) > SLOW_SECONDS
     return browser, slow
+
+
+def junit_durations(path: Path, root: Path = HERE.parent) -> dict[str, float]:
+    """Node id -> seconds from a pytest ``--junitxml`` file (``classname`` ``tests.a.test_b[.Class]``)."""
+    out = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        parts = case.get("classname", "").split(".")
+        for cut in range(len(parts), 0, -1):  # the longest prefix that is a file; the rest are classes
+            file = Path(*parts[:cut]).with_suffix(".py")
+            if (root / file).is_file():
+                node = "::".join([file.as_posix(), *parts[cut:], case.get("name", "")])
+                out[node] = round(float(case.get("time", 0.0)), 2)
+                break
+    return out
+
+
+if __name__ == "__main__":  # python tests/tiers.py JUNIT.xml: merge its times into tests/durations.json
+    merged = {**measured(), **junit_durations(Path(sys.argv[1]))}
+    DURATIONS.write_text(json.dumps(dict(sorted(merged.items())), indent=0) + "\n")
+    print(f"{len(merged)} tests timed; over {SLOW_SECONDS} s (slow): {sum(v > SLOW_SECONDS for v in merged.values())}")
