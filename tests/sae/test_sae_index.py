@@ -171,11 +171,11 @@ def test_the_command(data, tmp_path, capsys):
             str(data),
             "--out",
             str(tmp_path / "r.parquet"),
-            "--engine",
-            "ray",
+            "--actors",
+            "2",
         ]
     )
-    assert rc == 2 and "--engine ray is not available for the SAE index" in capsys.readouterr().err
+    assert rc == 2 and "--address and --actors are for --engine ray" in capsys.readouterr().err
     (tmp_path / "notes.parquet").write_text("mine")
     rc = main(["sae", "index", "--sae", str(folder), "--data", str(data), "--out", str(tmp_path / "notes.parquet")])
     assert rc == 1 and "is not a vitviz SAE index" in capsys.readouterr().err

@@ -91,11 +91,10 @@ def _index(args: argparse.Namespace) -> int:
     from vitviz.sae.index import build_index
     from vitviz.sae.load import load_sae
 
-    if args.engine == "ray":  # refused before the model loads
-        raise UsageError(
-            "--engine ray is not available for the SAE index yet (its per-feature top-k needs a merge the Ray "
-            "engine does not do): use the local engine (the default)"
-        )
+    if args.engine != "ray" and (args.address is not None or args.actors is not None):
+        raise UsageError("--address and --actors are for --engine ray")
+    if args.actors is not None and args.actors < 1:
+        raise UsageError(f"--actors must be at least 1, got {args.actors}")
     loaded = load_model(args.model, device=args.device)
     sae = load_sae(args.sae, point=args.point, loaded=loaded)
     report = build_index(
@@ -109,6 +108,9 @@ def _index(args: argparse.Namespace) -> int:
         batch=args.batch,
         limit=args.limit,
         engine=args.engine,
+        sae_path=args.sae,
+        address=args.address,
+        actors=args.actors,
         overwrite=args.overwrite,
         progress=_bar(),
     )
@@ -204,7 +206,11 @@ def add_parser(sub) -> None:
     ix.add_argument("--size", type=int, nargs="+", metavar="PX", help="input size: one number (square) or H W")
     ix.add_argument("--batch", type=int, default=16, help="images per forward (default 16)")
     ix.add_argument("--overwrite", action="store_true", help="replace --out even if it is not an index")
-    ix.add_argument("--engine", default="local", choices=("local", "ray"), help="ray: not available yet")
+    ix.add_argument(
+        "--engine", default="local", choices=("local", "ray"), help="local (default) or ray, as evaluate's engines"
+    )
+    ix.add_argument("--address", default=None, help="ray: a cluster to join (default: a local Ray)")
+    ix.add_argument("--actors", type=int, default=None, help="ray: the actor pool's size (default: GPUs, else CPUs)")
     ix.add_argument("--device", default=None)
     ix.set_defaults(func=_index)
 

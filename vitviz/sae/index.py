@@ -7,10 +7,12 @@ active (the share of tokens with activation > 0), its mean activation and a hist
 its bounds; files it cannot use are reported and skipped). Images go through the model in batches with the SAE's
 point recorded by the hook registry (:func:`vitviz.sae.activations.point_values`, the forward training and
 ``measure`` use), the tokens the SAE reads (its scope: the patch tokens of a patches-only SAE, every token
-otherwise) are encoded, and the batch is merged into running per-feature state: counts, sums, histogram counts,
-and the ``top_k`` best (activation, image, token) so far. The merge is a stable sort of the previous best followed
-by the batch, so ties go to the earlier image and token, and the result does not depend on the batch size.
-Memory holds one batch's activations and the ``top_k x d_sae`` best, never the data set's activations.
+otherwise) are encoded, and the batch is merged into running per-feature state
+(:class:`~vitviz.sae.index_state.IndexState`): counts, sums, histogram counts, and the ``top_k`` best (activation,
+image, token) so far, ordered by activation, then by the token's place in the data set, so ties go to the earlier
+image and token and the result depends neither on the batch size nor on the order batches arrive in (the Ray
+engine's, :mod:`vitviz.sae.index_ray`). Memory holds one batch's activations and the ``top_k x d_sae`` best, never
+the data set's activations.
 
 **The file** is ONE Parquet file, one row per feature (:data:`INDEX_COLUMNS`, each field's description also in
 its Arrow field metadata), readable by pandas, DuckDB or polars like ``evaluate``'s results::
@@ -23,11 +25,10 @@ point; :func:`load_index` refuses an index of another SAE, model or point, and a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,9 +37,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 
-from vitviz.sae.model import SAEError, SparseAutoencoder
+from vitviz.sae.index_state import (
+    HIST_EDGES,
+    FeatureIndexError,
+    IndexState,
+    encode_batch,
+    sae_digest,
+)
+from vitviz.sae.model import SparseAutoencoder
 
 __all__ = [
     "INDEX_FORMAT",
@@ -60,10 +67,6 @@ __all__ = [
 INDEX_FORMAT = "vitviz sae index"
 INDEX_SCHEMA_VERSION = 1
 META_KEY = b"vitviz"
-# Histogram bins of active values, shared by every feature: 64 bins log-spaced from 1e-4 to 1e4 (8 per decade);
-# values below the first edge count in the first bin, above the last in the last.
-HIST_EDGES = np.logspace(-4.0, 4.0, 65)
-FEATURE_CHUNK = 4096  # features merged at once (the sort's memory: (top_k + batch tokens) x chunk)
 MAX_INDEX_MB = 1024.0  # an index file's decoded size load_index agrees to read
 
 _F64, _F32, _I32 = pa.float64(), pa.float32(), pa.int32()
@@ -86,62 +89,6 @@ INDEX_SCHEMA = pa.schema(
 )
 
 Progress = Callable[[str, int, int, dict], None]
-
-
-class FeatureIndexError(SAEError):
-    """A feature index that cannot be built or read, or belongs to another SAE, model or point."""
-
-
-def sae_digest(sae: SparseAutoencoder) -> str:
-    """SHA-256 (hex) of the SAE's weights: each tensor's name, shape and float32 bytes, names sorted."""
-    h = hashlib.sha256()
-    for name, t in sorted(sae.state().items()):
-        h.update(f"{name}:{tuple(t.shape)};".encode())
-        h.update(t.cpu().numpy().tobytes())
-    return h.hexdigest()
-
-
-# --- the streaming state ------------------------------------------------------------------------------------
-
-
-class IndexState:
-    """Running per-feature state: active counts, sums, histogram counts and the ``top_k`` best so far.
-
-    ``add(f, first_position)`` merges a batch of feature activations ``f`` ``(N, d_sae)`` whose rows have the
-    consecutive global positions ``first_position ..`` (the caller maps a position to its image and token)."""
-
-    def __init__(self, d_sae: int, top_k: int) -> None:
-        self.d_sae, self.k = int(d_sae), int(top_k)
-        self.tokens = 0
-        self.active = torch.zeros(d_sae, dtype=torch.int64)
-        self.total = torch.zeros(d_sae, dtype=torch.float64)
-        self.hist = torch.zeros(d_sae * (len(HIST_EDGES) - 1), dtype=torch.int64)
-        self.top_val = torch.zeros(self.k, d_sae, dtype=torch.float32)
-        self.top_pos = torch.full((self.k, d_sae), -1, dtype=torch.int64)
-        self._inner = torch.as_tensor(HIST_EDGES[1:-1], dtype=torch.float32)
-
-    def add(self, f: torch.Tensor, first_position: int) -> None:
-        f = f.detach().float().cpu()
-        n = f.shape[0]
-        if n == 0:
-            return
-        on = f > 0
-        self.tokens += n
-        self.active += on.sum(dim=0)
-        self.total += f.sum(dim=0, dtype=torch.float64)
-        rows, cols = on.nonzero(as_tuple=True)
-        if rows.numel():
-            bins = torch.bucketize(f[rows, cols], self._inner, right=True)
-            self.hist.index_add_(0, cols * (len(HIST_EDGES) - 1) + bins, torch.ones_like(bins))
-        pos = torch.arange(first_position, first_position + n, dtype=torch.int64)
-        for c0 in range(0, self.d_sae, FEATURE_CHUNK):
-            c1 = min(c0 + FEATURE_CHUNK, self.d_sae)
-            vals = torch.cat([self.top_val[:, c0:c1], f[:, c0:c1]])
-            poss = torch.cat([self.top_pos[:, c0:c1], pos[:, None].expand(n, c1 - c0)])
-            # stable: among equal values the earlier (previous best, then batch order) comes first
-            order = torch.sort(vals, dim=0, descending=True, stable=True).indices[: self.k]
-            self.top_val[:, c0:c1] = torch.gather(vals, 0, order)
-            self.top_pos[:, c0:c1] = torch.gather(poss, 0, order)
 
 
 # --- building -------------------------------------------------------------------------------------------------
@@ -185,28 +132,33 @@ def build_index(
     limit: int | None = None,
     max_rows: int | None = None,
     engine: str = "local",
+    sae_path: str | Path | None = None,
+    address: str | None = None,
+    actors: int | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> IndexReport:
     """Index ``sae``'s features over the images of ``data`` (a folder or a CSV) and write ``out`` (module
     docstring). ``loaded``: the model the SAE reads. Raises :class:`FeatureIndexError` (or the data reader's
     :class:`~vitviz.evaluate.data.DataError`) before any forward when the run cannot start; unreadable images
-    are skipped and reported."""
+    are skipped and reported. ``engine``: ``local`` (this process) or ``ray`` (as ``evaluate``'s: decoding and
+    forwards in a pool of actors, each loading the model by ``model_source`` and the SAE from ``sae_path``; their
+    partial states are merged here, to the same file as the local engine's; ``address``: a cluster, ``actors``:
+    the pool's size)."""
     from vitviz.cli_checks import check_output_folder
     from vitviz.errors import VitvizError
     from vitviz.evaluate.data import MAX_ROWS, SkipLog, Skipped, load_item, read_dataset
     from vitviz.evaluate.results import write_table_atomic
-    from vitviz.sae.activations import point_layout, point_values
+    from vitviz.sae.activations import point_layout
     from vitviz.sae.load import check_point
 
     t0 = time.perf_counter()
-    if engine == "ray":
-        raise FeatureIndexError(
-            "--engine ray is not available for the SAE index yet (its per-feature top-k needs a merge the Ray "
-            "engine does not do): use the local engine (the default)"
-        )
-    if engine != "local":
-        raise FeatureIndexError(f"unknown engine {engine!r}: local (ray is not available for the index yet)")
+    if engine not in ("local", "ray"):
+        raise FeatureIndexError(f"unknown engine {engine!r}: local or ray")
+    if engine == "ray" and sae_path is None:
+        raise FeatureIndexError("the Ray engine loads the SAE in each actor: give its folder or file (sae_path)")
+    if address is not None and engine != "ray":
+        raise FeatureIndexError("--address connects to a Ray cluster: use it with --engine ray")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= 1024:
         raise FeatureIndexError(f"--top-k must be a whole number in 1..1024, got {top_k!r}")
     if batch < 1:
@@ -246,34 +198,51 @@ def build_index(
     n_scope, offset = (n_patch, n_prefix) if patches_only else (n_tokens, 0)
     gh_gw = _grid(loaded, point, first, hw)
     state = IndexState(sae.d_sae, top_k)
-    images: list[tuple[str, str]] = []  # (image_id, path) of every indexed image, in order
+    images: dict[int, tuple[str, str]] = {}  # data-set place -> (image_id, path) of every indexed image
+    layout_d = {"hw": list(hw), "n_tokens": n_tokens, "offset": offset, "n_scope": n_scope}
     done = 0
     if progress:
         progress("index", 0, len(items), {})
-    for start in range(0, len(items), batch):
+    if engine == "ray":
+        from vitviz.sae.index_ray import run_ray
+
+        def finish(n: int) -> None:
+            nonlocal done
+            done += n
+            if progress:
+                progress("index", done, len(items), {})
+
+        config = {
+            "model": model_source if model_source is not None else loaded.name,
+            "sae": str(sae_path),
+            "point": point,
+            "digest": sae_digest(sae),
+            "top_k": top_k,
+            "d_sae": sae.d_sae,
+            "layout": layout_d,
+            "device": None,
+        }
+        run_ray(config, items, state, images, skipped, finish, address=address, actors=actors)
+    for start in range(0, len(items) if engine == "local" else 0, batch):
         chunk = items[start : start + batch]
         pics, ok = [], []
-        for it in chunk:
+        for place, it in enumerate(chunk, start):
             try:
                 pics.append(load_item(it))
-                ok.append(it)
+                ok.append((place, it))
             except VitvizError as exc:
                 skipped.append(Skipped(it.source or it.path, str(exc)))
         if pics:
             try:
-                x, _ = point_values(loaded, point, pics, hw)
+                f, positions = encode_batch(sae, loaded, point, pics, [p for p, _ in ok], layout_d)
+            except FeatureIndexError:
+                raise
             except VitvizError as exc:
-                for it in ok:
+                for _, it in ok:
                     skipped.append(Skipped(it.source or it.path, str(exc)))
-                x = None
-            if x is not None:
-                if x.shape[1] != n_tokens:
-                    raise FeatureIndexError(f"an image gave {x.shape[1]} tokens at {point}, the first {n_tokens}")
-                xs = x[:, offset : offset + n_scope].reshape(-1, x.shape[-1])
-                with torch.no_grad():
-                    f = sae.encode(xs)
-                state.add(f, len(images) * n_scope)
-                images.extend((it.image_id, it.path) for it in ok)
+            else:
+                state.add(f, positions)
+                images.update((p, (it.image_id, it.path)) for p, it in ok)
         done += len(chunk)
         if progress:
             progress("index", done, len(items), {})
@@ -327,7 +296,7 @@ def _grid(loaded, point: str, image, hw) -> tuple[int, int]:
 
 def _table(
     state: IndexState,
-    images: Sequence[tuple[str, str]],
+    images: dict[int, tuple[str, str]],
     n_scope: int,
     offset: int,
     n_prefix: int,
