@@ -5,6 +5,7 @@ from __future__ import annotations
 import types
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -134,6 +135,13 @@ def test_corrupt_or_foreign_files_are_refused_with_a_message(demo_model, built, 
     pq.write_table(pq.read_table(out).replace_schema_metadata({}), plain)
     with pytest.raises(FeatureIndexError, match="not a vitviz SAE index"):
         load_index(plain, sae, demo_model)
+    table = pq.read_table(out)
+    hist = table.column("histogram").to_pylist()
+    hist[1] = hist[1][:10]
+    short = table.set_column(table.schema.get_field_index("histogram"), table.schema.field("histogram"), pa.array(hist))
+    pq.write_table(short, tmp_path / "short.parquet")
+    with pytest.raises(FeatureIndexError, match="histograms do not have the 64 bins"):
+        load_index(tmp_path / "short.parquet", sae, demo_model)
     with pytest.raises(FeatureIndexError, match="does not exist"):
         load_index(tmp_path / "none.parquet", sae, demo_model)
     with pytest.raises(FeatureIndexError, match="is a folder"):

@@ -411,6 +411,21 @@ def _short(digest: Any) -> str:
     return str(digest)[:12]
 
 
+def _check_lists(table: pa.Table, name: str, bins: int) -> None:
+    """Every row's example lists have one length, at most the header's ``top_k``; every histogram ``bins``."""
+    import pyarrow.compute as pc
+
+    lengths = [pc.list_value_length(table.column(c)).to_numpy(zero_copy_only=False) for c in _EXAMPLE_LISTS]
+    if any(not np.array_equal(lengths[0], n) for n in lengths[1:]):
+        raise FeatureIndexError(f"{name}'s example lists differ in length within a row: it is damaged")
+    hist = pc.list_value_length(table.column("histogram")).to_numpy(zero_copy_only=False)
+    if table.num_rows and not (hist == bins).all():
+        raise FeatureIndexError(f"{name}'s histograms do not have the {bins} bins of its edges: it is damaged")
+
+
+_EXAMPLE_LISTS = ("top_image_id", "top_path", "top_token", "top_row", "top_col", "top_activation")
+
+
 def load_index(path: str | Path, sae: SparseAutoencoder, loaded, *, max_mb: float = MAX_INDEX_MB) -> FeatureIndex:
     """Read the index at ``path`` and check that it is an index of ``sae`` (its weights' digest) on ``loaded``'s
     model at the SAE's point; :class:`FeatureIndexError` says what is wrong (never a traceback of the reader)."""
@@ -469,6 +484,7 @@ def load_index(path: str | Path, sae: SparseAutoencoder, loaded, *, max_mb: floa
             raise FeatureIndexError(f"{name}'s histogram edges are not numbers: it is damaged")
         if table.column("feature").to_pylist() != list(range(sae.d_sae)):
             raise FeatureIndexError(f"{name}'s rows are not features 0..{sae.d_sae - 1} in order: it is damaged")
+        _check_lists(table, name, len(edges) - 1)
     except FeatureIndexError:
         raise
     except Exception as exc:
