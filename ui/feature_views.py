@@ -393,7 +393,8 @@ def draw_effects(cur: common.Current, sae, feature: int) -> None:
     st.caption(
         f"The feature's decoder direction through the final norm's weight (its scale at each image left out) and "
         f"the read-out ({readout.description}), on the direct path only: a stated approximation, comparable between "
-        "classes, not a measured change."
+        "classes, not a measured change. For a patch-token SAE read out from CLS, it is what the direction would do "
+        "in the read-out's slot; the later blocks' paths are left out."
     )
 
 
