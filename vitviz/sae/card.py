@@ -259,7 +259,7 @@ def example_crops(sae: SparseAutoencoder, loaded, index, feature: int, *, contex
     order = list(pics)
     x, _ = point_values(loaded, sae.cfg.point, [pics[p] for p in order], hw)
     with torch.no_grad():
-        f = sae.encode(x)[..., feature].float().cpu().numpy()  # (B, T)
+        f = sae.encode(x.to(sae.W_enc.device))[..., feature].float().cpu().numpy()  # (B, T)
     _, resized = preprocess(loaded, [pics[p] for p in order], hw)
     h, w = hw
     crops = []

@@ -96,7 +96,7 @@ def _index(args: argparse.Namespace) -> int:
     if args.actors is not None and args.actors < 1:
         raise UsageError(f"--actors must be at least 1, got {args.actors}")
     loaded = load_model(args.model, device=args.device)
-    sae = load_sae(args.sae, point=args.point, loaded=loaded)
+    sae = load_sae(args.sae, point=args.point, loaded=loaded).to(loaded.device)  # encode where the model runs
     report = build_index(
         sae,
         loaded,

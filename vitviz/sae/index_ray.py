@@ -57,7 +57,7 @@ class IndexActor:
         torch.set_num_threads(max(1, int(threads)))
         self.config = config
         self.loaded = load_model(config["model"], device=config.get("device"))
-        self.sae = load_sae(config["sae"], point=config["point"], loaded=self.loaded)
+        self.sae = load_sae(config["sae"], point=config["point"], loaded=self.loaded).to(self.loaded.device)
         if sae_digest(self.sae) != config["digest"]:
             raise FeatureIndexError(f"the SAE at {config['sae']} is not the driver's (its weights differ)")
 

@@ -116,7 +116,7 @@ def encode_batch(sae: SparseAutoencoder, loaded, point: str, pics: Sequence, pla
     if x.shape[1] != layout["n_tokens"]:
         raise FeatureIndexError(f"an image gave {x.shape[1]} tokens at {point}, the first {layout['n_tokens']}")
     n_scope, offset = layout["n_scope"], layout["offset"]
-    xs = x[:, offset : offset + n_scope].reshape(-1, x.shape[-1])
+    xs = x[:, offset : offset + n_scope].reshape(-1, x.shape[-1]).to(sae.W_enc.device)  # the SAE's device
     with torch.no_grad():
         f = sae.encode(xs)
     positions = (torch.as_tensor(list(places), dtype=torch.int64)[:, None] * n_scope + torch.arange(n_scope)).ravel()
