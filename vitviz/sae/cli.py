@@ -107,6 +107,7 @@ def _index(args: argparse.Namespace) -> int:
         size=input_size(args.size),
         batch=args.batch,
         limit=args.limit,
+        max_rows=args.max_rows,
         engine=args.engine,
         sae_path=args.sae,
         address=args.address,
@@ -204,6 +205,9 @@ def add_parser(sub) -> None:
     ix.add_argument("--point", default=None, help="the point, where the checkpoint does not say (saev)")
     ix.add_argument("--limit", type=int, default=None, help="use the first N usable images only")
     ix.add_argument("--size", type=int, nargs="+", metavar="PX", help="input size: one number (square) or H W")
+    ix.add_argument(
+        "--max-rows", type=int, default=None, help="rows of a CSV (files of a folder) read, as evaluate's (100,000)"
+    )
     ix.add_argument("--batch", type=int, default=16, help="images per forward (default 16)")
     ix.add_argument("--overwrite", action="store_true", help="replace --out even if it is not an index")
     ix.add_argument(

@@ -175,7 +175,7 @@ def build_index(
             f"--out '{out}' exists and is not a vitviz SAE index: choose another --out (or --overwrite)"
         )
     check_output_folder(out.parent, "--out's folder")
-    dataset = read_dataset(data, limit=limit, max_rows=max_rows or MAX_ROWS)
+    dataset = read_dataset(data, limit=limit, max_rows=MAX_ROWS if max_rows is None else max_rows)
     skipped = SkipLog(dataset.skipped)
     items = dataset.items
     first, layout = None, None
