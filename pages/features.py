@@ -1,7 +1,6 @@
 """Features: a sparse autoencoder's features of the image at one point, each patch's strongest, a feature's map and
-histogram, and the run with a feature clamped, scaled or zeroed."""
-
-from pathlib import Path
+histogram, the feature card from an index over a data set (top examples, histogram, direct effect), finding features
+by a label (CLIP, SigLIP), and the run with a feature clamped, scaled or zeroed."""
 
 import streamlit as st
 
@@ -15,13 +14,8 @@ st.header("Features (sparse autoencoder)")
 sae = feature_views.choose_sae(cur)
 if sae is None:
     st.stop()
-folder = None
-if ss.get("sae_source") == feature_views.BUNDLED:
-    from vitviz.sae.demo import DEMO_SAE_DIR
-
-    folder = DEMO_SAE_DIR
-elif ss.get("sae_path"):
-    folder = Path(ss.sae_path).expanduser()
+folder = feature_views.sae_location()
+sae_key = feature_views.sae_key(folder)
 feature_views.draw_metrics(sae, folder)
 try:
     with st.spinner("Encoding the image's tokens…"):
@@ -36,6 +30,10 @@ if "sae_token" not in ss or not 0 <= ss.sae_token < feats.num_tokens:
     ss.sae_token = feats.n_prefix + int(patches.max(dim=1).values.argmax())  # the patch with the strongest feature
 if "sae_feature" not in ss or not 0 <= ss.sae_feature < sae.d_sae:
     ss.sae_feature = int(patches.max(dim=0).values.argmax())
+if cur.model.zero_shot and cur.model.text is not None:
+    found = feature_views.draw_label_search(cur, sae)
+    if found is not None and found != ss.get("sae_label_shown"):
+        ss.sae_feature = ss.sae_label_shown = found
 
 
 def pick_token(data) -> None:
@@ -70,6 +68,11 @@ with right:
 with left:
     feature_views.draw_feature_map(cur, feats, ss.sae_feature, marked, key="sae_map")
 feature_views.draw_histogram(feats, ss.sae_feature)
+
+st.subheader("Feature card (over a data set)")
+index = feature_views.choose_index(cur, sae, sae_key)
+if index is not None:
+    feature_views.draw_card(cur, sae, index, ss.sae_feature, sae_key)
 
 st.subheader("Edit the feature")
 e1, e2 = st.columns(2)

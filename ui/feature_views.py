@@ -1,7 +1,9 @@
 """The Features page's views: which SAE, a patch's strongest features, a feature's map and histogram, and edits.
 
-The SAE is the bundled demo SAE (``vitviz/assets/demo-sae``, for the ``demo`` model) or, outside public mode, a
-folder typed by the user (SAELens, ViT-Prisma or saev layout). Everything is computed by :mod:`vitviz.sae` on the
+The SAE is the bundled demo SAE (``vitviz/assets/demo-sae``, for the ``demo`` model), one of the operator's
+(``saes`` in ``vitviz.toml``) or, outside public mode, a folder typed by the user (SAELens, ViT-Prisma or saev
+layout). The feature card reads an index (``vitviz sae index``): the operator's (``sae_indexes``) or, outside
+public mode, a typed file. Everything is computed by :mod:`vitviz.sae` on the
 image's Run (one clean forward, shared with the other pages); an edit is one more forward from the edited point
 on (``Run.edited``), in the server's queue.
 """
@@ -29,10 +31,16 @@ __all__ = [
     "draw_feature_map",
     "draw_histogram",
     "draw_edit",
+    "choose_index",
+    "draw_card",
+    "draw_label_search",
 ]
 
 BUNDLED = "The bundled demo SAE"
+LISTED = "One of this server's SAEs"
 TYPED = "An SAE folder on this machine"
+LISTED_INDEX = "One of this server's indexes"
+TYPED_INDEX = "An index file on this machine"
 
 
 @st.cache_resource(max_entries=8, show_spinner=False)
@@ -58,20 +66,27 @@ def choose_sae(cur: common.Current):
     from vitviz.sae.load import check_point
     from vitviz.sae.model import SAEError
 
-    public = common.serve_settings().public
+    settings = common.serve_settings()
+    public = settings.public
     options = [BUNDLED] if cur.model.name == "demo" else []
+    if settings.saes:
+        options.append(LISTED)
     if not public:
         options.append(TYPED)
     if not options:
         st.info(
-            "Public mode offers the bundled demo SAE only, for the `demo` model: pick `demo` in the sidebar. Typed "
-            "SAE folders are off in public mode."
+            "Public mode offers the bundled demo SAE, for the `demo` model (pick `demo` in the sidebar), and the SAEs "
+            "this server's operator lists: it lists none. Typed SAE folders are off in public mode."
         )
         return None
     source = st.radio("SAE", options, horizontal=True, key="sae_source")
     point = None
     if source == BUNDLED:
         path = DEMO_SAE_DIR
+    elif source == LISTED:
+        names = {_shown(p, settings.saes): p for p in settings.saes}
+        pick = st.selectbox("This server's SAEs", list(names), key="sae_listed")
+        path = Path(names[pick]).expanduser()
     else:
         text = st.text_input(
             "SAE folder or file", key="sae_path", placeholder="/path/to/sae (cfg.json + sae_weights.safetensors)"
@@ -88,6 +103,39 @@ def choose_sae(cur: common.Current):
         st.error(str(exc))
         return None
     return sae
+
+
+def _shown(path: str, listed) -> str:
+    """A listed path as a visitor sees it: its last part (and the one before where two share a name), never the
+    server's folders."""
+    p = Path(path)
+    short = p.name or str(p)
+    if sum(Path(q).name == p.name for q in listed) > 1:
+        short = f"{p.parent.name}/{p.name}"
+    return short
+
+
+def sae_key(folder: Path | None) -> str:
+    """What names the picked SAE in the index caches: its place, its files' mtime and the point typed."""
+    stamp = _stamp(folder) if folder is not None else 0
+    return f"{folder}|{stamp}|{st.session_state.get('sae_point') or ''}"
+
+
+def sae_location() -> Path | None:
+    """The folder or file of the SAE picked (for ``metrics.json``), or None."""
+    from vitviz.sae.demo import DEMO_SAE_DIR
+
+    ss = st.session_state
+    source = ss.get("sae_source")
+    if source == BUNDLED:
+        return Path(DEMO_SAE_DIR)
+    if source == LISTED and ss.get("sae_listed"):
+        listed = common.serve_settings().saes
+        found = [p for p in listed if _shown(p, listed) == ss.sae_listed]
+        return Path(found[0]).expanduser() if found else None
+    if source == TYPED and ss.get("sae_path") and not common.serve_settings().public:
+        return Path(ss.sae_path).expanduser()
+    return None
 
 
 def run_of(cur: common.Current):
@@ -169,9 +217,7 @@ def draw_histogram(feats, feature: int) -> None:
     gh, gw = feats.grid
     patches = feats.values[feats.n_prefix : feats.n_prefix + gh * gw, feature].numpy()
     common.chart(feature_histogram_figure(patches, feature=feature, where="this image's patches"), key="sae_hist")
-    st.caption(
-        "Over this image only: a histogram over a data set needs an index of the SAE's features (not built yet)."
-    )
+    st.caption("Over this image only; the feature card below reads a histogram over a data set from an index.")
 
 
 def draw_edit(cur: common.Current, sae, feature: int, op: str, value: float) -> None:
@@ -204,3 +250,182 @@ def draw_edit(cur: common.Current, sae, feature: int, op: str, value: float) -> 
         "of the logits. "
         + ("Only the blocks after the point ran again." if got.replayed else "The edited run is a whole forward.")
     )
+
+
+# --- the feature card (an index over a data set) ------------------------------------------------------------------
+
+
+@st.cache_resource(max_entries=8, show_spinner=False)
+def _index(path: str, stamp: int, sae_key: str, model_name: str, _sae, _loaded):
+    """The index at ``path`` checked against the SAE and model (shared by every session; ``stamp``: the file's
+    mtime, so a rebuilt index is read again; ``sae_key`` names the SAE, whose object is not hashed)."""
+    from vitviz.sae.index import load_index
+
+    return load_index(path, _sae, _loaded)
+
+
+@st.cache_resource(max_entries=32, show_spinner=False)
+def _crops(path: str, stamp: int, sae_key: str, model_name: str, feature: int, _sae, _loaded, _ix):
+    from vitviz.sae.card import example_crops
+
+    return common.in_queue(lambda: example_crops(_sae, _loaded, _ix, feature))
+
+
+def choose_index(cur: common.Current, sae, sae_key: str):
+    """The feature index picked (the operator's, or outside public mode a typed file), loaded and checked against
+    the SAE and the model; None (with the reason shown)."""
+    from vitviz.sae.index import FeatureIndexError
+
+    settings = common.serve_settings()
+    options = ([LISTED_INDEX] if settings.sae_indexes else []) + ([] if settings.public else [TYPED_INDEX])
+    if not options:
+        st.info(
+            "This public server offers no feature index (its operator lists them as `sae_indexes` in vitviz.toml); "
+            "typed paths are off in public mode."
+        )
+        return None
+    source = st.radio("Index", options, horizontal=True, key="sae_index_source")
+    if source == LISTED_INDEX:
+        names = {_shown(p, settings.sae_indexes): p for p in settings.sae_indexes}
+        pick = st.selectbox("This server's indexes", list(names), key="sae_index_listed")
+        path = Path(names[pick]).expanduser()
+    else:
+        text = st.text_input(
+            "Index file", key="sae_index_path", placeholder="/path/to/index.parquet (vitviz sae index --out)"
+        )
+        if not text:
+            st.caption(
+                "Build one with `vitviz sae index --sae DIR --model M --data FOLDER --out FILE.parquet`: every "
+                "feature's top examples, frequency, mean activation and histogram over a data set."
+            )
+            return None
+        path = Path(text).expanduser()
+    try:
+        with st.spinner("Reading the index…"):
+            return _index(str(path), _stamp(path), sae_key, cur.model.name, sae, cur.model)
+    except FeatureIndexError as exc:
+        st.error(str(exc))
+        return None
+
+
+def draw_card(cur: common.Current, sae, index, feature: int, sae_key: str) -> None:
+    """The feature card: what the index says of the feature, its top examples with its map, its histogram over
+    the data set, and its direct effect on the read-out."""
+    from vitviz.errors import VitvizError
+    from vitviz.figures.features import feature_crops_figure, index_histogram_figure
+
+    e = index.feature(feature)
+    meta = index.meta
+    public = common.serve_settings().public
+    when = f"{e.mean_active:.3g}" if e.mean_active is not None else "never active"
+    where = "" if public else f" of {meta['data']!s}"  # a public visitor never sees the server's folders
+    st.caption(
+        f"Over {meta['images']:,} images ({meta['tokens']:,} {meta['scope']} tokens){where}: active on "
+        f"{e.frequency:.2%} of tokens; mean activation {e.mean_activation:.3g} (zeros included), {when} where "
+        f"active; largest {e.max_activation:.3g}."
+    )
+    if e.examples:
+        try:
+            with st.spinner("Drawing the top examples…"):
+                crops, notes = _crops(
+                    index.path, _stamp(Path(index.path)), sae_key, cur.model.name, feature, sae, cur.model, index
+                )
+        except VitvizError as exc:
+            st.error(str(exc))
+            crops, notes = [], []
+        if crops:
+            common.chart(
+                feature_crops_figure(
+                    [c.image for c in crops],
+                    [c.title for c in crops],
+                    title=f"Feature {feature}: its {len(crops)} strongest tokens over the data set",
+                ),
+                key="sae_card_crops",
+            )
+            st.caption(
+                "Each crop is the model's input around the token (outlined), the feature's activation over the "
+                "image in orange (scaled to the feature's largest activation)."
+            )
+        if notes and public:
+            st.caption(f"{len(notes)} of the examples' images could not be read and are left out.")
+        for n in [] if public else notes[:5]:
+            st.caption(f"Left out: {n}")
+    else:
+        st.info(f"Feature {feature} is never active on the index's images.")
+    common.chart(
+        index_histogram_figure(
+            e.histogram, e.edges, feature=feature, frequency=e.frequency, tokens=int(meta["tokens"])
+        ),
+        key="sae_card_hist",
+    )
+    draw_effects(cur, sae, feature)
+
+
+def draw_effects(cur: common.Current, sae, feature: int) -> None:
+    """The feature's direct effect on the classes (or on the typed labels of a zero-shot model)."""
+    from vitviz.figures.features import effects_figure
+    from vitviz.sae.card import feature_effects, label_effects, readout_for, top_effects
+    from vitviz.sae.model import SAEError
+
+    try:
+        readout = readout_for(cur.model, sae.cfg.point)
+        eff = feature_effects(sae, readout, [feature])
+    except SAEError as exc:
+        st.info(f"No direct effect: {exc}.")
+        return
+    if readout.kind == "embedding":
+        labels = cur.labels
+        if labels is None:
+            st.info("Type labels in the sidebar to see the feature's direct effect on each label's score.")
+            return
+        eff = label_effects(eff, common.get_label_embeddings(cur.model.name, labels.prompts))
+        names, what = list(labels.names), "direct effect on the label's score (u . t / |t|)"
+    else:
+        names, what = list(readout.names), "direct effect on the logit"
+    pos, neg = top_effects(eff[0], names, n=8)
+    if not pos and not neg:
+        st.info(f"Feature {feature}'s decoder direction has no direct effect on the read-out.")
+        return
+    common.chart(
+        effects_figure(pos, neg, title=f"Feature {feature}: direct effect, most positive and negative", what=what),
+        key="sae_card_effects",
+    )
+    st.caption(
+        f"The feature's decoder direction through the final norm's weight (its scale at each image left out) and "
+        f"the read-out ({readout.description}), on the direct path only: a stated approximation, comparable between "
+        "classes, not a measured change. For a patch-token SAE read out from CLS, it is what the direction would do "
+        "in the read-out's slot; the later blocks' paths are left out."
+    )
+
+
+def draw_label_search(cur: common.Current, sae) -> int | None:
+    """Find features by typing a label (CLIP, SigLIP): features ranked by the cosine of their direct-effect
+    direction with the label's text embedding. Returns a feature picked, or None."""
+    from vitviz.figures.features import label_search_figure
+    from vitviz.models.zeroshot import ZeroShotError, parse_labels
+    from vitviz.sae.card import features_for_label, readout_for
+    from vitviz.sae.model import SAEError
+
+    text = st.text_input("Find features by a label", key="sae_label_search", placeholder="e.g. a dog")
+    if not text.strip():
+        return None
+    try:
+        readout = readout_for(cur.model, sae.cfg.point)
+        template = cur.labels.template if cur.labels is not None else cur.model.text.template
+        label = parse_labels(text, template)
+        t = common.get_label_embeddings(cur.model.name, label.prompts[:1])[0]
+        found = features_for_label(sae, readout, t, top=15)
+    except (SAEError, ZeroShotError) as exc:
+        st.info(str(exc))
+        return None
+    common.chart(
+        label_search_figure([i for i, _ in found], [c for _, c in found], label=label.names[0]), key="sae_label_chart"
+    )
+    st.caption(
+        f"Ranked by the cosine of each feature's direct-effect direction (decoder row through the final norm's "
+        f'weight and {readout.description}) with the text embedding of "{label.prompts[0]}".'
+    )
+    pick = st.selectbox(
+        "Show one of them", [i for i, _ in found], index=None, placeholder="a feature", key="sae_label_pick"
+    )
+    return None if pick is None else int(pick)

@@ -185,7 +185,7 @@ def test_unknown_key(tmp_path):
         "allow_hub_ids, max_download_gb, model_memory_gib, forward_slots, uploads_per_minute, "
         "model_changes_per_minute, hub_downloads_per_hour, hub_timeout_s, results_max_mb, results_max_rows, "
         "results_cache_mb, image_max_megapixels, image_max_side, decode_budget_mb, hub_max_layers, hub_max_width, "
-        "hub_max_image_size, max_tokens, patching_max_work, per_address, address_table_size."
+        "hub_max_image_size, max_tokens, patching_max_work, per_address, address_table_size, saes, sae_indexes."
     )
     assert str(tmp_path) not in str(err.value)  # issue 23.15: a visitor never sees the server's folders
     assert err.value.detail == f"{err.value} (settings file: {path})"  # the server log gets the full path
@@ -345,3 +345,14 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_the_operators_saes_and_indexes(tmp_path):
+    write(tmp_path, '[public]\nenabled = true\nsaes = ["/srv/a", " /srv/b "]\nsae_indexes = ["/srv/a/i.parquet"]\n')
+    s = load_settings({}, folder=tmp_path)
+    assert s.saes == ("/srv/a", "/srv/b") and s.sae_indexes == ("/srv/a/i.parquet",)
+    s = load_settings({"VITVIZ_SAE_INDEXES": "/x.parquet, /y.parquet"}, folder=tmp_path)
+    assert s.sae_indexes == ("/x.parquet", "/y.parquet") and s.saes == ("/srv/a", "/srv/b")
+    write(tmp_path, "[public]\nsaes = 3\n")
+    with pytest.raises(SettingsError, match=r"'saes' in vitviz\.toml must be a list of paths on the server"):
+        load_settings({}, folder=tmp_path)

@@ -1,4 +1,5 @@
-"""Figures of an SAE's features: a feature's activation histogram and clean-versus-edited predictions (no torch)."""
+"""Figures of an SAE's features: a feature's activation histogram, clean-versus-edited predictions, and the feature
+card's top examples, histogram over a data set and direct effects (no torch)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ from collections.abc import Sequence
 import numpy as np
 import plotly.graph_objects as go
 
-__all__ = ["feature_histogram_figure", "edited_predictions_figure"]
+__all__ = [
+    "feature_histogram_figure",
+    "edited_predictions_figure",
+    "feature_crops_figure",
+    "index_histogram_figure",
+    "effects_figure",
+    "label_search_figure",
+]
 
 
 def feature_histogram_figure(values: np.ndarray, *, feature: int, where: str, bins: int = 30) -> go.Figure:
@@ -49,5 +57,108 @@ def edited_predictions_figure(
         yaxis=dict(autorange="reversed"),
         height=80 + 40 * len(names),
         margin=dict(l=90, r=10, t=50, b=40),
+    )
+    return fig
+
+
+def feature_crops_figure(
+    images: Sequence[np.ndarray], titles: Sequence[str], *, title: str, cols: int = 4
+) -> go.Figure:
+    """The top examples, each an RGB ``(h, w, 3)`` uint8 crop (the feature's map already blended in), in a grid."""
+    from plotly.subplots import make_subplots
+
+    n = max(len(images), 1)
+    cols = max(1, min(cols, n))
+    rows = -(-n // cols)
+    fig = make_subplots(
+        rows=rows,
+        cols=cols,
+        subplot_titles=[str(t) for t in titles] or [""],
+        horizontal_spacing=0.02,
+        vertical_spacing=0.12 / max(rows, 1),
+    )
+    for k, img in enumerate(images):
+        fig.add_trace(go.Image(z=np.asarray(img, np.uint8)), row=k // cols + 1, col=k % cols + 1)
+    fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
+    fig.update_yaxes(showticklabels=False, showgrid=False, zeroline=False)
+    fig.update_annotations(font_size=10)
+    fig.update_layout(title=title, height=60 + 190 * rows, margin=dict(l=10, r=10, t=70, b=10))
+    return fig
+
+
+def index_histogram_figure(
+    counts: np.ndarray, edges: np.ndarray, *, feature: int, frequency: float, tokens: int
+) -> go.Figure:
+    """A feature's active values over a data set: ``counts`` in the bins of ``edges`` (log-spaced; the index's), on
+    a log axis; the title gives the activation frequency over ``tokens`` tokens."""
+    c = np.asarray(counts, np.float64)
+    e = np.asarray(edges, np.float64)
+    used = np.nonzero(c)[0]
+    lo, hi = (used[0], used[-1] + 1) if len(used) else (0, len(c))
+    centres = np.sqrt(e[:-1] * e[1:])[lo:hi]
+    fig = go.Figure(
+        go.Bar(
+            x=centres,
+            y=c[lo:hi],
+            width=(e[1:] - e[:-1])[lo:hi],
+            marker_color="#ff9f1c",
+            customdata=np.stack([e[:-1][lo:hi], e[1:][lo:hi]], axis=-1),
+            hovertemplate="%{customdata[0]:.3g} to %{customdata[1]:.3g}: %{y} tokens<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=f"Feature {feature} over the data set: active on {frequency:.2%} of {tokens:,} tokens",
+        xaxis=dict(title="activation (where active), log scale", type="log"),
+        yaxis_title="tokens",
+        height=300,
+        margin=dict(l=50, r=10, t=50, b=40),
+        bargap=0.05,
+    )
+    return fig
+
+
+def effects_figure(
+    positive: Sequence[tuple[str, float]], negative: Sequence[tuple[str, float]], *, title: str, what: str
+) -> go.Figure:
+    """The most positive and most negative direct effects, as bars (positive on top, largest first)."""
+    rows = list(positive) + list(reversed(list(negative)))
+    names = [n for n, _ in rows]
+    vals = np.array([v for _, v in rows], np.float64)
+    fig = go.Figure(
+        go.Bar(
+            y=names,
+            x=vals,
+            orientation="h",
+            marker_color=["#2ca02c" if v > 0 else "#d62728" for v in vals],
+            hovertemplate="%{y}: %{x:.4g}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=title,
+        xaxis_title=what,
+        yaxis=dict(autorange="reversed"),
+        height=90 + 26 * max(len(rows), 1),
+        margin=dict(l=110, r=10, t=50, b=40),
+    )
+    return fig
+
+
+def label_search_figure(features: Sequence[int], values: Sequence[float], *, label: str) -> go.Figure:
+    """Features ranked by the cosine of their direct-effect direction with a label's text embedding."""
+    fig = go.Figure(
+        go.Bar(
+            y=[f"feature {int(i)}" for i in features],
+            x=np.asarray(values, np.float64),
+            orientation="h",
+            marker_color="#4c78a8",
+            hovertemplate="%{y}: cosine %{x:.3f}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=f'Features whose direct effect points toward "{label}"',
+        xaxis_title="cosine with the label's text embedding",
+        yaxis=dict(autorange="reversed"),
+        height=90 + 24 * max(len(features), 1),
+        margin=dict(l=100, r=10, t=50, b=40),
     )
     return fig

@@ -1,4 +1,4 @@
-"""``vitviz sae {train,measure,train-demo}``: the command line of :mod:`vitviz.sae` (registered by ``__main__``)."""
+"""``vitviz sae {train,measure,index,train-demo}``: the command line of :mod:`vitviz.sae` (registered by ``__main__``)."""
 
 from __future__ import annotations
 
@@ -85,6 +85,47 @@ def _measure(args: argparse.Namespace) -> int:
     return 0
 
 
+def _index(args: argparse.Namespace) -> int:
+    from vitviz.cli_checks import UsageError, input_size, terminal_text
+    from vitviz.models.load import load_model
+    from vitviz.sae.index import build_index
+    from vitviz.sae.load import load_sae
+
+    if args.engine != "ray" and (args.address is not None or args.actors is not None):
+        raise UsageError("--address and --actors are for --engine ray")
+    if args.actors is not None and args.actors < 1:
+        raise UsageError(f"--actors must be at least 1, got {args.actors}")
+    loaded = load_model(args.model, device=args.device)
+    sae = load_sae(args.sae, point=args.point, loaded=loaded).to(loaded.device)  # encode where the model runs
+    report = build_index(
+        sae,
+        loaded,
+        args.data,
+        args.out,
+        model_source=args.model,
+        top_k=args.top_k,
+        size=input_size(args.size),
+        batch=args.batch,
+        limit=args.limit,
+        max_rows=args.max_rows,
+        engine=args.engine,
+        sae_path=args.sae,
+        address=args.address,
+        actors=args.actors,
+        overwrite=args.overwrite,
+        progress=_bar(),
+    )
+    for where, why in report.skipped[:20]:
+        print(f"skipped: {terminal_text(where)}: {terminal_text(why)}", file=sys.stderr)
+    if report.skipped_total > 20:
+        print(f"... and {report.skipped_total - 20} more skipped (listed in the index's metadata)", file=sys.stderr)
+    print(
+        f"wrote {terminal_text(report.out)}: {report.features} features over {report.images} images "
+        f"({report.tokens} tokens), {report.skipped_total} skipped, {report.seconds:.0f} s"
+    )
+    return 0
+
+
 def _train_demo(args: argparse.Namespace) -> int:
     from vitviz.sae.demo import blocks_table, compare_blocks, train_demo_sae
 
@@ -148,6 +189,34 @@ def add_parser(sub) -> None:
     me.add_argument("--write", action="store_true", help="also write metrics.json into the SAE's folder")
     me.add_argument("--device", default=None)
     me.set_defaults(func=_measure)
+
+    ix = cmds.add_parser(
+        "index",
+        help="index every feature's top examples, frequency and mean activation over a data set (Parquet)",
+        description="Run the images through the model, encode the SAE's tokens and keep, for every feature, its "
+        "top-k (image, token, activation), its activation frequency, mean activation and a histogram of its active "
+        "values: one Parquet file, one row per feature (docs/sae.md, 'The feature index'). Memory holds one batch.",
+    )
+    ix.add_argument("--sae", required=True, help="an SAE folder or file (SAELens, ViT-Prisma, saev)")
+    ix.add_argument("--model", default="demo", help="'demo', a hub id or a local folder")
+    ix.add_argument("--data", required=True, metavar="FOLDER_OR_CSV", help="images, as `evaluate` reads them")
+    ix.add_argument("--out", required=True, metavar="FILE.parquet")
+    ix.add_argument("--top-k", type=int, default=16, help="examples kept per feature (default 16)")
+    ix.add_argument("--point", default=None, help="the point, where the checkpoint does not say (saev)")
+    ix.add_argument("--limit", type=int, default=None, help="use the first N usable images only")
+    ix.add_argument("--size", type=int, nargs="+", metavar="PX", help="input size: one number (square) or H W")
+    ix.add_argument(
+        "--max-rows", type=int, default=None, help="rows of a CSV (files of a folder) read, as evaluate's (100,000)"
+    )
+    ix.add_argument("--batch", type=int, default=16, help="images per forward (default 16)")
+    ix.add_argument("--overwrite", action="store_true", help="replace --out even if it is not an index")
+    ix.add_argument(
+        "--engine", default="local", choices=("local", "ray"), help="local (default) or ray, as evaluate's engines"
+    )
+    ix.add_argument("--address", default=None, help="ray: a cluster to join (default: a local Ray)")
+    ix.add_argument("--actors", type=int, default=None, help="ray: the actor pool's size (default: GPUs, else CPUs)")
+    ix.add_argument("--device", default=None)
+    ix.set_defaults(func=_index)
 
     td = cmds.add_parser(
         "train-demo",

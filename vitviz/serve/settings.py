@@ -29,6 +29,8 @@ Where they come from, later sources winning:
        hub_max_layers = 64            # a typed hub id's config: blocks (all stages, every tower), before download
        hub_max_width = 4096           # its hidden size (widest stage)
        hub_max_image_size = 2048      # its image_size, each side
+       saes = ["/srv/saes/vit-b-l9"]  # SAE folders or files the Features page offers (public: only these)
+       sae_indexes = ["/srv/saes/vit-b-l9/index.parquet"]  # feature indexes it offers (public: only these)
 
 3. environment variables: ``VITVIZ_PUBLIC``, ``VITVIZ_ALLOW`` (comma-separated; replaces the
    file's ``allow``, both extend the default allowlist), ``VITVIZ_ALLOW_HUB_IDS``,
@@ -38,7 +40,8 @@ Where they come from, later sources winning:
    ``VITVIZ_HUB_DOWNLOADS_PER_HOUR``, ``VITVIZ_HUB_TIMEOUT_S``, ``VITVIZ_RESULTS_MAX_MB``,
    ``VITVIZ_RESULTS_MAX_ROWS``, ``VITVIZ_RESULTS_CACHE_MB``, ``VITVIZ_IMAGE_MAX_MEGAPIXELS``,
    ``VITVIZ_IMAGE_MAX_SIDE``, ``VITVIZ_DECODE_BUDGET_MB``, ``VITVIZ_HUB_MAX_LAYERS``,
-   ``VITVIZ_HUB_MAX_WIDTH``, ``VITVIZ_HUB_MAX_IMAGE_SIZE``.
+   ``VITVIZ_HUB_MAX_WIDTH``, ``VITVIZ_HUB_MAX_IMAGE_SIZE``, ``VITVIZ_SAES``, ``VITVIZ_SAE_INDEXES``
+   (comma-separated; each replaces the file's list).
 
 Only the Streamlit app reads these; the command line is never affected. A value that does
 not parse raises :class:`SettingsError` naming where it came from, so a typo in an operator's
@@ -157,6 +160,10 @@ class ServeSettings:
     ``hub_max_layers``          64 blocks in a hub config        public mode (hub ids)
     ``hub_max_width``           4,096 hidden size                public mode (hub ids)
     ``hub_max_image_size``      2,048 px image_size              public mode (hub ids)
+    ``saes``                    the only SAEs offered (besides   offered besides a
+                                the demo SAE), ``()``            typed path
+    ``sae_indexes``             the only feature indexes         offered besides a
+                                offered, ``()``                  typed path
     ``max_tokens``              2,048 tokens per image           0 (no limit)
     ``patching_max_work``       250,000 (forward-equivalents     0 (no limit)
                                 x tokens) per patching request
@@ -189,6 +196,8 @@ class ServeSettings:
     hub_max_image_size: int = 2048
     max_tokens: int | None = None
     patching_max_work: float | None = None
+    saes: tuple[str, ...] = ()  # SAE folders or files the Features page offers (public mode: the only ones)
+    sae_indexes: tuple[str, ...] = ()  # feature index files it offers (public mode: the only ones)
     origin: str = field(default="defaults", compare=False)  # where the values came from, for logs
 
     def __post_init__(self) -> None:
@@ -206,7 +215,9 @@ class ServeSettings:
         fill("patching_max_work", PUBLIC_PATCHING_MAX_WORK, 0)
         if self.per_address is None:  # public mode counts per client address too (a reload is a new session)
             object.__setattr__(self, "per_address", self.public)
-        object.__setattr__(self, "allow", tuple(dict.fromkeys(a.strip() for a in self.allow if a.strip())))
+        for name in ("allow", "saes", "sae_indexes"):
+            value = getattr(self, name)
+            object.__setattr__(self, name, tuple(dict.fromkeys(a.strip() for a in value if a.strip())))
         positive = ("max_download_gb", "model_memory_gib", "hub_timeout_s", "results_max_mb", "results_max_rows")
         positive += ("results_cache_mb", "image_max_megapixels", "image_max_side", "decode_budget_mb")
         positive += ("hub_max_layers", "hub_max_width", "hub_max_image_size", "address_table_size")
@@ -271,6 +282,8 @@ _FILE_KEYS = {
     "patching_max_work": "patching_max_work",
     "per_address": "per_address",
     "address_table_size": "address_table_size",
+    "saes": "saes",
+    "sae_indexes": "sae_indexes",
 }
 _ENV_KEYS = {
     "VITVIZ_PUBLIC": "public",
@@ -296,6 +309,8 @@ _ENV_KEYS = {
     "VITVIZ_PATCHING_MAX_WORK": "patching_max_work",
     "VITVIZ_PER_ADDRESS": "per_address",
     "VITVIZ_ADDRESS_TABLE_SIZE": "address_table_size",
+    "VITVIZ_SAES": "saes",
+    "VITVIZ_SAE_INDEXES": "sae_indexes",
 }
 _KINDS = {f.name: f.type for f in fields(ServeSettings)}
 
@@ -328,6 +343,8 @@ def _from_toml(name: str, value: Any, where: str) -> Any:
     kind = _kind(name)
     if kind == "names":
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            if name != "allow":
+                raise SettingsError(f'{where} must be a list of paths on the server, like ["/srv/saes/sae-1"].')
             raise SettingsError(f'{where} must be a list of model names, like ["demo", "google/vit-base-patch16-224"].')
         return tuple(value)
     if kind == "bool":
