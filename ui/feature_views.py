@@ -100,9 +100,20 @@ def choose_sae(cur: common.Current):
         sae = get_sae(str(path), _stamp(Path(path)), point)
         check_point(sae, cur.model)
     except SAEError as exc:
-        st.error(str(exc))
+        st.error(_visitor_message(exc, path, settings))
         return None
     return sae
+
+
+def _visitor_message(exc: Exception, path: Path, settings) -> str:
+    """The message of ``exc``; in public mode with the server's folders of ``path`` replaced by its shown name."""
+    text = str(exc)
+    if not settings.public:
+        return text
+    shown = _shown(str(path), [*settings.saes, *settings.sae_indexes])
+    for form in sorted({str(path), str(path.resolve()), str(path.parent), str(path.parent.resolve())}, key=len)[::-1]:
+        text = text.replace(form, shown if form.endswith(path.name) else "…")
+    return text
 
 
 def _shown(path: str, listed) -> str:
@@ -304,7 +315,7 @@ def choose_index(cur: common.Current, sae, sae_key: str):
         with st.spinner("Reading the index…"):
             return _index(str(path), _stamp(path), sae_key, cur.model.name, sae, cur.model)
     except FeatureIndexError as exc:
-        st.error(str(exc))
+        st.error(_visitor_message(exc, path, settings))
         return None
 
 

@@ -147,3 +147,21 @@ def test_public_mode_offers_the_operators_saes(public, tmp_path):
     no_trouble(at, "listed sae")
     assert at.selectbox(key="sae_listed").options == ["shapes-sae"]
     assert not at.text_input
+
+
+def test_a_listed_sae_or_index_that_fails_names_no_server_folder(public, tmp_path):
+    broken = tmp_path / "srv" / "secret-place" / "broken-sae"
+    broken.mkdir(parents=True)
+    (broken / "cfg.json").write_text("{not json")
+    bad_index = tmp_path / "srv" / "secret-place" / "bad.parquet"
+    bad_index.write_bytes(b"not parquet")
+    public(VITVIZ_SAES=str(broken), VITVIZ_SAE_INDEXES=str(bad_index))
+    at = _page()
+    assert not at.exception
+    at.radio(key="sae_source").set_value("One of this server's SAEs").run()
+    assert not at.exception
+    messages = [e.value for e in at.error]
+    assert messages and all("secret-place" not in m and str(tmp_path) not in m for m in messages), messages
+    at.radio(key="sae_source").set_value("The bundled demo SAE").run()
+    messages = [e.value for e in at.error]
+    assert messages and all("secret-place" not in m for m in messages), messages

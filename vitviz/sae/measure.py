@@ -101,7 +101,7 @@ def measure(
         if x.shape[-1] != sae.d_in:
             raise SAEError(f"the SAE reads {sae.d_in}-wide activations; '{loaded.name}' has {x.shape[-1]} at {point}")
         xs = x[:, scope_ids] if scope_ids is not None else x
-        xs = xs.reshape(-1, xs.shape[-1]).double()
+        xs = xs.reshape(-1, xs.shape[-1]).to(sae.W_enc.device).double()  # the SAE's device (the model's may differ)
         with torch.no_grad():
             f, stats = sae.encode_with_stats(xs.float())
             x_hat = sae.decode(f, stats).double()
@@ -110,7 +110,7 @@ def measure(
         sxx += float(xs.pow(2).sum())
         n_tok += xs.shape[0]
         on = f > 0
-        active += on.sum(dim=0)
+        active += on.sum(dim=0).cpu()
         l0_sum += int(on.sum())
         if scorer is not None:
             clean = scorer(out).float()
