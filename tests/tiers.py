@@ -22,7 +22,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 DURATIONS = HERE / "durations.json"  # node id -> seconds, as measured (see the module docstring)
-SLOW_SECONDS = 2.5
+SLOW_SECONDS = 2.0
 
 # Source that starts a browser or a served app: a test whose own code calls one of these is a browser test.
 BROWSER_CALLS = ("require_chromium(", "sync_playwright(", "streamlit_server(", "open_server_heads(", "chromium.launch(")
