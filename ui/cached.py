@@ -19,6 +19,7 @@ from vitviz.analysis.rollout import capture_rollout
 from vitviz.cache import BoundedCache
 from vitviz.capture import forward as vcapture
 from vitviz.capture.gradients import explain_targets
+from vitviz.capture.targets import Target
 from vitviz.data.images import read_image
 from vitviz.models.load import LoadedModel
 from vitviz.models.zeroshot import Labels
@@ -82,15 +83,17 @@ def get_prompt_relevance(
     return results_cache().get_or_compute(key, compute)
 
 
-def label_embeddings(cur: common.Current) -> np.ndarray | None:
-    """Zero-shot models: the embeddings of the pane's labels (what "class" means for them); else None."""
-    if not cur.model.zero_shot or cur.labels is None:
-        return None
-    return common.get_label_embeddings(cur.model.name, cur.labels.prompts)
+def target_of(cur: common.Current, index: int, minus: int | None = None) -> Target:
+    """Class or label ``index`` (minus ``minus``) of the pane's model as the :class:`Target` the analyses take: a
+    label of the pane's labels for a zero-shot model, else a class."""
+    if cur.model.zero_shot and cur.labels is not None:
+        return Target.of_label(cur.labels, index, minus)
+    return Target.of_class(index, minus)
 
 
-def _labels_key(cur: common.Current) -> tuple[str, ...] | None:
-    return cur.labels.prompts if cur.model.zero_shot and cur.labels is not None else None
+def scores_target(cur: common.Current) -> Target | None:
+    """What a knock-out's scores are: the pane's labels' (a label target; zero-shot models), else class logits."""
+    return target_of(cur, 0) if cur.model.zero_shot and cur.labels is not None else None
 
 
 def get_knockout(cur: common.Current, heads: tuple[tuple[int, int], ...], mode: str):
@@ -99,43 +102,42 @@ def get_knockout(cur: common.Current, heads: tuple[tuple[int, int], ...], mode: 
 
     def compute():
         image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
-        emb = label_embeddings(cur)
+        t = scores_target(cur)
         return common.in_queue(
-            lambda: capture_knocked_out(cur.model, image, list(heads), mode=mode, size=cur.key[2], label_embeddings=emb)
+            lambda: capture_knocked_out(cur.model, image, list(heads), mode=mode, size=cur.key[2], target=t)
         )
 
-    return results_cache().get_or_compute(("knockout", *cur.key, heads, mode, _labels_key(cur)), compute)
+    return results_cache().get_or_compute(("knockout", *cur.key, heads, mode, scores_target(cur)), compute)
 
 
-def get_importance(cur: common.Current, class_index: int, mode: str, fast: bool, progress=None):
-    """Head importance (exact, in batches) or the fast first-order estimate, for one class; cached, queued."""
+def get_importance(cur: common.Current, target: Target, mode: str, fast: bool, progress=None):
+    """Head importance (exact, in batches) or the fast first-order estimate, for one target; cached, queued."""
     from vitviz.causal import fast_estimate, head_importance
 
     def compute():
         image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
-        kw = dict(class_index=class_index, mode=mode, size=cur.key[2], label_embeddings=label_embeddings(cur))
+        kw = dict(target=target, mode=mode, size=cur.key[2])
         if fast:
             return common.in_queue(lambda: fast_estimate(cur.model, image, **kw))
         return common.in_queue(lambda: head_importance(cur.model, image, progress=progress, **kw))
 
-    return results_cache().get_or_compute(("importance", *cur.key, class_index, mode, fast, _labels_key(cur)), compute)
+    return results_cache().get_or_compute(("importance", *cur.key, target, mode, fast), compute)
 
 
-def has_importance(cur: common.Current, class_index: int, mode: str, fast: bool) -> bool:
+def has_importance(cur: common.Current, target: Target, mode: str, fast: bool) -> bool:
     """Whether :func:`get_importance` of these settings is in the cache (computed before, not evicted)."""
-    return ("importance", *cur.key, class_index, mode, fast, _labels_key(cur)) in results_cache()
+    return ("importance", *cur.key, target, mode, fast) in results_cache()
 
 
-def get_attribution(cur: common.Current, class_index: int):
+def get_attribution(cur: common.Current, target: Target):
+    """Direct logit attribution of ``target`` (a class, or the difference of two); cached, queued."""
     from vitviz.causal import direct_logit_attribution
 
     def compute():
         image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
-        return common.in_queue(
-            lambda: direct_logit_attribution(cur.model, image, class_index=class_index, size=cur.key[2])
-        )
+        return common.in_queue(lambda: direct_logit_attribution(cur.model, image, target=target, size=cur.key[2]))
 
-    return results_cache().get_or_compute(("attribution", *cur.key, class_index), compute)
+    return results_cache().get_or_compute(("attribution", *cur.key, target), compute)
 
 
 def get_lens(cur: common.Current):

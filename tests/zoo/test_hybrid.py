@@ -273,7 +273,7 @@ def test_knock_outs_lens_and_attribution(tiny):
     img, c = random_image(8), 2
     notes = C.causal_notes(tiny)
     assert not any(notes.values()), notes
-    got = C.head_importance(tiny, img, class_index=c, mode="zero")
+    got = C.head_importance(tiny, img, target=c, mode="zero")
     assert got.effects.shape == (2, 4)
     pixels, _ = preprocess(tiny, [img], (SIDE, SIDE))
     with torch.no_grad():
@@ -295,7 +295,7 @@ def test_knock_outs_lens_and_attribution(tiny):
         assert got.effects[block, head] == pytest.approx(float(knocked - clean), abs=1e-5)
     lens = C.logit_lens(tiny, img)
     np.testing.assert_allclose(lens.logits[-1], get_run(tiny, img).scores.numpy(), rtol=1e-5, atol=1e-5)
-    att = C.direct_logit_attribution(tiny, img, class_index=c)
+    att = C.direct_logit_attribution(tiny, img, target=c)
     assert att.total == pytest.approx(att.logit, rel=1e-4, abs=1e-5)
 
 

@@ -28,6 +28,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from vitviz.cache import BoundedCache
 from vitviz.errors import ModelLoadError, VitvizError
 
 __all__ = [
@@ -45,6 +46,8 @@ __all__ = [
     "unknown_words",
     "vocabulary_warning",
     "encode_labels",
+    "text_embeddings",
+    "forget_text_embeddings",
     "score",
     "from_logits",
     "label_target",
@@ -303,6 +306,42 @@ def encode_labels(model: torch.nn.Module, tower: TextTower, labels: Labels, *, c
             feats = getattr(feats, "pooler_output", feats)
         out.append(feats.float().cpu().numpy())
     return np.concatenate(out)
+
+
+# Text-tower embeddings per (model, prompt): a prompt's embedding does not depend on the others in its batch (CLIP
+# masks the padding, SigLIP always pads to its full length), so editing one label encodes that prompt alone. The one
+# cache of label embeddings: the Run's label scores, targets bound to a model and the app's labels all read it.
+_TEXT: BoundedCache[np.ndarray] = BoundedCache(max_entries=4096, max_bytes=64 * 2**20, size_of=lambda e: int(e.nbytes))
+
+
+def text_embeddings(loaded, prompts: Sequence[str]) -> np.ndarray:
+    """The text tower's embeddings of ``prompts`` ``(K, D)`` float32 (as :func:`encode_labels`), cached per prompt:
+    only prompts not seen before with this model run the text tower. Raises :class:`ZeroShotError` for a model
+    without text tower."""
+    if getattr(loaded, "text", None) is None:
+        raise ZeroShotError(
+            getattr(loaded, "text_note", "")
+            or f"'{loaded.name}' has no text tower: labels need a CLIP- or SigLIP-style two-tower checkpoint."
+        )
+    model = loaded.model
+
+    def key(p: str) -> tuple:
+        return (id(model), loaded.name, p)
+
+    def encode(batch: tuple[str, ...]) -> np.ndarray:
+        return encode_labels(model, loaded.text, Labels(batch, batch, "{}"))
+
+    prompts = tuple(prompts)
+    missing = tuple(p for p in dict.fromkeys(prompts) if key(p) not in _TEXT)
+    if missing:
+        for p, e in zip(missing, encode(missing), strict=True):
+            _TEXT.get_or_compute(key(p), lambda e=e: e)
+    return np.stack([_TEXT.get_or_compute(key(p), lambda p=p: encode((p,))[0]) for p in prompts])
+
+
+def forget_text_embeddings(model: torch.nn.Module | None = None) -> None:
+    """Drop the cached prompt embeddings (of ``model`` only, when given)."""
+    _TEXT.discard(lambda k, _v: model is None or k[0] == id(model))
 
 
 def _pools_last(model: torch.nn.Module) -> bool:
