@@ -104,10 +104,10 @@ def test_causal_views_drawn_twice_with_two_states_show_each_states_own_numbers()
         title, _, traces = charts[f"{who}_curves"]
         what = f"probability of '{loaded.id2label[top]}'"
         pert = Perturbations(loaded, image, insertion_start="grey" if who == "A" else "mean")
-        results = pert.curves_many(list(maps.values()), class_index=top)
+        results = pert.curves_many(list(maps.values()), target=top)
         if who == "B":  # each curve: the top class's probability minus the second's, on the same perturbed images
             what += f" minus that of '{loaded.id2label[second]}'"
-            minus = pert.curves_many(list(maps.values()), class_index=second)
+            minus = pert.curves_many(list(maps.values()), target=second)
             pairs = zip(results, minus, strict=True)
             results = [(r.method, r.deletion - m.deletion, r.insertion - m.insertion) for r, m in pairs]
         else:

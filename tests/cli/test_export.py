@@ -363,7 +363,7 @@ def test_export_methods_write_the_maps_explain_gives(tiny_models, image_files, t
         with np.load(tmp_path / "m" / f"{p.stem}.npz") as z:
             assert int(z["method_class"]) == 2
             for name in ("attnlrp", "rollout"):
-                ref = explain(loaded, PILImage.open(p).convert("RGB"), name, class_index=2).values
+                ref = explain(loaded, PILImage.open(p).convert("RGB"), name, target=2).values
                 np.testing.assert_allclose(z[f"method_{name}"], ref, rtol=1e-5, atol=1e-7)
     with pytest.raises(MethodError, match="backbone without a classifier"):
         export_images(tiny_models["dino"], image_files[:1], tmp_path / "d", methods=["attnlrp"])

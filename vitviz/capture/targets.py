@@ -233,18 +233,11 @@ class BoundTarget:
         return self.target.select(self.scores(out))
 
 
-def resolve_target(
-    target: Target | int | None,
-    *,
-    predicted: Callable[[], int | None] | None = None,
-    class_index: int | None = None,
-) -> Target | None:
-    """A :class:`Target` from what a caller gave: a target, a class index (as before), or None (the predicted
-    class, asked from ``predicted``; None when there is no classifier)."""
+def resolve_target(target: Target | int | None, *, predicted: Callable[[], int | None] | None = None) -> Target | None:
+    """A :class:`Target` from what a caller gave: a target, a class index (shorthand for ``Target.of_class``), or
+    None (the predicted class, asked from ``predicted``; None when there is no classifier)."""
     if isinstance(target, Target):
         return target
-    if target is None:
-        target = class_index
     if target is None:
         c = predicted() if predicted is not None else None
         return None if c is None else Target.of_class(c)

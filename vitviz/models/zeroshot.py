@@ -51,9 +51,7 @@ __all__ = [
     "score",
     "from_logits",
     "label_target",
-    "LabelScores",
     "label_scores",
-    "as_classifier",
     "rank",
     "legend",
 ]
@@ -430,55 +428,6 @@ def label_target(family, model: torch.nn.Module, text_embedding: np.ndarray):
         return label_scores(model, family.image_embedding(model, out)[:1], t)[0, 0]
 
     return target
-
-
-class LabelScores:
-    """A family adapter whose class logits are label scores: the image tower's embedding against K labels.
-
-    ``logits(model, out)`` is ``(B, K)``: ``scale * cos(image, text_k) + bias``, the model's
-    ``logits_per_image`` for the labels' prompts; ``probability_rule`` says how they become
-    probabilities (softmax for CLIP, each its own sigmoid for SigLIP). Everything else is
-    the wrapped family's.
-    """
-
-    def __init__(self, family, text: np.ndarray, scale: float, bias: float, rule: Literal["softmax", "sigmoid"]):
-        t = torch.as_tensor(np.array(text, np.float32))
-        self._family = family
-        self._text = t / t.norm(dim=-1, keepdim=True)  # (K, D)
-        self._scale, self._bias = scale, bias
-        self.probability_rule = rule
-
-    def __getattr__(self, name: str):
-        if name.startswith("__") or name == "_family":  # copy/pickle probes before __init__ ran: no recursion
-            raise AttributeError(name)
-        return getattr(self._family, name)
-
-    def logits(self, model: torch.nn.Module, out) -> torch.Tensor | None:
-        img = self._family.image_embedding(model, out)
-        return None if img is None else label_scores(model, img, self._text)
-
-
-def as_classifier(loaded, labels: Labels, text: np.ndarray | None = None):
-    """The loaded two-tower model as a classifier of ``labels``: each label's score is its class logit.
-
-    Every view and method that explains a class then explains a label (relevance, Grad-CAM,
-    integrated gradients, deletion and insertion follow the label's score); ``id2label``
-    holds the label texts. The text tower runs once, here (``text``: the prompts' embeddings
-    ``(K, D)`` where they are known already). Raises :class:`ZeroShotError` for a model
-    without text tower or tokenizer.
-    """
-    import dataclasses
-
-    if loaded.text is None:
-        raise ZeroShotError(
-            loaded.text_note
-            or f"'{loaded.name}' has no text tower: labels need a CLIP- or SigLIP-style two-tower checkpoint."
-        )
-    if text is None:
-        text = encode_labels(loaded.model, loaded.text, labels)
-    scale, bias = _scale_bias(loaded.model)
-    family = LabelScores(loaded.family, text, scale, bias, loaded.text.rule)
-    return dataclasses.replace(loaded, family=family, id2label=dict(enumerate(labels.names)))
 
 
 def rank(scores: Scores, names: Sequence[str]):
