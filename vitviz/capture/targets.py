@@ -185,17 +185,9 @@ def scorer_for(loaded, labels: Labels | None = None) -> Scorer:
     scale = getattr(model, "logit_scale", None)
     if not isinstance(scale, torch.Tensor) or getattr(loaded, "text", None) is None:
         raise NoScores(f"'{loaded.name}' has no text tower: only a two-tower model scores labels.")
-    from vitviz.models.zeroshot import label_scores, text_embeddings
+    from vitviz.models.zeroshot import text_embeddings
 
-    text = torch.as_tensor(text_embeddings(loaded, labels.prompts))
-
-    def score(out) -> torch.Tensor:
-        img = fam.image_embedding(model, out)
-        if img is None:
-            raise NoScores(f"'{loaded.name}' gives no image embedding to compare with label embeddings.")
-        return label_scores(model, img, text)
-
-    return score
+    return label_scorer(loaded, text_embeddings(loaded, labels.prompts))
 
 
 def label_set(target) -> Labels | None:
@@ -205,9 +197,9 @@ def label_set(target) -> Labels | None:
     return Labels(target.labels, target.prompts or target.labels, "{}")
 
 
-def label_scorer(loaded, text_embeddings: np.ndarray) -> Callable[[Any], torch.Tensor]:
-    """Forward output -> label scores ``(B, K)`` against given prompt embeddings ``(K, D)``, as the two-tower
-    model's ``logits_per_image`` computes them."""
+def label_scorer(loaded, text_embeddings: np.ndarray) -> Scorer:
+    """Forward output -> label scores ``(B, K)`` against prompt embeddings ``(K, D)``, as the two-tower model's
+    ``logits_per_image`` computes them (:func:`vitviz.models.zeroshot.label_scores`)."""
     from vitviz.models.zeroshot import label_scores
 
     fam, model = loaded.family, loaded.model
@@ -216,7 +208,7 @@ def label_scorer(loaded, text_embeddings: np.ndarray) -> Callable[[Any], torch.T
     def scores(out) -> torch.Tensor:
         img = fam.image_embedding(model, out)
         if img is None:
-            raise TargetError(f"'{loaded.name}' gives no image embedding to score labels with.")
+            raise NoScores(f"'{loaded.name}' gives no image embedding to score labels with.")
         return label_scores(model, img, text)
 
     return scores
