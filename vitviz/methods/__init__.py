@@ -1,4 +1,4 @@
-"""Explanation methods behind one interface: ``explain(loaded, image, method, *, class_index) -> MethodMap``.
+"""Explanation methods behind one interface: ``explain(loaded, image, method, *, target) -> MethodMap``.
 
 Every method gives one raw map on the first stage's grid (the patch grid of a plain
 ViT), so that maps can be compared cell by cell and scored by the faithfulness
