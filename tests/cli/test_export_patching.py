@@ -90,6 +90,7 @@ def test_class_minus_explains_the_difference(shapes, demo_model, tmp_path, capsy
         (["--patch-from", "SRC"], "--patch-from needs --causal"),
         (["--causal", "--patch-from", "SRC", "TWO"], "one source into one target image; 2 images"),
         (["--class-minus", "1"], "--class-minus needs --causal"),
+        (["--causal", "--class-minus", "1"], "--class-minus needs --class"),
         (["--causal", "--label", "cat"], "--label needs --labels"),
         (["--causal", "--labels", "cat,dog", "--label", "bird"], "'bird' is not one of --labels"),
         (["--causal", "--class", "1", "--class-minus", "1"], "must differ"),
