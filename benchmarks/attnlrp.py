@@ -41,7 +41,7 @@ def attnlrp_cost(folder: str | Path, *, runs: int = 3) -> dict:
             class_logits(loaded, x, hw)
 
     def lrp():
-        relevance(loaded, x, hw, class_index=0)
+        relevance(loaded, x, hw, target=0)
 
     forward(), lrp()  # warm-up
     pairs = [(median_time(forward, 1, warmup=0), median_time(lrp, 1, warmup=0)) for _ in range(runs)]

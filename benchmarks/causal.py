@@ -70,8 +70,8 @@ def one_run_views(folder: str | Path, *, runs: int = 3) -> dict:
         for view in (
             lambda: explain_classes(loaded, image, [c]),
             lambda: logit_lens(loaded, image),
-            lambda: direct_logit_attribution(loaded, image, class_index=c),
-            lambda: fast_estimate(loaded, image, class_index=c),
+            lambda: direct_logit_attribution(loaded, image, target=c),
+            lambda: fast_estimate(loaded, image, target=c),
         ):
             if not shared:
                 clear_runs()  # as before the Run: every view makes its own clean forward

@@ -152,10 +152,8 @@ def estimate_cost(folder: str | Path, *, runs: int = 5, side: int | None = None)
     pixels, _ = preprocess(loaded, [tgt], size)
     inputs = loaded.family.model_inputs(loaded, pixels, size)
 
-    def full_source(loaded, image, *, size, label_embeddings, budget_bytes):
-        return get_run(
-            loaded, image, size=size, label_embeddings=label_embeddings, budget_bytes=budget_bytes, gradients=False
-        )
+    def full_source(loaded, image, *, size, labels, budget_bytes, parts=()):
+        return get_run(loaded, image, size=size, labels=labels, budget_bytes=budget_bytes, gradients=False)
 
     def plain():
         with torch.inference_mode():

@@ -3,7 +3,7 @@
 import numpy as np
 import streamlit as st
 
-from ui import cached, causal_views, common, photo, target_boxes
+from ui import causal_views, common, photo, target_boxes
 from vitviz.analysis.scales import SCALES
 from vitviz.errors import VitvizError
 from vitviz.methods import METHODS, why_unavailable
@@ -59,8 +59,7 @@ else:
     )
 if labels:
     st.caption(f"Zero-shot: the label's score and its probability ({ranked.legend}) take the place of a class.")
-model = cached.labelled_model(cur.model, labels)
-skipped = {m: why_unavailable(model, m) for m in METHODS if why_unavailable(model, m)}
+skipped = {m: why_unavailable(cur.model, m, target) for m in METHODS if why_unavailable(cur.model, m, target)}
 for method, why in skipped.items():
     st.caption(f"{method}: {why}")
 agnostic = [m for m, meth in METHODS.items() if not meth.class_specific and m not in skipped]

@@ -67,7 +67,7 @@ left, right = st.columns(2)
 with left:
     # A table this session computed before (another "Replaced by", then back) is shown at once: kept per setting.
     done = ss.setdefault("importance_done", set())
-    computed = key in done and cached.has_importance(cur, cls, ss.knockout_mode, fast)
+    computed = key in done and cached.has_importance(cur, cached.target_of(cur, cls), ss.knockout_mode, fast)
     if ss.get("importance_wanted") != key and not computed:
         st.button("Compute head importance", type="primary", on_click=lambda: ss.update(importance_wanted=key))
     if ss.get("importance_wanted") == key or computed:

@@ -63,7 +63,7 @@ def test_run_is_the_engines_run(demo_run):
     assert np.allclose(demo_run.scores.numpy(), cap.logits, atol=1e-5)
     out = demo_run.activation(demo_run.name(3, "out"))
     assert out.shape[-1] == demo_run.loaded.config.hidden_size
-    assert demo_run.labels is None and demo_run.label_embeddings is None
+    assert demo_run.labels is None and demo_run.text_embeddings is None
 
 
 # --- the views ------------------------------------------------------------------------------------
@@ -128,7 +128,7 @@ def test_zero_shot_relevance_explains_the_labels_score(clip_run):
     got = _z(vitviz.show(clip_run, "relevance", label="circle"))
     assert np.allclose(_z(vitviz.show(clip_run, "relevance", label=1)), got)
     loaded = clip_run.loaded
-    target = Target.of_label(clip_run.labels, "circle").bind(loaded, clip_run.label_embeddings)
+    target = Target.of_label(clip_run.labels, "circle").bind(loaded, clip_run.text_embeddings)
     clear_runs()
     ref = explain_targets(loaded, load_image(STAR), {1: ("circle", lambda out: target(out).reshape(-1)[0])})[1]
     assert np.allclose(got, ref.patch_map(), atol=1e-5)

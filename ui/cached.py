@@ -19,6 +19,7 @@ from vitviz.analysis.rollout import capture_rollout
 from vitviz.cache import BoundedCache
 from vitviz.capture import forward as vcapture
 from vitviz.capture.gradients import explain_targets
+from vitviz.capture.targets import Target
 from vitviz.data.images import read_image
 from vitviz.models.load import LoadedModel
 from vitviz.models.zeroshot import Labels
@@ -82,15 +83,17 @@ def get_prompt_relevance(
     return results_cache().get_or_compute(key, compute)
 
 
-def label_embeddings(cur: common.Current) -> np.ndarray | None:
-    """Zero-shot models: the embeddings of the pane's labels (what "class" means for them); else None."""
-    if not cur.model.zero_shot or cur.labels is None:
-        return None
-    return common.get_label_embeddings(cur.model.name, cur.labels.prompts)
+def target_of(cur: common.Current, index: int, minus: int | None = None) -> Target:
+    """Class or label ``index`` (minus ``minus``) of the pane's model as the :class:`Target` the analyses take: a
+    label of the pane's labels for a zero-shot model, else a class."""
+    if cur.model.zero_shot and cur.labels is not None:
+        return Target.of_label(cur.labels, index, minus)
+    return Target.of_class(index, minus)
 
 
-def _labels_key(cur: common.Current) -> tuple[str, ...] | None:
-    return cur.labels.prompts if cur.model.zero_shot and cur.labels is not None else None
+def scores_target(cur: common.Current) -> Target | None:
+    """What a knock-out's scores are: the pane's labels' (a label target; zero-shot models), else class logits."""
+    return target_of(cur, 0) if cur.model.zero_shot and cur.labels is not None else None
 
 
 def get_knockout(cur: common.Current, heads: tuple[tuple[int, int], ...], mode: str):
@@ -99,43 +102,42 @@ def get_knockout(cur: common.Current, heads: tuple[tuple[int, int], ...], mode: 
 
     def compute():
         image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
-        emb = label_embeddings(cur)
+        t = scores_target(cur)
         return common.in_queue(
-            lambda: capture_knocked_out(cur.model, image, list(heads), mode=mode, size=cur.key[2], label_embeddings=emb)
+            lambda: capture_knocked_out(cur.model, image, list(heads), mode=mode, size=cur.key[2], target=t)
         )
 
-    return results_cache().get_or_compute(("knockout", *cur.key, heads, mode, _labels_key(cur)), compute)
+    return results_cache().get_or_compute(("knockout", *cur.key, heads, mode, scores_target(cur)), compute)
 
 
-def get_importance(cur: common.Current, class_index: int, mode: str, fast: bool, progress=None):
-    """Head importance (exact, in batches) or the fast first-order estimate, for one class; cached, queued."""
+def get_importance(cur: common.Current, target: Target, mode: str, fast: bool, progress=None):
+    """Head importance (exact, in batches) or the fast first-order estimate, for one target; cached, queued."""
     from vitviz.causal import fast_estimate, head_importance
 
     def compute():
         image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
-        kw = dict(class_index=class_index, mode=mode, size=cur.key[2], label_embeddings=label_embeddings(cur))
+        kw = dict(target=target, mode=mode, size=cur.key[2])
         if fast:
             return common.in_queue(lambda: fast_estimate(cur.model, image, **kw))
         return common.in_queue(lambda: head_importance(cur.model, image, progress=progress, **kw))
 
-    return results_cache().get_or_compute(("importance", *cur.key, class_index, mode, fast, _labels_key(cur)), compute)
+    return results_cache().get_or_compute(("importance", *cur.key, target, mode, fast), compute)
 
 
-def has_importance(cur: common.Current, class_index: int, mode: str, fast: bool) -> bool:
+def has_importance(cur: common.Current, target: Target, mode: str, fast: bool) -> bool:
     """Whether :func:`get_importance` of these settings is in the cache (computed before, not evicted)."""
-    return ("importance", *cur.key, class_index, mode, fast, _labels_key(cur)) in results_cache()
+    return ("importance", *cur.key, target, mode, fast) in results_cache()
 
 
-def get_attribution(cur: common.Current, class_index: int):
+def get_attribution(cur: common.Current, target: Target):
+    """Direct logit attribution of ``target`` (a class, or the difference of two); cached, queued."""
     from vitviz.causal import direct_logit_attribution
 
     def compute():
         image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
-        return common.in_queue(
-            lambda: direct_logit_attribution(cur.model, image, class_index=class_index, size=cur.key[2])
-        )
+        return common.in_queue(lambda: direct_logit_attribution(cur.model, image, target=target, size=cur.key[2]))
 
-    return results_cache().get_or_compute(("attribution", *cur.key, class_index), compute)
+    return results_cache().get_or_compute(("attribution", *cur.key, target), compute)
 
 
 def get_lens(cur: common.Current):
@@ -175,74 +177,14 @@ def get_knockable_blocks(model_name: str) -> tuple[int, ...]:
     return knockable_blocks(common.get_model(model_name))
 
 
-def labelled_model(model: LoadedModel, labels: Labels | None) -> LoadedModel:
-    """The model whose classes are ``labels`` (zero-shot: each label's score is its logit), or the model itself."""
-    if labels is None:
-        return model
-    from vitviz.models.zeroshot import as_classifier
-
-    return as_classifier(model, labels, common.get_label_embeddings(model.name, labels.prompts))
-
-
-def _methods(model: LoadedModel, attnlrp: str) -> list[str] | None:
-    """The methods the Compare page runs: every available one (None), AttnLRP by the rules ``attnlrp`` names
-    (``"attnlrp"``, the paper's; ``"attnlrp_cp"``, ``vitviz.methods.VARIANTS``)."""
+def _methods(model: LoadedModel, attnlrp: str, target: Target) -> list[str] | None:
+    """The methods the Compare page runs for ``target``: every available one (None), AttnLRP by the rules
+    ``attnlrp`` names (``"attnlrp"``, the paper's; ``"attnlrp_cp"``, ``vitviz.methods.VARIANTS``)."""
     if attnlrp == "attnlrp":
         return None
     from vitviz.methods import available_methods
 
-    return [attnlrp if m == "attnlrp" else m for m in available_methods(model)]
-
-
-def get_method_maps(
-    cur: common.Current, class_index: int, labels: Labels | None = None, progress=None, attnlrp: str = "attnlrp"
-) -> dict:
-    """Every explanation method's map of the session's image for one class or label (``vitviz.methods``): cached, queued.
-
-    ``progress(done, total, name)``: called before each method and at the end (see ``explain_many``).
-    ``attnlrp``: AttnLRP's rules (``_methods``).
-    """
-    from vitviz.methods import explain_many
-
-    def compute():
-        image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
-        model = labelled_model(cur.model, labels)
-        methods = _methods(model, attnlrp)
-        return common.in_queue(
-            lambda: explain_many(model, image, methods, class_index=class_index, size=cur.key[2], progress=progress)
-        )
-
-    prompts = None if labels is None else labels.prompts
-    return results_cache().get_or_compute(("methods", *cur.key, class_index, prompts, attnlrp), compute)
-
-
-def get_curves(
-    cur: common.Current,
-    class_index: int,
-    progress=None,
-    labels: Labels | None = None,
-    insertion_start: str = "mean",
-    attnlrp: str = "attnlrp",
-) -> dict:
-    """Deletion and insertion curves of every method (``vitviz.evaluate``), computed on request: cached, queued.
-
-    ``insertion_start``: what insertion starts from (``vitviz.insertion_starts.INSERTION_STARTS``)."""
-    from vitviz.evaluate.faithfulness import Perturbations
-
-    def compute():
-        image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
-        maps = get_method_maps(cur, class_index, labels, attnlrp=attnlrp)
-        model = labelled_model(cur.model, labels)
-
-        def run():
-            perturb = Perturbations(model, image, size=cur.key[2], batch_size=20, insertion_start=insertion_start)
-            return perturb.curves_many(list(maps.values()), progress=progress)
-
-        return common.in_queue(run)
-
-    prompts = None if labels is None else labels.prompts
-    key = ("curves", *cur.key, class_index, prompts, insertion_start, attnlrp)
-    return results_cache().get_or_compute(key, compute)
+    return [attnlrp if m == "attnlrp" else m for m in available_methods(model, target)]
 
 
 def target_scalar(cur: common.Current, target):
@@ -271,35 +213,27 @@ def get_target_relevance(cur: common.Current, target, start_block: int = 0):
 
 
 def get_target_maps(
-    cur: common.Current, target, labels: Labels | None = None, progress=None, attnlrp: str = "attnlrp"
+    cur: common.Current, target: Target, labels: Labels | None = None, progress=None, attnlrp: str = "attnlrp"
 ) -> dict:
-    """Every method's map for ``target`` (a class or label, or the difference of two): cached, queued.
-
-    A single class or label is :func:`get_method_maps` (same cache); a difference runs every method on
-    ``logit[A] - logit[B]`` (zero-shot: label A's score minus label B's), the class-agnostic ones unchanged.
-    """
-    if target.minus is None:
-        return get_method_maps(cur, target.index, labels, progress=progress, attnlrp=attnlrp)
-    from vitviz.capture.targets import Target
+    """Every method's map for ``target`` (a class or label, or the difference of two; a label target holds its
+    labels, ``labels`` is not read): cached, queued. ``progress(done, total, name)``: called before each method
+    and at the end (see ``explain_many``); ``attnlrp``: AttnLRP's rules (``_methods``). Class-agnostic methods
+    give the same map for every target."""
     from vitviz.methods import explain_many
 
     def compute():
         image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
-        model = labelled_model(cur.model, labels)  # zero-shot: label scores are its class logits
-        t = Target.of_class(target.index, target.minus)
-        methods = _methods(model, attnlrp)
+        methods = _methods(cur.model, attnlrp, target)
         return common.in_queue(
-            lambda: explain_many(model, image, methods, target=t, size=cur.key[2], progress=progress)
+            lambda: explain_many(cur.model, image, methods, target=target, size=cur.key[2], progress=progress)
         )
 
-    prompts = None if labels is None else labels.prompts
-    key = ("methods", *cur.key, target.index, target.minus, prompts, attnlrp)
-    return results_cache().get_or_compute(key, compute)
+    return results_cache().get_or_compute(("methods", *cur.key, target, attnlrp), compute)
 
 
 def get_target_curves(
     cur: common.Current,
-    target,
+    target: Target,
     progress=None,
     labels: Labels | None = None,
     insertion_start: str = "mean",
@@ -307,43 +241,28 @@ def get_target_curves(
 ) -> list:
     """Deletion and insertion of every method's map for ``target``: cached, queued.
 
-    A single class or label: :func:`get_curves` (its probability). A difference A minus B: each curve is
-    the probability of A minus that of B on the same perturbed images (the maps of A minus B order the
-    patches; B's probabilities come from the same forwards), and each area is A's minus B's (the
-    trapezoid rule is linear).
-    """
-    if target.minus is None:
-        return get_curves(
-            cur, target.index, progress=progress, labels=labels, insertion_start=insertion_start, attnlrp=attnlrp
-        )
-    import dataclasses
-
+    The curves follow the target's probability (a label's by the model's rule); a difference A minus B: the
+    probability of A minus that of B on the same perturbed images (the maps of A minus B order the patches), each
+    area A's minus B's (the trapezoid rule is linear). ``insertion_start``: what insertion starts from
+    (``vitviz.insertion_starts.INSERTION_STARTS``)."""
+    from vitviz.capture.targets import label_set
     from vitviz.evaluate.faithfulness import Perturbations
 
     def compute():
         image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
-        maps = list(get_target_maps(cur, target, labels, attnlrp=attnlrp).values())
-        model = labelled_model(cur.model, labels)
+        maps = list(get_target_maps(cur, target, attnlrp=attnlrp).values())
 
         def run():
-            perturb = Perturbations(model, image, size=cur.key[2], batch_size=20, insertion_start=insertion_start)
-            a = perturb.curves_many(maps, class_index=target.index, progress=progress)
-            b = perturb.curves_many(maps, class_index=target.minus)  # the same images: no forward
-            return [
-                dataclasses.replace(
-                    ra,
-                    label=f"{ra.label} minus {rb.label}",
-                    deletion=ra.deletion - rb.deletion,
-                    insertion=ra.insertion - rb.insertion,
-                    deletion_area=ra.deletion_area - rb.deletion_area,
-                    insertion_area=ra.insertion_area - rb.insertion_area,
-                    probability=ra.probability - rb.probability,
-                )
-                for ra, rb in zip(a, b, strict=True)
-            ]
+            perturb = Perturbations(
+                cur.model,
+                image,
+                size=cur.key[2],
+                batch_size=20,
+                insertion_start=insertion_start,
+                labels=label_set(target),
+            )
+            return perturb.curves_many(maps, target=target, progress=progress)
 
         return common.in_queue(run)
 
-    prompts = None if labels is None else labels.prompts
-    key = ("curves", *cur.key, target.index, target.minus, prompts, insertion_start, attnlrp)
-    return results_cache().get_or_compute(key, compute)
+    return results_cache().get_or_compute(("curves", *cur.key, target, insertion_start, attnlrp), compute)

@@ -234,7 +234,7 @@ def draw_curves(cur: common.Current, s: CurvesSettings, *, key: str) -> list:
 
 def importance(cur: common.Current, s: ImportanceSettings, progress=None):
     """Head importance or its fast estimate (``cached.get_importance``), cached."""
-    return cached.get_importance(cur, s.class_index, s.mode, s.fast, progress=progress)
+    return cached.get_importance(cur, cached.target_of(cur, s.class_index), s.mode, s.fast, progress=progress)
 
 
 def draw_importance(cur: common.Current, s: ImportanceSettings, *, key: str):
@@ -304,7 +304,7 @@ def draw_attribution(cur: common.Current, s: AttributionSettings, *, key: str):
         return None
     try:
         with st.spinner("Splitting the logit into heads…"):
-            attr = cached.get_attribution(cur, s.class_index)
+            attr = cached.get_attribution(cur, cached.target_of(cur, s.class_index))
     except (VitvizError, ValueError) as exc:
         st.error(str(exc))
         return None
@@ -354,8 +354,6 @@ def patching(cur: common.Current, s: PatchingSettings, exact: bool, progress=Non
     from vitviz.causal.patching import activation_patching
     from vitviz.data.images import read_image
 
-    labels = cached.label_embeddings(cur)
-
     def compute():
         image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
         source = read_image(s.source, max_bytes=common.upload_limit()).image
@@ -370,7 +368,6 @@ def patching(cur: common.Current, s: PatchingSettings, exact: bool, progress=Non
                 exact=exact,
                 estimate=not exact,
                 progress=progress,
-                label_embeddings=labels,
                 **bounds,
             )
 
@@ -379,7 +376,7 @@ def patching(cur: common.Current, s: PatchingSettings, exact: bool, progress=Non
         # The exact grids: batch by batch in the queue (others' forwards run between), within the work bound
         return run(max_work=common.patching_work_bound(), slot=common.batch_slot)
 
-    key = ("patching", *cur.key, common.digest(s.source), s.target, exact, None if labels is None else labels.tobytes())
+    key = ("patching", *cur.key, common.digest(s.source), s.target, exact)  # a label target holds its labels
     return cached.results_cache().get_or_compute(key, compute)
 
 
@@ -522,7 +519,6 @@ def head_paths(cur: common.Current, s: PatchingSettings, kind: str, progress=Non
     from vitviz.causal import path_patching, pattern_patching
     from vitviz.data.images import read_image
 
-    labels = cached.label_embeddings(cur)
     grid = pattern_patching if kind == "pattern" else path_patching
 
     def compute():
@@ -535,12 +531,11 @@ def head_paths(cur: common.Current, s: PatchingSettings, kind: str, progress=Non
             target=s.target,
             size=cur.key[2],
             progress=progress,
-            label_embeddings=labels,
             max_work=common.patching_work_bound(),
             slot=common.batch_slot,
         )
 
-    key = (kind, *cur.key, common.digest(s.source), s.target, None if labels is None else labels.tobytes())
+    key = (kind, *cur.key, common.digest(s.source), s.target)  # a label target holds its labels
     return cached.results_cache().get_or_compute(key, compute)
 
 

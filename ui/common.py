@@ -40,12 +40,12 @@ from vitviz.models.load import LoadedModel, parse_model_name
 from vitviz.models.zeroshot import (
     Labels,
     ZeroShotError,
-    encode_labels,
     from_logits,
     legend,
     parse_labels,
     rank,
     score,
+    text_embeddings,
 )
 from vitviz.presets import PRESETS
 from vitviz.record import POOLED, Prediction
@@ -372,29 +372,12 @@ def nbytes_of(value) -> int:
     return sum(int(getattr(getattr(value, f), "nbytes", 0) or 0) for f in fields)
 
 
-@st.cache_resource
-def label_cache() -> BoundedCache:
-    """Text-tower embeddings per (model, prompt): editing one label encodes that prompt alone."""
-    return BoundedCache(max_entries=4096, max_bytes=64 * 2**20, size_of=nbytes_of)
-
-
 def get_label_embeddings(model_name: str, prompts: tuple[str, ...]) -> np.ndarray:
-    """The text tower's embeddings of the prompts ``(K, D)``; only prompts not seen before run the text tower.
-
-    A prompt's embedding does not depend on the others in its batch (CLIP masks the padding,
-    SigLIP always pads to its full length), so they are cached one by one.
-    """
-    cache = label_cache()
-
-    def encode(batch: tuple[str, ...]) -> np.ndarray:
-        loaded = get_model(model_name)
-        return in_queue(lambda: encode_labels(loaded.model, loaded.text, Labels(batch, batch, "{}")))
-
-    missing = tuple(p for p in dict.fromkeys(prompts) if ("label", model_name, p) not in cache)
-    if missing:
-        for p, e in zip(missing, encode(missing), strict=True):
-            cache.get_or_compute(("label", model_name, p), lambda e=e: e)
-    return np.stack([cache.get_or_compute(("label", model_name, p), lambda p=p: encode((p,))[0]) for p in prompts])
+    """The text tower's embeddings of the prompts ``(K, D)``, from vitviz's one cache of them
+    (:func:`vitviz.models.zeroshot.text_embeddings`: only prompts not seen before run the text tower, in the
+    queue)."""
+    loaded = get_model(model_name)
+    return in_queue(lambda: text_embeddings(loaded, prompts))
 
 
 SUGGESTED_LABELS = "cat, dog, car, bird, airplane"

@@ -27,6 +27,7 @@ PROG = "vitviz" if Path(sys.argv[0]).name == "vitviz" else "python -m vitviz"
 def _export(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from vitviz.capture.targets import Target
     from vitviz.export import export_images, print_failures
     from vitviz.models.load import load_model
     from vitviz.models.zeroshot import parse_labels, vocabulary_warning
@@ -51,7 +52,12 @@ def _export(args: argparse.Namespace) -> int:
     sae, sae_features = _export_sae(args, loaded)
     if args.class_minus is not None:
         check_against_model(loaded, size, args.class_minus, labels=labels)
-    class_index, minus_index = args.class_index, args.class_minus
+    target = None  # the flags as a Target (None: the top-1 class, or the top label of --labels)
+    if args.class_index is not None:
+        if labels is None:
+            target = Target.of_class(args.class_index, args.class_minus)
+        else:
+            target = Target.of_label(labels, args.class_index, args.class_minus)
     if args.label is not None:
         for text in (args.label, args.label_minus):
             if text is not None and text not in labels.names:
@@ -62,8 +68,7 @@ def _export(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 return 2
-        class_index = labels.names.index(args.label)
-        minus_index = None if args.label_minus is None else labels.names.index(args.label_minus)
+        target = Target.of_label(labels, args.label, args.label_minus)
     present = [p for p in args.images if p not in missing]
     if not present:
         print(terminal_text(f"wrote 0 of {len(args.images)} images ({args.out} was not created)"))
@@ -81,8 +86,7 @@ def _export(args: argparse.Namespace) -> int:
             query_xy=args.query_xy,
             labels=labels,
             causal=args.causal,
-            class_index=class_index,
-            minus_index=minus_index,
+            target=target,
             patch_from=args.patch_from,
             methods=None if args.methods is None else [m.strip() for m in args.methods.split(",") if m.strip()],
             progress=bar.update,
@@ -598,6 +602,8 @@ def _export_usage(args: argparse.Namespace) -> str:
         return f"--patch-from patches one source into one target image; {len(args.images)} images were given"
     if args.class_minus is not None and not args.causal:
         return "--class-minus needs --causal"
+    if args.class_minus is not None and args.class_index is None:
+        return "--class-minus needs --class (the class it is subtracted from)"
     if args.label_minus is not None and args.label is None:
         return "--label-minus needs --label"
     if args.label is not None:

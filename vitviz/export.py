@@ -24,7 +24,7 @@ from vitviz.figures.animation import gif_bytes, gif_frames, view_stack
 from vitviz.figures.overlay import fit_photo, overlay
 from vitviz.models.load import LoadedModel
 from vitviz.models.prompt_relevance import install_text_hooks, prompt_relevance, token_table
-from vitviz.models.zeroshot import Labels, TextTower, ZeroShotError, encode_labels, score
+from vitviz.models.zeroshot import Labels, TextTower, ZeroShotError, score, text_embeddings
 
 __all__ = ["block_query", "capture_arrays", "overlay_map", "ExportReport", "export_images", "sae_arrays"]
 
@@ -57,7 +57,7 @@ class LabelScorer:
                 f"'{loaded.name}' has no text tower (or no tokenizer): --labels needs a CLIP- or SigLIP-style "
                 "two-tower checkpoint. Drop --labels to export it as a backbone."
             )
-        scorer = cls(labels, encode_labels(loaded.model, loaded.text, labels), loaded.model, loaded.text, start_block)
+        scorer = cls(labels, text_embeddings(loaded, labels.prompts), loaded.model, loaded.text, start_block)
         n = install_text_hooks(loaded.model)
         if n and not -n <= start_block < n:
             raise ZeroShotError(
@@ -179,9 +179,8 @@ def export_images(
     query_xy: tuple[float, float] | None = None,
     labels: Labels | None = None,
     causal: bool = False,
-    class_index: int | None = None,
+    target: Target | None = None,
     methods: Sequence[str] | None = None,
-    minus_index: int | None = None,
     patch_from: str | Path | None = None,
     progress: Callable[[int], None] | None = None,
     gif: str | None = None,
@@ -201,11 +200,11 @@ def export_images(
     Unreadable images are reported in ``failed`` and skipped; everything written
     before a failure stays. ``progress(n)`` is called after each ``n`` images.
     ``causal``: also ``logit_lens``, ``head_ablation`` (zero knock-out effect on the
-    explained class: ``class_index``, else the top-1), ``head_attribution``,
-    ``mlp_attribution``, ``attribution_rest`` and ``explained_class``; keys a model does
-    not support are left out and named in ``report.notes``. With ``causal`` also: the target explained
-    (``target_kind``, ``target_index``, ``target_minus``, ``target_name``; zero-shot: ``target_label``),
-    ``minus_index`` making it ``logit[class] - logit[minus_index]`` (or label minus label), and
+    explained ``target``: a :class:`~vitviz.capture.targets.Target`, else the top-1 class, or the top label of
+    ``labels``), ``head_attribution``, ``mlp_attribution``, ``attribution_rest`` and ``explained_class``; keys a
+    model does not support are left out and named in ``report.notes``. With ``causal`` also: the target explained
+    (``target_kind``, ``target_index``, ``target_minus``, ``target_name``; zero-shot: ``target_label``), a
+    difference target (``minus=``) making it ``logit[class] - logit[minus]`` (or label minus label), and
     ``logit_lens_patches`` (L + 1, gh, gw): the target through the final norm and head at each patch token.
     ``patch_from`` (with ``causal``): a source image whose activations are patched into each image's run
     (:func:`vitviz.causal.patching.activation_patching`): ``patching_class``, ``patching_residual`` (L, T),
@@ -220,8 +219,8 @@ def export_images(
     undefined the GIF is left out and the reason is in ``report.notes``.
     ``relevance_from_block``: prompt-word relevance through text blocks k..L-1 (0: all; -1: the last only).
     ``methods``: explanation methods (:mod:`vitviz.methods`, e.g. ``attnlrp``): ``method_<name>`` ``(gh, gw)``
-    float32, each method's raw map on the first stage's grid for ``method_class`` (``class_index``, else the
-    top-1); a method that does not apply is refused before any image is read.
+    float32, each method's raw map on the first stage's grid for ``method_class`` (``target``'s class, without its
+    ``minus``, else the top-1); a method that does not apply is refused before any image is read.
     ``sae`` (a :class:`~vitviz.sae.model.SparseAutoencoder` of one of the model's points): ``sae_point``, each
     token's strongest features ``sae_top_ids`` / ``sae_top_values`` (T, k) and the maps ``sae_feature_maps``
     (F, gh, gw) of ``sae_features`` (default: the image's most active features), ``sae_feature_ids`` (F,)
@@ -251,9 +250,7 @@ def export_images(
             except VitvizError as exc:
                 report.failed.append((str(p), str(exc)))
         if causal:  # each image's Run: the causal arrays read the same clean forward (one forward per image)
-            images, names, chunk_stems, caps = _run_captures(
-                loaded, images, names, chunk_stems, size, None if scorer is None else scorer.text, report
-            )
+            images, names, chunk_stems, caps = _run_captures(loaded, images, names, chunk_stems, size, labels, report)
         else:
             try:
                 caps = capture_batch(loaded, images, size=size)
@@ -263,36 +260,29 @@ def export_images(
         for path, stem, cap in zip(names, chunk_stems, caps, strict=True):
             arrays = capture_arrays(cap, pos_similarity=sim, query_xy=query_xy, labels=scorer)
             if causal:
-                extra, why = causal_arrays(
-                    loaded,
-                    images[names.index(path)],
-                    class_index=class_index,
-                    size=size,
-                    label_embeddings=None if scorer is None else scorer.text,
-                    minus_index=minus_index,
-                )
+                image = images[names.index(path)]
+                explained = _explained(loaded, image, size, labels, target)
+                extra, why = causal_arrays(loaded, image, target=explained, size=size)
                 arrays.update(extra)
                 for key, reason in why.items():
                     report.notes.setdefault(key, reason)
                 try:
-                    arrays.update(
-                        _target_arrays(loaded, images[names.index(path)], extra, minus_index, scorer, size, source)
-                    )
+                    arrays.update(_target_arrays(loaded, image, extra, explained, size, source))
                 except VitvizError as exc:
                     report.failed.append((str(path), str(exc)))
                     continue
                 for key, reason in arrays.pop("_notes", {}).items():
                     report.notes.setdefault(key, reason)
             if chosen:
-                arrays.update(_method_arrays(loaded, images[names.index(path)], chosen, size, class_index))
+                arrays.update(_method_arrays(loaded, images[names.index(path)], chosen, size, target))
             if sae is not None:
                 try:
                     arrays.update(sae_arrays(loaded, images[names.index(path)], sae, sae_features, size))
                 except VitvizError as exc:
                     report.failed.append((str(path), str(exc)))
                     continue
-            target = out / f"{stem}.npz"
-            _write_npz(target, arrays)
+            npz = out / f"{stem}.npz"
+            _write_npz(npz, arrays)
             name, grid_map = overlay_map(cap, arrays)
             # the photo's own size, at most 2048 px on its long side; the part the model saw (its crop, if any)
             seen = seen_part(loaded, images[names.index(path)], cap.input_size)
@@ -309,15 +299,15 @@ def export_images(
                     gif_side,
                     None if query_xy is None else block_query(cap, 0, query_xy),
                 )
-            report.written.append(target)
+            report.written.append(npz)
             if stem != path.stem:
-                report.renamed.append((str(path), target.name))
+                report.renamed.append((str(path), npz.name))
         if progress:
             progress(len(chunk))
     return report
 
 
-def _run_captures(loaded: LoadedModel, images, names, stems, size, label_embeddings, report: ExportReport):
+def _run_captures(loaded: LoadedModel, images, names, stems, size, labels: Labels | None, report: ExportReport):
     """The capture of each image's :class:`~vitviz.capture.run.Run` (the one clean forward that the causal
     arrays, the per-patch lens and patching read too); images whose run fails are reported and left out."""
     from vitviz.capture.run import NoScores, get_run
@@ -326,7 +316,7 @@ def _run_captures(loaded: LoadedModel, images, names, stems, size, label_embeddi
     for image, name, stem in zip(images, names, stems, strict=True):
         try:
             try:
-                cap = get_run(loaded, image, size=size, label_embeddings=label_embeddings).capture
+                cap = get_run(loaded, image, size=size, labels=labels).capture
             except NoScores:  # no scores to explain: the causal arrays say why; the capture needs none
                 cap = get_run(loaded, image, size=size).capture
         except VitvizError as exc:  # e.g. over the memory budget
@@ -377,14 +367,33 @@ def sae_arrays(loaded: LoadedModel, image, sae, feature_ids: Sequence[int] | Non
     }
 
 
-def _method_arrays(loaded: LoadedModel, image, chosen: list, size, class_index: int | None) -> dict[str, np.ndarray]:
+def _explained(loaded: LoadedModel, image, size, labels: Labels | None, target: Target | None) -> Target | None:
+    """The target ``export --causal`` explains: ``target``, else the top label of ``labels`` in the image's (cached)
+    Run; None (the top-1 class) for a classifier."""
+    if target is not None or labels is None:
+        return target
+    from vitviz.capture.run import NoScores, get_run
+
+    try:
+        return get_run(loaded, image, size=size, labels=labels).target(None)
+    except NoScores:  # the causal arrays say why there is nothing to explain
+        return None
+
+
+def _method_arrays(loaded: LoadedModel, image, chosen: list, size, target: Target | None) -> dict[str, np.ndarray]:
+    """``method_<name>`` of each chosen method for ``target``'s class or label (its ``minus`` left out), else the
+    top-1; ``method_class``."""
     from vitviz.methods import Inputs
 
     inputs = Inputs(loaded, image, size=size)
-    cls = class_index if class_index is not None else inputs.predicted_class()
-    arrays = {f"method_{m.name}": m(inputs, class_index=cls).values for m in chosen}
-    if cls is not None:
-        arrays["method_class"] = np.int64(cls)
+    if target is not None:
+        target = Target(target.index, None, target.labels, target.prompts)
+    else:
+        c = inputs.predicted_class()
+        target = None if c is None else Target.of_class(c)
+    arrays = {f"method_{m.name}": m(inputs, target=target).values for m in chosen}
+    if target is not None:
+        arrays["method_class"] = np.int64(target.index)
     return arrays
 
 
@@ -398,21 +407,19 @@ _PATCHING_KEYS = (
 )
 
 
-def _target_arrays(loaded, image, causal: dict, minus_index, scorer, size, source) -> dict:
-    """The target explained by ``causal_arrays``, the per-patch lens of it, and (with a source) patching.
+def _target_arrays(loaded, image, causal: dict, target: Target | None, size, source) -> dict:
+    """The target explained by ``causal_arrays`` (None: its ``explained_class``), the per-patch lens of it, and
+    (with a source) patching.
 
     Keys a model lacks are named under ``"_notes"`` (key -> why), which the caller pops.
     """
     from vitviz.causal import activation_patching, patch_lens, patching_arrays, path_patching, pattern_patching
 
-    c = int(causal["explained_class"])
-    if scorer is None:
-        target = Target.of_class(c, minus_index)
-    else:
-        target = Target.of_label(scorer.labels, c, minus_index)
+    if target is None:
+        target = Target.of_class(int(causal["explained_class"]))
     arrays: dict = targets_arrays(target, loaded.id2label)
     notes: dict[str, str] = {}
-    if scorer is None:
+    if not target.is_label:
         try:
             arrays["logit_lens_patches"] = patch_lens(loaded, image, target=target, size=size)
         except NotDefined as exc:
@@ -420,15 +427,14 @@ def _target_arrays(loaded, image, causal: dict, minus_index, scorer, size, sourc
     else:
         notes["logit_lens_patches"] = "The per-patch logit lens of zero-shot label scores is not defined."
     if source is not None:
-        text = None if scorer is None else scorer.text
         for key, grid in (("patching_pattern", pattern_patching), ("patching_path", path_patching)):
             try:  # attention-pattern and path patching, head by head: (L, H) float32 each. Pattern patching first:
                 # its source forward keeps what the others read too, so the source costs one forward.
-                arrays[key] = grid(loaded, image, source, target=target, size=size, label_embeddings=text).values
+                arrays[key] = grid(loaded, image, source, target=target, size=size).values
             except NotDefined as exc:
                 notes[key] = str(exc)
         try:
-            p = activation_patching(loaded, image, source, target=target, size=size, label_embeddings=text)
+            p = activation_patching(loaded, image, source, target=target, size=size)
         except NotDefined as exc:
             notes.update(dict.fromkeys(("patching_class", *_PATCHING_KEYS), str(exc)))
         else:

@@ -142,12 +142,9 @@ def run(
     rgb = load_image(image)
     if parsed is None:
         return get_run(loaded, rgb, size=hw)
-    from vitviz.models.zeroshot import encode_labels
-
-    text = encode_labels(loaded.model, loaded.text, parsed)
-    # A copy of the cached run with the labels' names: the cache keys runs by embeddings, so two label sets with
-    # the same prompts share one forward, and each caller's copy names its own labels.
-    return dataclasses.replace(get_run(loaded, rgb, size=hw, label_embeddings=text), labels=parsed)
+    # A copy of the cached run with the labels as parsed (their template and notes: the cache keys runs by the
+    # labels' names and prompts only).
+    return dataclasses.replace(get_run(loaded, rgb, size=hw, labels=parsed), labels=parsed)
 
 
 def _size(size: Any, loaded: LoadedModel) -> int | tuple[int, int] | None:
@@ -597,7 +594,7 @@ def _relevance(r: Run, *, class_index: Any = None, label: Any = None, opacity: A
             "Relevance needs the run's autograd graph, which was over the memory budget at this size: run at a "
             "smaller size=."
         )
-    bound = target.bind(loaded, r.label_embeddings)
+    bound = r.bind(target)
     name = target.name(loaded.id2label)
     exp = explain_run(r, {k: (name, lambda out: bound(out).reshape(-1)[0])})[k]
     what = "score" if target.is_label else "logit"

@@ -80,7 +80,7 @@ def test_relevance_from_a_later_block_matches_mm_explainability_start_layer(tiny
         assert got.start_block == k % n
     last = explain_classes(loaded, img, [1], start_block=-1)[1].relevance
     assert not np.allclose(last, everything)
-    m = explain(loaded, img, "relevance", class_index=1, from_block=-1)
+    m = explain(loaded, img, "relevance", target=1, from_block=-1)
     np.testing.assert_array_equal(m.values, explain_classes(loaded, img, [1], start_block=-1)[1].patch_map())
     assert "from block -1 (counted from the end" in m.definition
     for bad in (n, -n - 1):

@@ -44,7 +44,7 @@ def test_compare_maps_default_to_zero_to_max_and_show_each_range(demo_model):
 
     image = load_image(APP.rsplit("/", 1)[0] + "/assets/examples/demo-star.png")
     cls = at.session_state.class_index
-    want = explain_many(demo_model, image, class_index=cls)
+    want = explain_many(demo_model, image, target=cls)
     titles = [a["text"] for a in fig["layout"]["annotations"]]
     z = _z(heat)
     for k, title in enumerate(titles):

@@ -34,7 +34,7 @@ def test_insertion_start_choice_changes_the_curves_as_the_engine_does():
     image = Image.open(io.BytesIO(at.session_state.image_bytes))  # the page's image
     demo = load_model("demo", device="cpu")
     cls = int(np.argmax(Perturbations(demo, image).original_probabilities))
-    rnd = explain(demo, image, "random", class_index=cls)
+    rnd = explain(demo, image, "random", target=cls)
     want = Perturbations(demo, image, insertion_start="grey").curves(rnd).insertion_area
     assert abs(grey["random"] - want) < 1e-4
     at.radio(key="insertion_start").set_value("blur").run()

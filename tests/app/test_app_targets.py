@@ -256,8 +256,8 @@ def test_compare_explains_a_difference_and_scores_it(demo_model, star_pixels):
     want = relevance_by_hand(demo_model.model, star_pixels, a, b, (12, 12))
     np.testing.assert_allclose(_tile(fig, tiles.index("relevance"), (12, 12)), want / want.max(), rtol=1e-4, atol=1e-6)
     image = Image.open(STAR).convert("RGB")
-    ig = explain(demo_model, image, "integrated_gradients", class_index=a).values.astype(np.float64)
-    ig -= explain(demo_model, image, "integrated_gradients", class_index=b).values  # IG is linear in the target
+    ig = explain(demo_model, image, "integrated_gradients", target=a).values.astype(np.float64)
+    ig -= explain(demo_model, image, "integrated_gradients", target=b).values  # IG is linear in the target
     np.testing.assert_allclose(
         _tile(fig, tiles.index("integrated_gradients"), (12, 12)), ig / ig.max(), rtol=1e-3, atol=1e-5
     )
@@ -273,7 +273,7 @@ def test_compare_explains_a_difference_and_scores_it(demo_model, star_pixels):
     assert deletion[0] == pytest.approx(float(p[a] - p[b]), abs=1e-6)
     relevance_map = explain(demo_model, image, "relevance", target=_target(a, b))
     pert = Perturbations(demo_model, image, insertion_start="mean")
-    ref_a, ref_b = pert.curves(relevance_map, class_index=a), pert.curves(relevance_map, class_index=b)
+    ref_a, ref_b = pert.curves(relevance_map, target=a), pert.curves(relevance_map, target=b)
     np.testing.assert_allclose(deletion, ref_a.deletion - ref_b.deletion, atol=1e-6)
     insertion = _z([d for d in curves["data"] if d["name"] == "relevance"][1])
     np.testing.assert_allclose(insertion, ref_a.insertion - ref_b.insertion, atol=1e-6)

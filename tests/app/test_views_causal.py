@@ -104,10 +104,10 @@ def test_causal_views_drawn_twice_with_two_states_show_each_states_own_numbers()
         title, _, traces = charts[f"{who}_curves"]
         what = f"probability of '{loaded.id2label[top]}'"
         pert = Perturbations(loaded, image, insertion_start="grey" if who == "A" else "mean")
-        results = pert.curves_many(list(maps.values()), class_index=top)
+        results = pert.curves_many(list(maps.values()), target=top)
         if who == "B":  # each curve: the top class's probability minus the second's, on the same perturbed images
             what += f" minus that of '{loaded.id2label[second]}'"
-            minus = pert.curves_many(list(maps.values()), class_index=second)
+            minus = pert.curves_many(list(maps.values()), target=second)
             pairs = zip(results, minus, strict=True)
             results = [(r.method, r.deletion - m.deletion, r.insertion - m.insertion) for r, m in pairs]
         else:
@@ -119,9 +119,9 @@ def test_causal_views_drawn_twice_with_two_states_show_each_states_own_numbers()
             np.testing.assert_allclose(_array(traces[2 * k + 1]["y"]), insertion, rtol=1e-5, atol=1e-6)
         seen["curves"] = np.concatenate([_array(t["y"]) for t in traces])
 
-        exact = head_importance(loaded, image, class_index=top, mode="zero").effects
-        estimate = fast_estimate(loaded, image, class_index=top, mode="mean").effects
-        heads = direct_logit_attribution(loaded, image, class_index=top).heads
+        exact = head_importance(loaded, image, target=top, mode="zero").effects
+        estimate = fast_estimate(loaded, image, target=top, mode="mean").effects
+        heads = direct_logit_attribution(loaded, image, target=top).heads
         for key, ref in (("imp_map", exact), ("est_map", estimate), ("attr_map", heads)):
             np.testing.assert_allclose(charts[f"{who}_{key}"][1], ref, rtol=1e-4, atol=1e-6, err_msg=key)
             seen[key] = charts[f"{who}_{key}"][1]

@@ -237,14 +237,14 @@ def test_a_run_record_pickles_with_its_summaries(demo_model):
         np.testing.assert_array_equal(got.distance, want.distance)
 
 
-def test_a_zero_shot_model_seen_as_a_classifier_does_not_share_the_plain_models_run(modern_dirs):
-    """``as_classifier`` (the data-set loop's view of a two-tower model) scores its labels with the same model: its
-    Run must not be handed to the plain model (which has no scores without labels)."""
+def test_a_zero_shot_models_label_runs_do_not_share_the_plain_models_run(modern_dirs):
+    """A Run of labels (the two-tower model's scores of their prompts) must not be handed to the plain model (which
+    has no scores without labels), nor to other labels: the labels are part of the Run's key."""
     from vitviz.models.load import load_model
-    from vitviz.models.zeroshot import as_classifier, parse_labels
+    from vitviz.models.zeroshot import parse_labels
 
     loaded = load_model(str(modern_dirs["clip"]), device="cpu")
     img = random_image(31)
-    as_labels = as_classifier(loaded, parse_labels("cat, dog, car"))
-    assert S.get_run(as_labels, img).scores.shape == (3,)
+    assert S.get_run(loaded, img, labels=parse_labels("cat, dog, car")).scores.shape == (3,)
     assert S.get_run(loaded, img).scores.numel() == 0  # the plain model's own Run: no labels, no scores
+    assert S.get_run(loaded, img, labels=parse_labels("cat, dog")).scores.shape == (2,)

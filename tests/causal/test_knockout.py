@@ -17,6 +17,7 @@ from conftest import TINY, random_image
 
 from vitviz import causal as C
 from vitviz.capture.forward import capture, input_size_for, preprocess
+from vitviz.capture.targets import Target
 from vitviz.models.hooks import current, installed_sites
 
 LABELS = {"id2label": {0: "zero", 1: "one", 2: "two"}, "label2id": {"zero": 0, "one": 1, "two": 2}}
@@ -383,7 +384,7 @@ def test_attribution_parts_sum_to_the_logit(models, key):
     img = random_image(11)
     logits = _model_logits(loaded, img)
     for c in range(3):
-        att = C.direct_logit_attribution(loaded, img, class_index=c)
+        att = C.direct_logit_attribution(loaded, img, target=c)
         assert att.logit == pytest.approx(float(logits[c]), rel=1e-5, abs=1e-6)
         total = np.sum(att.heads) + np.sum(att.mlps) + att.rest
         assert abs(total - logits[c]) <= 1e-4 * max(abs(logits[c]), 1e-3)
@@ -465,7 +466,7 @@ def test_attribution_by_hand_with_layer_scale_and_a_patch_mean_head(models):
     w = model.classifier.weight[c].double()
     dim = loaded.config.hidden_size
     ref = float(w[:dim] @ n[0] + w[dim:] @ n[1:].mean(0))
-    att = C.direct_logit_attribution(loaded, img, class_index=c)
+    att = C.direct_logit_attribution(loaded, img, target=c)
     assert att.heads[layer, head] == pytest.approx(ref, abs=1e-6)
 
 
@@ -577,9 +578,9 @@ def test_bad_input_is_refused_clearly(models):
     with pytest.raises(ValueError, match=r"\(block, head\)"):
         C.knock_out(loaded, img, [3])
     with pytest.raises(ValueError, match=r"class index 3 is outside 0\.\.2"):
-        C.head_importance(loaded, img, class_index=3)
+        C.head_importance(loaded, img, target=3)
     with pytest.raises(ValueError, match="class index -1"):
-        C.direct_logit_attribution(loaded, img, class_index=-1)
+        C.direct_logit_attribution(loaded, img, target=-1)
     with pytest.raises(ValueError, match="'mean' or 'zero'"):
         C.fast_estimate(loaded, img, mode="half")
     with pytest.raises(C.NotDefined, match="no classifier"):
@@ -602,7 +603,7 @@ def test_causal_arrays_for_export(models):
     total = arrays["head_attribution"].sum() + arrays["mlp_attribution"].sum() + arrays["attribution_rest"]
     assert total == pytest.approx(float(arrays["logit_lens"][-1, c]), rel=1e-4, abs=1e-6)
 
-    arrays, why = C.causal_arrays(models["swin"], img, class_index=1)
+    arrays, why = C.causal_arrays(models["swin"], img, target=1)
     assert set(why) == {"head_attribution", "mlp_attribution", "attribution_rest"}
     assert arrays["head_ablation"].shape == (4, 4) and arrays["logit_lens"].shape == (5, 3)
 
@@ -665,6 +666,19 @@ def two_tower(tmp_path_factory):
     return out
 
 
+def _prompts_as_ids(loaded, ids: torch.Tensor):
+    """``loaded`` with a text tower whose tokenizer reads prompt ``"p{k}"`` as the token ids ``ids[k]`` (the saved
+    test model has no tokenizer): its label scores are the model's own for those ids."""
+    import dataclasses
+
+    from vitviz.models.zeroshot import TextTower
+
+    def tokenizer(prompts, **_):
+        return {"input_ids": ids[[int(p[1:]) for p in prompts]]}
+
+    return dataclasses.replace(loaded, text=TextTower(tokenizer, "longest", ids.shape[1], "softmax", "{}"))
+
+
 @pytest.mark.parametrize("key", ["clip", "siglip"])
 def test_zero_shot_label_scores_knockouts_equal_the_models_own_scores(two_tower, key):
     """Label scores are the model's own ``logits_per_image`` (text through its text tower); each knock-out against
@@ -675,9 +689,8 @@ def test_zero_shot_label_scores_knockouts_equal_the_models_own_scores(two_tower,
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(3, 64, (3, 6), generator=gen)
     ids[:, -1] = 2  # CLIP pools at the end-of-text token
-    with torch.no_grad():
-        text = model.get_text_features(input_ids=ids)
-        text = getattr(text, "pooler_output", text).numpy()
+    loaded = _prompts_as_ids(loaded, ids)  # prompt "p{k}" is the token ids of row k
+    target = Target.of_label(("p0", "p1", "p2"), 0)
     hw = input_size_for(loaded, None, img.size)
     pixels, _ = preprocess(loaded, [img], hw)
     projs = [
@@ -700,17 +713,17 @@ def test_zero_shot_label_scores_knockouts_equal_the_models_own_scores(two_tower,
             ref = model(input_ids=ids, pixel_values=pixels).logits_per_image[0].numpy()
         finally:
             handle.remove()
-    imp = C.head_importance(loaded, img, mode="zero", label_embeddings=text)
+    imp = C.head_importance(loaded, img, mode="zero", target=target)
     np.testing.assert_allclose(imp.clean_logits, clean, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(imp.logits[layer, head], ref, rtol=1e-5, atol=1e-5)
     assert not imp.from_cache and imp.effects.shape[0] == len(installed_sites(model))
     if key == "siglip":  # the pooling head's nn.MultiheadAttention never calls out_proj as a module: no row
         assert np.isnan(imp.effects[-1]).all()
-    est = C.fast_estimate(loaded, img, mode="zero", label_embeddings=text)
+    est = C.fast_estimate(loaded, img, mode="zero", target=target)
     assert est.class_index == imp.class_index
     with pytest.raises(C.NotDefined, match="zero-shot"):
         C.head_importance(loaded, img)
-    arrays, why = C.causal_arrays(loaded, img, label_embeddings=text)
+    arrays, why = C.causal_arrays(loaded, img, target=target)
     assert arrays["head_ablation"].shape == imp.effects.shape and "logit_lens" not in arrays
     assert "zero-shot" in why["logit_lens"] and "zero-shot" in why["head_attribution"]
 

@@ -20,7 +20,7 @@ def test_a_swins_per_patch_lens_reads_its_last_stage(hier_dirs):
     image = random_image(3, (64, 64))
     cap = capture(loaded, image)
     c = int(np.argmax(cap.logits))
-    lens = patch_lens(loaded, image, class_index=c)
+    lens = patch_lens(loaded, image, target=c)
     last = cap.stages[-1]
     assert lens.shape == (cap.num_blocks + 1, *last.grid)
     defined = np.isfinite(lens).reshape(len(lens), -1).all(axis=1)

@@ -83,7 +83,7 @@ def test_exact_patching_equals_a_full_forward_per_position(tiny_models):
     pt, _ = preprocess(loaded, [img_t], (32, 32))
     ps, _ = preprocess(loaded, [img_s], (32, 32))
     res, heads, clean, source = naive(loaded.model, loaded.model.vit.layers, pt, ps, 2)
-    p = activation_patching(loaded, img_t, img_s, class_index=2, chunk=5)
+    p = activation_patching(loaded, img_t, img_s, target=2, chunk=5)
     assert p.residual.shape == (2, 17) and p.heads.shape == (2, 4)
     np.testing.assert_allclose(p.residual, res, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(p.heads, heads, rtol=1e-4, atol=1e-5)
@@ -93,7 +93,7 @@ def test_exact_patching_equals_a_full_forward_per_position(tiny_models):
     np.testing.assert_allclose(p.residual[-1, 1:], clean, rtol=1e-5)  # only CLS is read at the last block
     assert p.residual[-1, 0] == pytest.approx(source, rel=1e-4)  # ... so patching it gives the source logit
     # a difference target is the difference of the two classes' grids (patched logits are linear in the target)
-    q0 = activation_patching(loaded, img_t, img_s, class_index=0, estimate=False)
+    q0 = activation_patching(loaded, img_t, img_s, target=0, estimate=False)
     d = activation_patching(loaded, img_t, img_s, target=Target.of_class(2, minus=0), estimate=False)
     np.testing.assert_allclose(d.residual, p.residual - q0.residual, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(d.heads, p.heads - q0.heads, rtol=1e-4, atol=1e-5)
@@ -104,7 +104,7 @@ def test_exact_patching_equals_a_full_forward_per_position(tiny_models):
 @pytest.mark.parametrize("key", ["vit", "deit", "beit"])
 def test_patching_an_image_with_itself_gives_the_clean_logit_everywhere(key, tiny_models):
     loaded, img = tiny_models[key], random_image(3, (32, 32))
-    p = activation_patching(loaded, img, img, class_index=1)
+    p = activation_patching(loaded, img, img, target=1)
     for grid in (p.residual, p.heads, p.residual_estimate, p.heads_estimate):
         np.testing.assert_allclose(grid, p.clean, rtol=1e-5, atol=1e-5)
     assert p.source == pytest.approx(p.clean)
@@ -118,7 +118,7 @@ def test_full_forward_edits_give_the_replayed_residual_grid(tiny_models):
 
     loaded = tiny_models["vit"]
     img_t, img_s = random_image(17, (32, 32)), random_image(18, (32, 32))
-    p = activation_patching(loaded, img_t, img_s, class_index=0, estimate=False, heads=False)
+    p = activation_patching(loaded, img_t, img_s, target=0, estimate=False, heads=False)
     clean, source = _runs(loaded, img_t, img_s, None, 2**30, None, False)
     edits = [Edit("blocks.0.out", "patch", source, tokens=(t,), rows=(t,)) for t in range(17)]
     got = clean.edited(edits, batch=17, reuse_prefix=False)
@@ -171,7 +171,7 @@ def test_estimates_by_hand_and_forward_equivalents(tiny_models):
     for h in hooks:
         h.remove()
     y0 = float(y.detach())
-    p = activation_patching(loaded, img_t, img_s, class_index=1, exact=False)
+    p = activation_patching(loaded, img_t, img_s, target=1, exact=False)
     assert p.residual is None and p.heads is None
     for i in range(2):
         g, a, s = (v[0].detach().double().numpy() for v in (grads[i], rec[("t", "out", i)], rec[("s", "out", i)]))
@@ -228,7 +228,7 @@ def test_per_patch_lens_on_the_cls_token_is_the_logit_lens(key, tiny_models):
     same construction on the CLS token gives the logit lens's rows (by hand: LayerNorm + classifier)."""
     loaded, img = tiny_models[key], random_image(12, (32, 32))
     lens = logit_lens(loaded, img)
-    pl = patch_lens(loaded, img, class_index=2)
+    pl = patch_lens(loaded, img, target=2)
     assert pl.shape == (3, 4, 4) and pl.dtype == np.float32
     model = loaded.model
     pt, _ = preprocess(loaded, [img], (32, 32))
@@ -252,7 +252,7 @@ def test_per_patch_lens_on_the_cls_token_is_the_logit_lens(key, tiny_models):
 def test_hierarchical_heads_only_with_a_reason_for_the_residual(hier_models):
     loaded = hier_models["swin"]
     img_t, img_s = random_image(13, (64, 64)), random_image(14, (50, 70))
-    p = activation_patching(loaded, img_t, img_s, class_index=0, estimate=False)
+    p = activation_patching(loaded, img_t, img_s, target=0, estimate=False)
     assert p.residual is None and "token grid and width change" in p.notes["residual"]
     assert p.heads.shape[0] == 4 and np.isfinite(p.heads).sum() == 2 * 2 + 2 * 4
     lens = patch_lens(loaded, img_t)  # the last stage's rows only (tests/capture/test_patch_lens_stages.py)

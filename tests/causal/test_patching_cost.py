@@ -24,10 +24,8 @@ def fresh_cache():
 def _full_source_runs(monkeypatch):
     """The path before the light source: the source image got a full Run (attention, summaries, capture)."""
 
-    def full(loaded, image, *, size, label_embeddings, budget_bytes, parts=()):
-        return S.get_run(
-            loaded, image, size=size, label_embeddings=label_embeddings, budget_bytes=budget_bytes, gradients=False
-        )
+    def full(loaded, image, *, size, labels, budget_bytes, parts=()):
+        return S.get_run(loaded, image, size=size, labels=labels, budget_bytes=budget_bytes, gradients=False)
 
     monkeypatch.setattr(P, "get_activations", full)
 
@@ -36,13 +34,13 @@ def _full_source_runs(monkeypatch):
 def test_the_light_source_gives_the_numbers_of_a_full_source_run(key, tiny_models, monkeypatch):
     loaded = tiny_models[key]
     img_t, img_s = random_image(21, (32, 32)), random_image(22, (36, 30))
-    new = P.activation_patching(loaded, img_t, img_s, class_index=1, chunk=7)
+    new = P.activation_patching(loaded, img_t, img_s, target=1, chunk=7)
     light = S.get_activations(loaded, img_s, size=(32, 32))  # the cached light forward
     assert isinstance(light, S.Activations)
     S.clear_runs()
     with monkeypatch.context() as m:
         _full_source_runs(m)
-        old = P.activation_patching(loaded, img_t, img_s, class_index=1, chunk=7)
+        old = P.activation_patching(loaded, img_t, img_s, target=1, chunk=7)
         source_run = S.peek_run(loaded, img_s, size=(32, 32))
     assert isinstance(source_run, S.Run)
     for a, b in (
@@ -72,22 +70,22 @@ def test_the_estimate_costs_one_forward_given_the_clean_run(tiny_models):
         run = S.get_run(loaded, img_t)
     assert count.n == 1 and run.has_graph
     with Counter(loaded.model) as count:
-        est = P.activation_patching(loaded, img_t, img_s, class_index=0, exact=False)
+        est = P.activation_patching(loaded, img_t, img_s, target=0, exact=False)
     assert count.n == 1 and est.heads_estimate is not None
     with Counter(loaded.model) as count:  # the exact grid replays blocks, it runs no whole forward
-        exact = P.activation_patching(loaded, img_t, img_s, class_index=0, estimate=False, residual=False)
+        exact = P.activation_patching(loaded, img_t, img_s, target=0, estimate=False, residual=False)
     assert count.n == 0 and np.isfinite(exact.heads).all()
     assert S.peek_run(loaded, img_s) is None  # the source got no full Run
     S.clear_runs()
     with Counter(loaded.model) as count:
-        again = P.activation_patching(loaded, img_t, img_s, class_index=0, exact=False)
+        again = P.activation_patching(loaded, img_t, img_s, target=0, exact=False)
     assert count.n == 2  # the target's Run (with its graph) and the source's light forward
     np.testing.assert_array_equal(again.heads_estimate, est.heads_estimate)
     S.clear_runs()
     S.get_run(loaded, img_s, gradients=False)  # the page showed the source: its Run lends the values
     S.get_run(loaded, img_t)
     with Counter(loaded.model) as count:
-        P.activation_patching(loaded, img_t, img_s, class_index=0, exact=False)
+        P.activation_patching(loaded, img_t, img_s, target=0, exact=False)
     assert count.n == 0
 
 
@@ -115,16 +113,16 @@ def test_another_source_for_the_same_target_needs_no_backward(tiny_models, monke
     backward = []
     real = S.Run.gradients
     monkeypatch.setattr(S.Run, "gradients", lambda self, *a, **k: backward.append(1) or real(self, *a, **k))
-    first = P.activation_patching(loaded, img_t, sources[0], class_index=2, exact=False)
+    first = P.activation_patching(loaded, img_t, sources[0], target=2, exact=False)
     with Counter(loaded.model) as count:
-        second = P.activation_patching(loaded, img_t, sources[1], class_index=2, exact=False)
+        second = P.activation_patching(loaded, img_t, sources[1], target=2, exact=False)
     assert len(backward) == 1 and count.n == 1  # the second source's light forward, no backward
     assert first.forward_equivalents == pytest.approx(3.0) and second.forward_equivalents == pytest.approx(2.0)
-    P.activation_patching(loaded, img_t, sources[1], class_index=0, exact=False)
+    P.activation_patching(loaded, img_t, sources[1], target=0, exact=False)
     assert len(backward) == 2  # another target: its own backward
     S.clear_runs()
     P._GRADS.clear()
-    fresh = P.activation_patching(loaded, img_t, sources[1], class_index=2, exact=False)
+    fresh = P.activation_patching(loaded, img_t, sources[1], target=2, exact=False)
     assert len(backward) == 3
     np.testing.assert_array_equal(fresh.heads_estimate, second.heads_estimate)
     np.testing.assert_array_equal(fresh.residual_estimate, second.residual_estimate)

@@ -317,7 +317,7 @@ def test_causal_export_on_the_demo_model(tmp_path):
         img = load_image(path)
         ko = knock_out(demo, img, [(0, 3)], mode="zero")
         assert z["head_ablation"][0, 3] == pytest.approx(ko.effect[3], rel=1e-4, abs=1e-5)
-        att = direct_logit_attribution(demo, img, class_index=3)
+        att = direct_logit_attribution(demo, img, target=3)
         np.testing.assert_allclose(z["head_attribution"], att.heads, rtol=1e-5)
         total = z["head_attribution"].sum() + z["mlp_attribution"].sum() + float(z["attribution_rest"])
         assert total == pytest.approx(float(z["logit_lens"][-1, 3]), rel=1e-4)
@@ -356,12 +356,14 @@ def test_export_methods_write_the_maps_explain_gives(tiny_models, image_files, t
     from vitviz.methods import MethodError, explain
 
     loaded = tiny_models["vit"]
-    export_images(loaded, image_files[:2], tmp_path / "m", methods=["attnlrp", "rollout"], class_index=2)
+    from vitviz.capture.targets import Target
+
+    export_images(loaded, image_files[:2], tmp_path / "m", methods=["attnlrp", "rollout"], target=Target.of_class(2))
     for p in image_files[:2]:
         with np.load(tmp_path / "m" / f"{p.stem}.npz") as z:
             assert int(z["method_class"]) == 2
             for name in ("attnlrp", "rollout"):
-                ref = explain(loaded, PILImage.open(p).convert("RGB"), name, class_index=2).values
+                ref = explain(loaded, PILImage.open(p).convert("RGB"), name, target=2).values
                 np.testing.assert_allclose(z[f"method_{name}"], ref, rtol=1e-5, atol=1e-7)
     with pytest.raises(MethodError, match="backbone without a classifier"):
         export_images(tiny_models["dino"], image_files[:1], tmp_path / "d", methods=["attnlrp"])

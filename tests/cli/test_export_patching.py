@@ -69,8 +69,8 @@ def test_class_minus_explains_the_difference(shapes, demo_model, tmp_path, capsy
     )
     assert rc == 0, capsys.readouterr().err
     img = load_image(target)
-    a, _ = causal_arrays(demo_model, img, class_index=3)
-    b, _ = causal_arrays(demo_model, img, class_index=1)
+    a, _ = causal_arrays(demo_model, img, target=3)
+    b, _ = causal_arrays(demo_model, img, target=1)
     with np.load(tmp_path / f"{target.stem}.npz", allow_pickle=False) as z:
         assert (int(z["target_index"]), int(z["target_minus"])) == (3, 1)
         assert "minus" in str(z["target_name"])
@@ -90,6 +90,7 @@ def test_class_minus_explains_the_difference(shapes, demo_model, tmp_path, capsy
         (["--patch-from", "SRC"], "--patch-from needs --causal"),
         (["--causal", "--patch-from", "SRC", "TWO"], "one source into one target image; 2 images"),
         (["--class-minus", "1"], "--class-minus needs --causal"),
+        (["--causal", "--class-minus", "1"], "--class-minus needs --class"),
         (["--causal", "--label", "cat"], "--label needs --labels"),
         (["--causal", "--labels", "cat,dog", "--label", "bird"], "'bird' is not one of --labels"),
         (["--causal", "--class", "1", "--class-minus", "1"], "must differ"),
@@ -124,9 +125,10 @@ def test_a_missing_source_is_a_message(shapes, tmp_path, capsys):
 
 
 def test_a_zero_shot_label_minus_another_label(shapes, tmp_path, capsys):
+    from vitviz.capture.targets import Target
     from vitviz.causal import knock_out
     from vitviz.models.load import load_model
-    from vitviz.models.zeroshot import encode_labels, parse_labels
+    from vitviz.models.zeroshot import parse_labels
 
     target, source = shapes
     argv = ["export", "--model", "demo-clip", "--out", str(tmp_path), "--causal", "--labels", "circle,square,star"]
@@ -136,9 +138,8 @@ def test_a_zero_shot_label_minus_another_label(shapes, tmp_path, capsys):
     assert "logit_lens_patches left out" in err
     clip = load_model("demo-clip")
     labels = parse_labels("circle,square,star", clip.text.template)
-    text = encode_labels(clip.model, clip.text, labels)
     img = load_image(target)
-    ko = knock_out(clip, img, [(0, 1)], mode="zero", label_embeddings=text)
+    ko = knock_out(clip, img, [(0, 1)], mode="zero", target=Target.of_label(labels, "square"))
     with np.load(tmp_path / f"{target.stem}.npz", allow_pickle=False) as z:
         assert str(z["target_kind"]) == "label" and str(z["target_label"]) == "square"
         assert str(z["target_minus_label"]) == "circle" and int(z["explained_class"]) == 1

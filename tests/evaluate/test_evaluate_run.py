@@ -243,8 +243,8 @@ def test_relevance_from_a_later_block_in_evaluate(demo, demo_csv: Path, tmp_path
     image = load_item(item)
     row = pd.read_parquet(out).iloc[0]
     ref = evaluate_methods(demo, image, ["relevance"], size=SIZE, box=scale_box(item.box, image.size, (SIZE, SIZE)))
-    last = explain(demo, image, "relevance", class_index=int(row["class_index"]), size=SIZE, from_block=-1)
-    every = explain(demo, image, "relevance", class_index=int(row["class_index"]), size=SIZE)
+    last = explain(demo, image, "relevance", target=int(row["class_index"]), size=SIZE, from_block=-1)
+    every = explain(demo, image, "relevance", target=int(row["class_index"]), size=SIZE)
     assert not np.allclose(last.values, every.values)
     assert row["deletion_area"] != ref["relevance"].deletion_area  # the default (all blocks) scores another map
     capsys.readouterr()

@@ -133,7 +133,7 @@ def test_plain_vit_matches_brute_force_with_ties(tiny_models):
         loaded,
         image,
         values,
-        class_index=1,
+        target=1,
         size=112,
         batch_size=9,
         progress=lambda d, t: calls.append((d, t)),
@@ -160,7 +160,7 @@ def test_every_insertion_start_matches_brute_force(tiny_models, start):
     """Insertion from the image's mean colour, a fixed grey, or seeded noise; deletion does not change."""
     loaded, image = tiny_models["vit"], random_image(35, (40, 60))
     values = np.random.default_rng(2).random((14, 14))
-    got = faithfulness(loaded, image, values, class_index=0, size=112, insertion_start=start, seed=7)
+    got = faithfulness(loaded, image, values, target=0, size=112, insertion_start=start, seed=7)
     ks, deletion, insertion, d_area, i_area = brute_force(
         loaded, image, (112, 112), values, 0, start=start, seed=7, interpolate_pos_encoding=True
     )
@@ -170,7 +170,7 @@ def test_every_insertion_start_matches_brute_force(tiny_models, start):
     np.testing.assert_allclose(got.deletion, deletion, atol=2e-6)
     np.testing.assert_allclose(got.insertion, insertion, atol=2e-6)
     assert got.insertion_area == pytest.approx(i_area, abs=2e-6)
-    blur = faithfulness(loaded, image, values, class_index=0, size=112, insertion_start="blur")
+    blur = faithfulness(loaded, image, values, target=0, size=112, insertion_start="blur")
     np.testing.assert_array_equal(blur.deletion, got.deletion)  # deletion keeps the mean fill whatever the start
     assert blur.insertion[0] != got.insertion[0] and blur.insertion[-1] == got.insertion[-1]
 
@@ -194,7 +194,7 @@ def test_insertion_start_image_by_hand_and_unknown_starts():
 
 def test_swin_matches_brute_force_on_the_first_stage_grid(swin):
     loaded, image = swin, random_image(32, (64, 64))
-    m = explain(loaded, image, "gradcam", class_index=2)  # 8 x 8 map placed on 16 x 16: ties in 2 x 2 blocks
+    m = explain(loaded, image, "gradcam", target=2)  # 8 x 8 map placed on 16 x 16: ties in 2 x 2 blocks
     assert m.grid == (16, 16)
     got = faithfulness(loaded, image, m, box=(0, 0, 64, 64), insertion_start="blur")
     assert got.class_index == 2 and got.method == "gradcam" and got.peak_in_box is True
@@ -232,8 +232,8 @@ def test_rollout_and_relevance_beat_random_on_the_demo(demo_model):
     inserted = {"rollout": [], "relevance": [], "random": []}
     for i in range(5):
         s = make_sample(5000 + i)
-        maps = explain_many(demo_model, s.image, ["rollout", "relevance"], class_index=s.label)
-        rnd = [explain(demo_model, s.image, "random", seed=seed, class_index=s.label) for seed in range(2)]
+        maps = explain_many(demo_model, s.image, ["rollout", "relevance"], target=s.label)
+        rnd = [explain(demo_model, s.image, "random", seed=seed, target=s.label) for seed in range(2)]
         scored = Perturbations(demo_model, s.image, batch_size=40).curves_many([*maps.values(), *rnd], box=s.box)
         assert [f.method for f in scored] == ["rollout", "relevance", "random", "random"]
         areas["rollout"].append(scored[0].deletion_area)

@@ -84,17 +84,17 @@ def _check_conservation(loaded, **target):
 
 def test_vit_relevance_conserves_the_logit(vit):
     _zero_additive(vit.model)
-    inputs, x = _check_conservation(vit, class_index=1)
+    inputs, x = _check_conservation(vit, target=1)
     with torch.no_grad():
         logit = float(class_logits(vit, x, inputs.input_size)[0, 1])
-    r = relevance(vit, x, inputs.input_size, class_index=1)
+    r = relevance(vit, x, inputs.input_size, target=1)
     assert r.target == pytest.approx(logit, rel=1e-5)  # the rules change the backward only
     assert r.attention_calls == vit.config.num_hidden_layers
 
 
 def test_clip_classifier_relevance_conserves_the_logit(clip_classifier):
     _zero_additive(clip_classifier.model)
-    _check_conservation(clip_classifier, class_index=2)
+    _check_conservation(clip_classifier, target=2)
 
 
 def test_zero_shot_clip_label_score_is_conserved():
@@ -108,7 +108,7 @@ def test_biases_absorb_relevance_so_the_check_can_fail(tmp_path):
     loaded = load_model(str(save_tiny("vit", tmp_path / "vit")), device="cpu")
     _random_additive(loaded.model)
     inputs = Inputs(loaded, random_image(3))
-    r = relevance(loaded, inputs.pixels(), inputs.input_size, class_index=0, variant="cp", ledger=True)
+    r = relevance(loaded, inputs.pixels(), inputs.input_size, target=0, variant="cp", ledger=True)
     assert abs(r.pixels.sum() - r.target) > 1e-3 * max(1.0, abs(r.target))
 
 
@@ -116,12 +116,12 @@ def test_the_shared_model_is_untouched_and_the_map_sums_the_pixels(vit):
     before = {n: p.detach().clone() for n, p in vit.model.named_parameters()}
     implementation = vit.config._attn_implementation
     image = random_image(4)
-    m = explain(vit, image, "attnlrp", class_index=0)
+    m = explain(vit, image, "attnlrp", target=0)
     assert vit.config._attn_implementation == implementation
     assert all(torch.equal(before[n], p) for n, p in vit.model.named_parameters())
     assert all(p.grad is None for p in vit.model.parameters())
     inputs = Inputs(vit, image)
-    r = relevance(vit, inputs.pixels(), inputs.input_size, class_index=0)
+    r = relevance(vit, inputs.pixels(), inputs.input_size, target=0)
     assert m.values.shape == inputs.grid and m.values.sum() == pytest.approx(r.pixels.sum(), rel=1e-4, abs=1e-6)
     assert len(capture(vit, image).blocks) == vit.config.num_hidden_layers  # captures still work after it
 
@@ -130,11 +130,11 @@ def test_unsupported_family_and_bad_targets_get_messages(vit):
     swin = load_model("demo-swin", device="cpu")
     assert "ViT, DeiT, DINOv2 (without registers) and CLIP" in METHODS["attnlrp"].unavailable(swin)
     with pytest.raises(MethodError, match=r"ViT, DeiT, DINOv2 \(without registers\) and CLIP"):
-        explain(swin, random_image(0), "attnlrp", class_index=0)
+        explain(swin, random_image(0), "attnlrp", target=0)
     inputs = Inputs(vit, random_image(0))
     with pytest.raises(MethodError, match="one target"):
         relevance(vit, inputs.pixels(), inputs.input_size)
-    assert np.isfinite(relevance(vit, inputs.pixels(), inputs.input_size, class_index=0).pixels).all()
+    assert np.isfinite(relevance(vit, inputs.pixels(), inputs.input_size, target=0).pixels).all()
 
 
 def test_threads_sharing_the_model_get_their_own_rules(vit):
@@ -142,12 +142,12 @@ def test_threads_sharing_the_model_get_their_own_rules(vit):
 
     inputs = Inputs(vit, random_image(6))
     x, hw = inputs.pixels(), inputs.input_size
-    alone = {v: relevance(vit, x, hw, class_index=0, variant=v).pixels for v in ("cp", "attnlrp")}
+    alone = {v: relevance(vit, x, hw, target=0, variant=v).pixels for v in ("cp", "attnlrp")}
     got: dict = {}
 
     def work(variant: str) -> None:
         for _ in range(3):
-            got.setdefault(variant, []).append(relevance(vit, x, hw, class_index=0, variant=variant).pixels)
+            got.setdefault(variant, []).append(relevance(vit, x, hw, target=0, variant=variant).pixels)
 
     threads = [threading.Thread(target=work, args=(v,)) for v in ("cp", "attnlrp")]
     for t in threads:
@@ -190,7 +190,7 @@ def test_deit_and_dinov2_classifiers_conserve_too(key, tmp_path):
         folder = tmp_path / key
     loaded = load_model(str(folder), device="cpu")
     _zero_additive(loaded.model)
-    _check_conservation(loaded, class_index=1)
+    _check_conservation(loaded, target=1)
     swiglu = load_model(str(folder), device="cpu")
     swiglu.config.use_swiglu_ffn = True  # a config flag only: the message is what is checked
     assert "SwiGLU" in METHODS["attnlrp"].unavailable(swiglu)

@@ -30,12 +30,12 @@ def test_the_variant_has_a_name_of_its_own_and_is_not_a_default(demo):
 
 def test_the_variants_map_is_cp_lrps(demo):
     image = make_sample(7).image
-    got = explain(demo, image, "attnlrp_cp", class_index=4)
+    got = explain(demo, image, "attnlrp_cp", target=4)
     inputs = Inputs(demo, image)
-    ref = relevance(demo, inputs.pixels(), inputs.input_size, class_index=4, variant="cp")
+    ref = relevance(demo, inputs.pixels(), inputs.input_size, target=4, variant="cp")
     assert got.method == "attnlrp_cp"
     np.testing.assert_allclose(got.values, pool_to_grid(ref.pixels.sum(axis=0), inputs.grid), rtol=1e-5, atol=1e-7)
-    paper = explain(demo, image, "attnlrp", class_index=4).values
+    paper = explain(demo, image, "attnlrp", target=4).values
     assert not np.allclose(got.values, paper)
 
 

@@ -33,7 +33,7 @@ def test_every_method_gives_a_finite_map_on_the_first_stage_grid(key, tiny_model
     image = random_image(5, (52, 44))
     cap = capture(loaded, image)
     names = available_methods(loaded)
-    maps = explain_many(loaded, image, names, class_index=1, seed=3)
+    maps = explain_many(loaded, image, names, target=1, seed=3)
     assert tuple(maps) == names
     for name, m in maps.items():
         assert isinstance(m, MethodMap) and m.method == name
@@ -54,7 +54,7 @@ def test_mobilevit_refuses_rollout_and_relevance_with_the_family_note(method, hi
     note = loaded.family.rollout_note(loaded.config)
     assert note and note in why_unavailable(loaded, method)
     with pytest.raises(MethodError, match="not defined for MobileViT"):
-        explain(loaded, random_image(0), method, class_index=0)
+        explain(loaded, random_image(0), method, target=0)
 
 
 def test_backbones_get_class_agnostic_methods_only(tiny_models):
@@ -62,7 +62,7 @@ def test_backbones_get_class_agnostic_methods_only(tiny_models):
     assert available_methods(loaded) == ("attention", "rollout", "random")
     assert explain(loaded, random_image(0), "attention").class_index is None
     with pytest.raises(MethodError, match="backbone without a classifier"):
-        explain(loaded, random_image(0), "gradcam", class_index=0)
+        explain(loaded, random_image(0), "gradcam", target=0)
 
 
 def test_default_class_is_the_prediction_and_bad_input_is_refused(tiny_models):
@@ -72,7 +72,7 @@ def test_default_class_is_the_prediction_and_bad_input_is_refused(tiny_models):
     assert explain(loaded, image, "gradcam").class_index == top
     assert {m.class_index for m in explain_many(loaded, image, ["gradcam", "random"]).values()} == {top}
     with pytest.raises(MethodError, match="outside"):
-        explain(loaded, image, "relevance", class_index=3)
+        explain(loaded, image, "relevance", target=3)
     with pytest.raises(MethodError, match="unknown explanation method"):
         explain(loaded, image, "saliency")
     assert get_method("integrated_gradients", n_steps=4).n_steps == 4

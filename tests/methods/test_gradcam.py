@@ -39,7 +39,7 @@ def test_plain_models_match_hooks_and_autograd(key, prefix, tiny_models):
     layer = loaded.model.base_model.layers[-1]
     peaks = []
     for cls in range(3):
-        m = explain(loaded, image, "gradcam", class_index=cls)
+        m = explain(loaded, image, "gradcam", target=cls)
         ref = _reference(loaded, image, layer, prefix, m.grid, cls, interpolate_pos_encoding=True)
         np.testing.assert_allclose(m.values, ref, rtol=1e-4, atol=1e-7)
         peaks.append(ref.max())
@@ -50,7 +50,7 @@ def test_swin_uses_the_last_block_input_placed_by_nearest_cell(hier_models):
     loaded, image = hier_models["swin"], random_image(12, (64, 64))
     layer = loaded.model.swin.encoder.layers[-1].blocks[-1]
     for cls in range(3):
-        m = explain(loaded, image, "gradcam", class_index=cls)
+        m = explain(loaded, image, "gradcam", target=cls)
         assert m.source_grid == (8, 8) and m.grid == (16, 16)
         ref = _reference(loaded, image, layer, 0, (8, 8), cls)
         np.testing.assert_allclose(m.values, np.kron(ref, np.ones((2, 2))), rtol=1e-4, atol=1e-7)

@@ -17,7 +17,7 @@ def test_completeness_the_map_sums_to_the_logit_change(tiny_models):
     with torch.no_grad():
         fx, fb = loaded.model(pixel_values=pixels).logits[0], loaded.model(pixel_values=base).logits[0]
     for cls in range(3):
-        m = explain(loaded, image, "integrated_gradients", class_index=cls, n_steps=64, batch_size=64)
+        m = explain(loaded, image, "integrated_gradients", target=cls, n_steps=64, batch_size=64)
         change = float(fx[cls] - fb[cls])
         assert abs(change) > 1e-2
         assert abs(float(m.values.astype(np.float64).sum()) - change) < 1e-5  # measured: about 2e-8
@@ -30,7 +30,7 @@ def test_pixel_attributions_pooled_to_the_grid_by_hand(hier_models):
     pixels, _ = preprocess(loaded, [image], hw)
     attr = pixel_attributions(loaded, pixels, hw, 1, n_steps=6, batch_size=6)  # (3, h, w)
     assert attr.shape == (3, *hw)
-    m = explain(loaded, image, "integrated_gradients", class_index=1, n_steps=6, batch_size=6)
+    m = explain(loaded, image, "integrated_gradients", target=1, n_steps=6, batch_size=6)
     gh, gw = m.grid
     ph, pw = hw[0] // gh, hw[1] // gw
     by_hand = np.array(

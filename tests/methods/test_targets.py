@@ -47,7 +47,7 @@ def test_labels_keep_their_text_and_unknown_labels_are_refused():
 
 def test_resolve_keeps_class_indices_working():
     assert resolve_target(2) == Target.of_class(2)
-    assert resolve_target(None, class_index=1) == Target.of_class(1)
+    assert resolve_target(1) == Target.of_class(1)
     assert resolve_target(None, predicted=lambda: 0) == Target.of_class(0)
     assert resolve_target(None, predicted=lambda: None) is None
     with pytest.raises(TargetError):
@@ -59,7 +59,7 @@ def test_integrated_gradients_of_a_difference_is_the_difference(tiny_models):
     loaded, image = tiny_models["vit"], random_image(3, (32, 32))
     kw = dict(n_steps=8, batch_size=8)
     a = explain(loaded, image, "integrated_gradients", target=Target.of_class(0), **kw).values.astype(np.float64)
-    b = explain(loaded, image, "integrated_gradients", class_index=2, **kw).values.astype(np.float64)
+    b = explain(loaded, image, "integrated_gradients", target=2, **kw).values.astype(np.float64)
     d = explain(loaded, image, "integrated_gradients", target=Target.of_class(0, minus=2), **kw)
     assert d.class_index == 0 and d.target == "zero (0) minus two (2)"
     np.testing.assert_allclose(d.values, a - b, rtol=1e-4, atol=1e-6)
@@ -84,7 +84,7 @@ def test_gradcam_weights_of_a_difference_by_hand(tiny_models):
     by_hand = torch.relu(a @ g.mean(0)).reshape(4, 4).numpy()
     np.testing.assert_allclose(got, by_hand, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(
-        gradcam_map(loaded, pixels, (32, 32), 1), explain(loaded, image, "gradcam", class_index=1).values, rtol=1e-6
+        gradcam_map(loaded, pixels, (32, 32), 1), explain(loaded, image, "gradcam", target=1).values, rtol=1e-6
     )
 
 

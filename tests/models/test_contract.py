@@ -307,10 +307,10 @@ def test_attribution_with_unknown_layer_scale_names_is_exact_or_refused(dinov2_p
     scale = gamma.model.dinov2.encoder.layer[layer].gamma_1.data
     ref = _head_part_by_hand(gamma, img, c, layer, head, scale)
     assert _head_part_by_hand(plain, img, c, layer, head, scale) == pytest.approx(ref, abs=1e-9)
-    exact = C.direct_logit_attribution(plain, img, class_index=c)
+    exact = C.direct_logit_attribution(plain, img, target=c)
     assert exact.heads[layer, head] == pytest.approx(ref, abs=1e-6)  # the declared model: exact
     try:
-        att = C.direct_logit_attribution(gamma, img, class_index=c)
+        att = C.direct_logit_attribution(gamma, img, target=c)
     except C.NotDefined as exc:
         assert "layer_scale1.lambda1" in str(exc) and "GammaLayer" in str(exc)
         assert C.causal_notes(gamma)["attribution"]

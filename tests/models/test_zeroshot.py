@@ -284,13 +284,13 @@ def test_siglip_label_embeddings_equal_get_text_features(tmp_path):
     np.testing.assert_allclose(got, own, rtol=1e-5, atol=1e-6)
 
 
-def test_labels_as_classes_give_the_models_own_logits(tmp_path):
-    import copy
-
-    from vitviz.capture.forward import input_size_for, preprocess
-    from vitviz.methods.base import class_logits
+def test_the_runs_label_scorer_gives_the_models_own_logits(tmp_path):
+    """The one scorer of label targets (``scorer_for``, the Run's) is the model's ``logits_per_image``; the
+    classifier proxy it replaced (``LabelScores``, ``as_classifier``) is gone."""
+    from vitviz.capture.forward import forward_output, input_size_for, preprocess
+    from vitviz.capture.targets import NoScores, scorer_for
+    from vitviz.models import zeroshot
     from vitviz.models.load import load_model
-    from vitviz.models.zeroshot import LabelScores, as_classifier
 
     _two_tower(tmp_path, "siglip")
     from transformers import SiglipImageProcessor
@@ -298,19 +298,17 @@ def test_labels_as_classes_give_the_models_own_logits(tmp_path):
     SiglipImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
     loaded = load_model(str(tmp_path))
     labels = parse_labels("cat, red car, a dog")
-    clf = as_classifier(loaded, labels)
-    assert clf.has_classifier and clf.id2label == {0: "cat", 1: "red car", 2: "a dog"}
-    assert clf.family.probability_rule == "sigmoid" and clf.family.name == loaded.family.name
-    assert copy.copy(clf.family).name == loaded.family.name  # copy probes do not recurse
     from PIL import Image
 
     image = Image.fromarray(np.random.default_rng(1).integers(0, 255, (32, 32, 3), dtype=np.uint8))
-    pixels, _ = preprocess(loaded, [image], input_size_for(loaded, None, image.size))
+    hw = input_size_for(loaded, None, image.size)
+    pixels, _ = preprocess(loaded, [image], hw)
     ids = loaded.text.tokenizer(list(labels.prompts), padding="max_length", max_length=16, return_tensors="pt")
     with torch.no_grad():
         own = loaded.model(input_ids=ids["input_ids"], pixel_values=pixels).logits_per_image[0].numpy()
-        got = class_logits(clf, pixels, input_size_for(loaded, None, image.size))[0].numpy()
+        got = scorer_for(loaded, labels)(forward_output(loaded, pixels, hw))[0].numpy()
     np.testing.assert_allclose(got, own, rtol=1e-4, atol=1e-4)
-    assert isinstance(clf.family, LabelScores)
-    with pytest.raises(ZeroShotError):
-        as_classifier(load_model("demo"), labels)
+    assert not hasattr(zeroshot, "LabelScores") and not hasattr(zeroshot, "as_classifier")
+    assert "LabelScores" not in zeroshot.__all__ and "as_classifier" not in zeroshot.__all__
+    with pytest.raises(NoScores):
+        scorer_for(load_model("demo"), labels)

@@ -488,7 +488,7 @@ def test_head_knock_outs_edit_the_blocks_projection_inputs(tiny):
     from vitviz.causal import causal_notes, head_importance, knockable_blocks
 
     img = random_image(8)
-    got = head_importance(tiny, img, class_index=2, mode="zero")
+    got = head_importance(tiny, img, target=2, mode="zero")
     assert got.effects.shape == (3, 4) and np.isnan(got.effects[2]).all()  # the pooling has no heads to knock out
     notes = causal_notes(tiny)
     assert notes["lens"]  # no affine readout head: no lens

@@ -220,9 +220,9 @@ def test_every_method_gives_a_map_on_the_token_grid_and_attnlrp_says_why_not(tin
     assert "attnlrp" not in names and "hybrid_vit" in why_unavailable(tiny, "attnlrp")
     img = random_image(6)
     for name in names:
-        m = explain(tiny, img, name, class_index=1)
+        m = explain(tiny, img, name, target=1)
         assert m.grid == (4, 4) and np.isfinite(m.values).all(), name
-    cnn = explain(tiny, img, "gradcam", class_index=1, layer="cnn")
+    cnn = explain(tiny, img, "gradcam", target=1, layer="cnn")
     assert cnn.grid == (4, 4) and cnn.source_grid == (4, 4) and "CNN stage" in cnn.definition
 
 
@@ -245,10 +245,10 @@ def test_gradcam_on_the_last_cnn_stage_is_gradcam_of_the_resnet_map(tiny):
     a = kept["a"][0].detach().double()
     w = g[0].double().mean(dim=(1, 2))
     want = torch.relu((w[:, None, None] * a).sum(0)).numpy()
-    got = explain(tiny, img, "gradcam", class_index=c, layer="cnn").values
+    got = explain(tiny, img, "gradcam", target=c, layer="cnn").values
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
     assert want.max() > 0
-    tokens = explain(tiny, img, "gradcam", class_index=c).values  # the other layer: another map
+    tokens = explain(tiny, img, "gradcam", target=c).values  # the other layer: another map
     assert not np.allclose(tokens, got)
 
 
@@ -256,7 +256,7 @@ def test_gradcam_on_a_cnn_stage_is_refused_where_there_is_none(tiny_models, tiny
     gc = get_method("gradcam", layer="cnn")
     assert "no CNN feature map" in why_unavailable(tiny_models["vit"], gc)
     with pytest.raises(MethodError, match="no CNN feature map"):
-        explain(tiny_models["vit"], random_image(0, (32, 32)), gc, class_index=0)
+        explain(tiny_models["vit"], random_image(0, (32, 32)), gc, target=0)
     assert not why_unavailable(tiny_rep, gc)  # the tiny_rep fixture has a ResNet
     arrays = tiny_arrays(seed=3, representation=8)  # a plain ViT with pre_logits: the zoo class, no ResNet
     convert_vit_npz(write_npz(tmp_path / "plain.npz", arrays), tmp_path / "plain")
@@ -273,7 +273,7 @@ def test_knock_outs_lens_and_attribution(tiny):
     img, c = random_image(8), 2
     notes = C.causal_notes(tiny)
     assert not any(notes.values()), notes
-    got = C.head_importance(tiny, img, class_index=c, mode="zero")
+    got = C.head_importance(tiny, img, target=c, mode="zero")
     assert got.effects.shape == (2, 4)
     pixels, _ = preprocess(tiny, [img], (SIDE, SIDE))
     with torch.no_grad():
@@ -295,7 +295,7 @@ def test_knock_outs_lens_and_attribution(tiny):
         assert got.effects[block, head] == pytest.approx(float(knocked - clean), abs=1e-5)
     lens = C.logit_lens(tiny, img)
     np.testing.assert_allclose(lens.logits[-1], get_run(tiny, img).scores.numpy(), rtol=1e-5, atol=1e-5)
-    att = C.direct_logit_attribution(tiny, img, class_index=c)
+    att = C.direct_logit_attribution(tiny, img, target=c)
     assert att.total == pytest.approx(att.logit, rel=1e-4, abs=1e-5)
 
 

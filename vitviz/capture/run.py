@@ -1,4 +1,4 @@
-"""The Run: one clean forward per (model, image, size, dtype, labels) that every view reads.
+"""The Run: one clean forward per (model, image, size, dtype, labels) that every view reads, and its one scorer.
 
 One forward pass fills, at once:
 
@@ -7,8 +7,11 @@ One forward pass fills, at once:
 * every named point (:mod:`vitviz.models.points`): the residual stream at each
   block's input and output, each block's heads' outputs ``z`` (``blocks.{i}.attn.z``,
   ``(1, T, H * d)``), each MLP's output, the attention patterns;
-* the scores: class logits, or a zero-shot model's label scores for the given label
-  embeddings (``logit_scale.exp() * cos(image, label) (+ logit_bias)``);
+* the scores: class logits, or a zero-shot model's scores of the given labels
+  (``logit_scale.exp() * cos(image, prompt) (+ logit_bias)``, the prompts encoded once
+  per model: :func:`~vitviz.capture.targets.scorer_for`); :meth:`Run.target` checks a
+  :class:`~vitviz.capture.targets.Target` against them and :meth:`Run.bind` gives its
+  differentiable value through the same scorer;
 * where the memory budget allows, the autograd graph from the input to the scores
   (``has_graph``): gradients (relevance, the fast estimate, attribution patching)
   derive from it with a backward pass and no second forward.
@@ -50,6 +53,16 @@ from vitviz.capture.forward import (
     preprocess,
     run_forward,
 )
+from vitviz.capture.targets import (
+    BoundTarget,
+    NoScores,
+    Scorer,
+    Target,
+    TargetError,
+    label_set,
+    resolve_target,
+    scorer_for,
+)
 from vitviz.errors import BudgetError, CaptureError
 from vitviz.models.families.base import Call, ReadoutHead
 from vitviz.models.hooks import Site, active, installed_points, installed_sites
@@ -69,40 +82,11 @@ __all__ = [
     "peek_run",
     "clear_runs",
     "scorer_for",
+    "label_set",
     "READOUT_RTOL",
 ]
 
 READOUT_RTOL = 1e-4  # a readout head must reproduce the model's logits to this (relative to their scale)
-Scorer = Callable[[object], torch.Tensor]  # the forward's output -> scores (B, K): class logits or label scores
-
-
-class NoScores(CaptureError):
-    """The model gives no scores to explain (a backbone, or a two-tower model without label embeddings)."""
-
-
-def scorer_for(loaded: LoadedModel, label_embeddings: np.ndarray | None) -> Scorer:
-    """Class logits, or (with ``label_embeddings`` ``(K, D)``) a two-tower model's label scores, as its forward's
-    ``logits_per_image`` computes them: ``logit_scale.exp() * cos(image embedding, label) (+ logit_bias)``."""
-    fam, model = loaded.family, loaded.model
-    if label_embeddings is None:
-        return lambda out: fam.logits(model, out)
-    text = torch.as_tensor(np.asarray(label_embeddings, np.float32))
-    if text.ndim != 2 or text.shape[0] < 1:
-        raise ValueError(f"label embeddings must be (K, D) with K >= 1, got shape {tuple(text.shape)}")
-    scale = getattr(model, "logit_scale", None)
-    if not isinstance(scale, torch.Tensor):
-        raise NoScores(f"'{loaded.name}' has no logit_scale: only a two-tower model scores label embeddings.")
-    from vitviz.models.zeroshot import label_scores
-
-    def score(out) -> torch.Tensor:
-        img = fam.image_embedding(model, out)
-        if img is None:
-            raise NoScores(f"'{loaded.name}' gives no image embedding to compare with label embeddings.")
-        if img.shape[-1] != text.shape[-1]:
-            raise ValueError(f"label embeddings have width {text.shape[-1]}, the image embedding {img.shape[-1]}")
-        return label_scores(model, img, text)
-
-    return score
 
 
 class _RunRecorder(SummaryRecorder):
@@ -154,7 +138,7 @@ class Run:
     geometries: tuple[Geometry, ...] = field(repr=False)
     scores: torch.Tensor = field(repr=False)  # (C,) float32, detached: class logits or label scores
     scorer: Scorer = field(repr=False)
-    label_embeddings: np.ndarray | None = field(repr=False)
+    labels: Labels | None = field(repr=False)  # the zero-shot labels scored (names, prompts); None: class logits
     has_graph: bool
     readout: ReadoutHead | None = field(repr=False)
     readout_problem: str  # why ``readout`` is None although the family describes one ("" otherwise)
@@ -176,11 +160,6 @@ class Run:
             + self.graph_bytes
             + int(self.capture.nbytes)
         )
-
-    # The zero-shot labels (names, prompts, template) whose embeddings ``label_embeddings`` are, for display;
-    # ``vitviz.run`` sets it on its copy of the cached run (``dataclasses.replace``). None: class logits, or
-    # label embeddings given without their names.
-    labels: Labels | None = field(default=None, repr=False)
 
     # --- reading --------------------------------------------------------------------------------
     @property
@@ -265,6 +244,41 @@ class Run:
     def score_of(self, out) -> torch.Tensor:
         """Scores ``(B, C)`` of a forward output (``out`` of the clean graph: :attr:`graph_scores`)."""
         return self.scorer(out)
+
+    @property
+    def text_embeddings(self) -> np.ndarray | None:
+        """``(K, D)`` float32: the scored labels' prompt embeddings (cached per model and prompt); None: class logits."""
+        if self.labels is None:
+            return None
+        from vitviz.models.zeroshot import text_embeddings
+
+        return text_embeddings(self.loaded, self.labels.prompts)
+
+    def target(self, target: Target | int | None = None) -> Target:
+        """``target`` checked against this run's scores: a :class:`Target` (a label target must read this run's
+        labels), a class index, or None (the top-1 class, or the top label of a label run)."""
+        n = int(self.scores.shape[0])
+        if n == 0:
+            raise NoScores(f"the run of '{self.loaded.name}' has no scores to explain")
+        if target is None:
+            top = int(torch.argmax(self.scores))
+            return Target.of_class(top) if self.labels is None else Target.of_label(self.labels, top)
+        t = resolve_target(target)
+        if (t.labels is None) != (self.labels is None) or (
+            t.labels is not None and (t.labels, t.prompts or t.labels) != (self.labels.names, self.labels.prompts)
+        ):
+            what = "class logits" if self.labels is None else "the scores of the labels " + ", ".join(self.labels.names)
+            raise TargetError(f"the target {t.name()} does not read this run's scores ({what}).")
+        for i in (t.index, t.minus):
+            if i is not None and not 0 <= int(i) < n:
+                what = "label" if t.is_label else "class"
+                raise TargetError(f"{what} index {i} is outside 0..{n - 1} for '{self.loaded.name}'.")
+        return t
+
+    def bind(self, target: Target | int | None = None) -> BoundTarget:
+        """``target`` (checked, see :meth:`target`) as a differentiable function of a forward output ``(B,)``,
+        through this run's scorer."""
+        return BoundTarget(self.target(target), self.scorer)
 
     @property
     def graph_scores(self) -> torch.Tensor | None:
@@ -461,11 +475,11 @@ def _make_run(
     loaded: LoadedModel,
     image: Image.Image,
     hw: tuple[int, int],
-    label_embeddings: np.ndarray | None,
+    labels: Labels | None,
     budget_bytes: int,
     gradients: bool,
 ) -> Run:
-    scorer = scorer_for(loaded, label_embeddings)
+    scorer = scorer_for(loaded, labels)
     points = installed_points(loaded.model)
     sites = tuple(installed_sites(loaded.model))
     check_budget(loaded, hw, batch=1, gradients=False, budget=budget_bytes)
@@ -495,7 +509,7 @@ def _make_run(
         else torch.zeros(0)  # a backbone without scores: views that need none still read the run
     )
     last = rec.blocks.get(sites[-1].index, (None, None))[1] if sites else None
-    if label_embeddings is None and graph_scores is not None:
+    if labels is None and graph_scores is not None:
         readout, problem = _checked_readout(loaded, _detached(last), scores)
     else:
         readout, problem = None, ""
@@ -509,7 +523,7 @@ def _make_run(
         geometries=tuple(rec.geometries[s.index] for s in sites),
         scores=scores,
         scorer=scorer,
-        label_embeddings=None if label_embeddings is None else np.array(label_embeddings, np.float32),
+        labels=labels,
         has_graph=gradients,
         readout=readout,
         readout_problem=problem,
@@ -582,11 +596,11 @@ def _make_activations(
     loaded: LoadedModel,
     image: Image.Image,
     hw: tuple[int, int],
-    label_embeddings: np.ndarray | None,
+    labels: Labels | None,
     budget_bytes: int,
     parts: tuple[str, ...],
 ) -> Activations:
-    scorer = scorer_for(loaded, label_embeddings)
+    scorer = scorer_for(loaded, labels)
     points = installed_points(loaded.model)
     sites = tuple(installed_sites(loaded.model))
     check_budget(loaded, hw, batch=1, gradients=False, budget=budget_bytes)
@@ -613,7 +627,7 @@ def get_activations(
     image: Image.Image,
     *,
     size: int | tuple[int, int] | None = None,
-    label_embeddings: np.ndarray | None = None,
+    labels: Labels | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
     parts: tuple[str, ...] = SOURCE_PARTS,
 ) -> Run | Activations:
@@ -622,7 +636,7 @@ def get_activations(
     inference mode that records only those points (:class:`Activations`, cached like runs). The values are the
     same as the Run's (the same forward; recording changes nothing)."""
     hw = input_size_for(loaded, size, image.size)
-    key = _key(loaded, image, hw, label_embeddings, budget_bytes)
+    key = _key(loaded, image, hw, labels, budget_bytes)
     run = _RUNS.peek(key)
     if run is not None:
         return run
@@ -631,7 +645,7 @@ def get_activations(
         if fuller is not None:
             return fuller
     return _SOURCES.get_or_compute(
-        (*key, parts), lambda: _make_activations(loaded, image, hw, label_embeddings, budget_bytes, parts)
+        (*key, parts), lambda: _make_activations(loaded, image, hw, labels, budget_bytes, parts)
     )
 
 
@@ -656,16 +670,20 @@ _SOURCES: BoundedCache[Activations] = BoundedCache(
 def clear_runs(model: torch.nn.Module | None = None) -> None:
     """Forget every cached run (of ``model`` only, when given: a run holds its model and its graph, so a
     server that evicts a model should drop its runs too)."""
+    from vitviz.models.zeroshot import forget_text_embeddings
+
     for cache in (_RUNS, _SOURCES):
         cache.discard(lambda _key, r: model is None or r.loaded.model is model)
+    forget_text_embeddings(model)
 
 
-def _key(loaded: LoadedModel, image: Image.Image, hw, label_embeddings, budget_bytes: int) -> tuple:
-    labels = None if label_embeddings is None else hashlib.sha1(np.asarray(label_embeddings, np.float32)).hexdigest()
-    # The adapter and the class names are part of what the scores mean: a zero-shot model seen as a classifier of
-    # its labels (``zeroshot.as_classifier``) shares the model but not the scores, so it must not share the Run.
+def _key(loaded: LoadedModel, image: Image.Image, hw, labels: Labels | None, budget_bytes: int) -> tuple:
+    # What the scores are: the labels' names (kept for display) and prompts (scored), or class logits; the adapter
+    # and the class names are part of what class logits mean, so a copy of the model with another adapter must not
+    # share the Run.
+    scored = None if labels is None else (tuple(labels.names), tuple(labels.prompts))
     scores = (type(loaded.family).__qualname__, id(loaded.family), tuple(sorted((loaded.id2label or {}).items())))
-    return (id(loaded.model), loaded.name, _digest(image), hw, str(loaded.dtype), labels, budget_bytes, scores)
+    return (id(loaded.model), loaded.name, _digest(image), hw, str(loaded.dtype), scored, budget_bytes, scores)
 
 
 def peek_run(
@@ -673,11 +691,11 @@ def peek_run(
     image: Image.Image,
     *,
     size: int | tuple[int, int] | None = None,
-    label_embeddings: np.ndarray | None = None,
+    labels: Labels | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
 ) -> Run | None:
     """The cached :class:`Run` of ``image`` if there is one (no forward), else None."""
-    key = _key(loaded, image, input_size_for(loaded, size, image.size), label_embeddings, budget_bytes)
+    key = _key(loaded, image, input_size_for(loaded, size, image.size), labels, budget_bytes)
     return _RUNS.peek(key)
 
 
@@ -686,25 +704,25 @@ def get_run(
     image: Image.Image,
     *,
     size: int | tuple[int, int] | None = None,
-    label_embeddings: np.ndarray | None = None,
+    labels: Labels | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
     gradients: bool = True,
 ) -> Run:
     """The clean :class:`Run` of ``image`` on ``loaded`` (cached: the last ``CACHE_SIZE`` runs, ``CACHE_MB`` in all;
     a Run larger than that is returned and not kept).
 
-    Keyed by the model, the image's pixels, the input size, the model's dtype, the label embeddings and
-    the budget; ``gradients`` asks for the autograd graph (kept only within ``budget_bytes``; a cached run
+    ``labels``: a zero-shot model's labels, whose scores the Run holds (None: class logits). Keyed by the model,
+    the image's pixels, the input size, the model's dtype, the labels (names and prompts) and the budget; ``gradients`` asks for the autograd graph (kept only within ``budget_bytes``; a cached run
     without it is rebuilt when a graph is asked for).
     """
     hw = input_size_for(loaded, size, image.size)
-    key = _key(loaded, image, hw, label_embeddings, budget_bytes)
+    key = _key(loaded, image, hw, labels, budget_bytes)
 
     def enough(run: Run) -> bool:  # a cached run without its graph is rebuilt when a graph is asked for and fits
         return run.has_graph or not gradients or not _graph_possible(loaded, hw, budget_bytes)
 
     return _RUNS.get_or_compute(
-        key, lambda: _make_run(loaded, image, hw, label_embeddings, budget_bytes, gradients), accept=enough
+        key, lambda: _make_run(loaded, image, hw, labels, budget_bytes, gradients), accept=enough
     )
 
 

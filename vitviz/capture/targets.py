@@ -26,12 +26,26 @@ from typing import Any
 import numpy as np
 import torch
 
-from vitviz.errors import VitvizError
+from vitviz.errors import CaptureError, VitvizError
+from vitviz.models.zeroshot import Labels
 
-__all__ = ["Target", "TargetError", "BoundTarget", "label_scorer", "resolve_target", "targets_arrays"]
+Scorer = Callable[[Any], torch.Tensor]  # the forward's output -> scores (B, K): class logits or label scores
+
+__all__ = [
+    "Target",
+    "TargetError",
+    "BoundTarget",
+    "NoScores",
+    "Scorer",
+    "scorer_for",
+    "label_set",
+    "label_scorer",
+    "resolve_target",
+    "targets_arrays",
+]
 
 
-class TargetError(VitvizError):
+class TargetError(VitvizError, ValueError):
     """A target that does not fit the model (class out of range, unknown label, labels on a classifier...)."""
 
 
@@ -145,22 +159,47 @@ class Target:
             )
 
     def bind(self, loaded, text_embeddings: np.ndarray | None = None) -> BoundTarget:
-        """The differentiable function of the forward's output; label targets encode their prompts (or take
-        ``text_embeddings`` ``(K, D)`` already encoded)."""
+        """The differentiable function of the forward's output ``(B,)``: class logits through the family's
+        ``logits``, label scores through :func:`scorer_for` (the prompts' embeddings cached
+        per model; ``text_embeddings`` ``(K, D)``: embeddings encoded already, e.g. by a test)."""
         self.check(loaded)
-        fam, model = loaded.family, loaded.model
-        if self.labels is None:
-            return BoundTarget(self, lambda out: fam.logits(model, out))
-        if text_embeddings is None:
-            from vitviz.models.zeroshot import Labels, encode_labels
-
-            labels = Labels(self.labels, self.prompts or self.labels, "{}")
-            text_embeddings = encode_labels(model, loaded.text, labels)
-        return BoundTarget(self, label_scorer(loaded, text_embeddings))
+        if text_embeddings is not None:
+            return BoundTarget(self, label_scorer(loaded, text_embeddings))
+        return BoundTarget(self, scorer_for(loaded, label_set(self)))
 
 
-def label_scorer(loaded, text_embeddings: np.ndarray) -> Callable[[Any], torch.Tensor]:
-    """Forward output -> label scores ``(B, K)`` as the two-tower model's ``logits_per_image`` computes them."""
+class NoScores(CaptureError):
+    """The model gives no scores to explain (a backbone, or labels asked of a model without a text tower)."""
+
+
+def scorer_for(loaded, labels: Labels | None = None) -> Scorer:
+    """The one scorer of a forward's output: class logits (``labels`` None: the family's ``logits``), or a two-tower
+    model's scores ``(B, K)`` of ``labels``' prompts as its forward's ``logits_per_image`` computes them
+    (``logit_scale.exp() * cos(image embedding, prompt) (+ logit_bias)``; the prompts' text embeddings come from
+    :func:`vitviz.models.zeroshot.text_embeddings`, encoded once per model and prompt)."""
+    fam, model = loaded.family, loaded.model
+    if labels is None:
+        return lambda out: fam.logits(model, out)
+    if not labels.prompts:
+        raise ValueError("label scores need at least one label")
+    scale = getattr(model, "logit_scale", None)
+    if not isinstance(scale, torch.Tensor) or getattr(loaded, "text", None) is None:
+        raise NoScores(f"'{loaded.name}' has no text tower: only a two-tower model scores labels.")
+    from vitviz.models.zeroshot import text_embeddings
+
+    return label_scorer(loaded, text_embeddings(loaded, labels.prompts))
+
+
+def label_set(target) -> Labels | None:
+    """The labels whose scores a :class:`Target` reads (None: class logits, or no target)."""
+    if target is None or getattr(target, "labels", None) is None:
+        return None
+    return Labels(target.labels, target.prompts or target.labels, "{}")
+
+
+def label_scorer(loaded, text_embeddings: np.ndarray) -> Scorer:
+    """Forward output -> label scores ``(B, K)`` against prompt embeddings ``(K, D)``, as the two-tower model's
+    ``logits_per_image`` computes them (:func:`vitviz.models.zeroshot.label_scores`)."""
     from vitviz.models.zeroshot import label_scores
 
     fam, model = loaded.family, loaded.model
@@ -169,7 +208,7 @@ def label_scorer(loaded, text_embeddings: np.ndarray) -> Callable[[Any], torch.T
     def scores(out) -> torch.Tensor:
         img = fam.image_embedding(model, out)
         if img is None:
-            raise TargetError(f"'{loaded.name}' gives no image embedding to score labels with.")
+            raise NoScores(f"'{loaded.name}' gives no image embedding to score labels with.")
         return label_scores(model, img, text)
 
     return scores
@@ -186,18 +225,11 @@ class BoundTarget:
         return self.target.select(self.scores(out))
 
 
-def resolve_target(
-    target: Target | int | None,
-    *,
-    predicted: Callable[[], int | None] | None = None,
-    class_index: int | None = None,
-) -> Target | None:
-    """A :class:`Target` from what a caller gave: a target, a class index (as before), or None (the predicted
-    class, asked from ``predicted``; None when there is no classifier)."""
+def resolve_target(target: Target | int | None, *, predicted: Callable[[], int | None] | None = None) -> Target | None:
+    """A :class:`Target` from what a caller gave: a target, a class index (shorthand for ``Target.of_class``), or
+    None (the predicted class, asked from ``predicted``; None when there is no classifier)."""
     if isinstance(target, Target):
         return target
-    if target is None:
-        target = class_index
     if target is None:
         c = predicted() if predicted is not None else None
         return None if c is None else Target.of_class(c)

@@ -35,6 +35,7 @@ from PIL import Image
 
 from vitviz.capture.forward import DEFAULT_BUDGET_BYTES
 from vitviz.capture.run import Run
+from vitviz.capture.targets import Target
 from vitviz.causal.notes import (
     READOUT_RTOL,
     NotDefined,
@@ -44,7 +45,6 @@ from vitviz.causal.notes import (
     readout_of,
     z_name,
 )
-from vitviz.causal.notes import class_index as _class_index
 from vitviz.models.load import LoadedModel
 from vitviz.record import frozen
 
@@ -53,9 +53,10 @@ __all__ = ["Attribution", "direct_logit_attribution", "attribution_of_run"]
 
 @dataclass(frozen=True)
 class Attribution:
-    """Direct logit attribution of ``logit`` (class ``class_index``): ``heads`` ``(L, H)`` + ``mlps`` ``(L,)`` +
-    ``rest`` = ``logit`` (float64 parts; NaN for heads a block does not have). ``norm_scale`` ``(R,)``: the frozen
-    LayerNorm scales of the vectors the head reads."""
+    """Direct logit attribution of ``logit``, the value of ``target`` (class ``class_index``, minus another for a
+    difference target): ``heads`` ``(L, H)`` + ``mlps`` ``(L,)`` + ``rest`` = ``logit`` (float64 parts; NaN for
+    heads a block does not have). ``norm_scale`` ``(R,)``: the frozen LayerNorm scales of the vectors the head
+    reads."""
 
     class_index: int
     logit: float
@@ -64,13 +65,16 @@ class Attribution:
     rest: float
     norm_scale: np.ndarray = field(repr=False)
     readout: str
+    target: Target | None = None
 
     @property
     def total(self) -> float:
         return float(np.nansum(self.heads) + self.mlps.sum() + self.rest)
 
 
-def attribution_of_run(run: Run, c: int) -> Attribution:
+def attribution_of_run(run: Run, t: Target) -> Attribution:
+    """``t``'s value (checked against the run: :meth:`~vitviz.capture.run.Run.target`) split into parts; the head's
+    output passes through ``t`` in float64, so a difference target's parts are the differences of the parts."""
     loaded, fam = run.loaded, run.loaded.family
     notes = causal_notes(loaded)
     readout, problem = readout_of(run)
@@ -104,8 +108,8 @@ def attribution_of_run(run: Run, c: int) -> Attribution:
         gamma = f64(norm.weight) if norm.weight is not None else ones
         beta = f64(norm.bias) if norm.bias is not None else torch.zeros_like(ones)
 
-        def head(u: torch.Tensor) -> torch.Tensor:  # normed vectors (K, R, D) float64 -> logit of c (K,) float64
-            return f64(readout.head(u.to(device, dtype))[:, c])
+        def head(u: torch.Tensor) -> torch.Tensor:  # normed vectors (K, R, D) float64 -> target's value (K,) float64
+            return t.select(f64(readout.head(u.to(device, dtype))))
 
         zero = head(torch.zeros_like(v))
 
@@ -136,7 +140,7 @@ def attribution_of_run(run: Run, c: int) -> Attribution:
             mlps[i] = float(part(mlp - b_2)[0])
             rest_resid = rest_resid + b_o + b_2
         rest = float(part(rest_resid)[0] + head(beta.expand_as(v))[0])
-    logit = float(run.scores[c])
+    logit = float(t.select(run.scores.double()))
     total = float(np.nansum(heads) + mlps.sum() + rest)
     tol = max(1.0, abs(logit))
     if abs(total - logit) > READOUT_RTOL * tol:
@@ -146,7 +150,7 @@ def attribution_of_run(run: Run, c: int) -> Attribution:
             "its blocks as they run (a layer scale, norm or residual branch it does not know)."
         )
     return Attribution(
-        c, logit, frozen(heads), frozen(mlps), rest, frozen(sigma.reshape(-1).numpy()), readout.description
+        t.index, logit, frozen(heads), frozen(mlps), rest, frozen(sigma.reshape(-1).numpy()), readout.description, t
     )
 
 
@@ -154,16 +158,17 @@ def direct_logit_attribution(
     loaded: LoadedModel,
     image: Image.Image,
     *,
-    class_index: int | None = None,
+    target: Target | int | None = None,
     size: int | tuple[int, int] | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
 ) -> Attribution:
-    """The logit of ``class_index`` (default: top-1) split into heads, MLPs and the rest (see the module docstring).
+    """The value of ``target`` (a class logit, a difference of two; a class index; None: the top-1) split into
+    heads, MLPs and the rest (see the module docstring).
 
     Raises :class:`NotDefined` with the reason where it does not apply (hierarchical models, no linear readout).
     """
     notes = causal_notes(loaded)
     if notes["attribution"]:
         raise NotDefined(notes["attribution"])
-    run = clean_run(loaded, image, size, budget_bytes)
-    return attribution_of_run(run, _class_index(run.scores, class_index))
+    run = clean_run(loaded, image, size, budget_bytes, target)
+    return attribution_of_run(run, run.target(target))

@@ -22,7 +22,8 @@ h replaces its slice ``z_h`` in *every* token position by
 
 everything else runs as usual (the projection's bias, the rest of the block, the
 later blocks). The **effect** on class c is the knocked-out logit of c minus the
-clean logit. Several heads at once is one forward pass.
+clean logit (on a :class:`~vitviz.capture.targets.Target`: its knocked-out value
+minus its clean value, so a difference target's effect is the difference of effects). Several heads at once is one forward pass.
 
 **Head importance** is the effect of knocking out each head alone: an (L, H)
 table for class c, computed by the edit grid (:mod:`vitviz.causal.grid`): the
@@ -35,8 +36,8 @@ the cost is ``1 + H (L + 1) / 2`` forward-equivalents (79 for ViT-B/16) against
 raises :class:`~vitviz.causal.notes.Cancelled`, whose ``partial`` attribute holds the
 table so far (``complete=False``, NaN where not computed).
 
-**Zero-shot two-tower models** (CLIP, SigLIP): given the label embeddings ``(K, D)``
-(``vitviz.models.zeroshot.encode_labels``), the "logits" are the label scores the
+**Zero-shot two-tower models** (CLIP, SigLIP): given a label target
+(``Target.of_label(labels, "cat")``), the "logits" are the scores of its labels the
 model's forward computes, and knock-outs, head importance and the fast estimate
 explain them (full batched forwards: no readout head to replay to).
 
@@ -57,6 +58,7 @@ from PIL import Image
 
 from vitviz.capture.forward import DEFAULT_BUDGET_BYTES
 from vitviz.capture.run import Run
+from vitviz.capture.targets import Target
 from vitviz.causal.grid import CancelCheck, Job, Progress, chunk_size, replay_cost, run_grid
 from vitviz.causal.notes import (
     Cancelled,
@@ -64,7 +66,6 @@ from vitviz.causal.notes import (
     NotDefined,
     causal_notes,
     check_mode,
-    class_index,
     clean_run,
     projections,
     z_name,
@@ -96,9 +97,10 @@ class Knockout:
 class HeadImportance:
     """Knock-out of each head alone.
 
-    ``effects`` ``(L, H)`` float32: knocked-out logit of ``class_index`` minus the clean
-    logit (NaN: no such head in that block, no projection, or not computed);
-    ``logits`` ``(L, H, C)`` float32: the knocked-out logits; ``clean_logits`` ``(C,)``;
+    ``effects`` ``(L, H)`` float32: the knocked-out value of ``target`` minus the clean one
+    (NaN: no such head in that block, no projection, or not computed);
+    ``logits`` ``(L, H, C)`` float32: the knocked-out scores (class logits or label scores);
+    ``clean_logits`` ``(C,)``; ``class_index``: the target's class or label (``target.index``);
     ``num_heads`` per block; ``forward_equivalents``: the work done, in passes of
     the whole model over one image (the clean run included).
     """
@@ -112,6 +114,7 @@ class HeadImportance:
     complete: bool
     forward_equivalents: float
     from_cache: bool
+    target: Target | None = None
 
     @property
     def top1_changed(self) -> np.ndarray:
@@ -175,18 +178,18 @@ def knock_out(
     mode: KnockoutMode = "mean",
     size: int | tuple[int, int] | None = None,
     from_cache: bool = True,
-    label_embeddings: np.ndarray | None = None,
+    target: Target | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
 ) -> Knockout:
     """Knock out ``heads`` (``(block, head)`` pairs, 0-based) together in one forward; logits ``(C,)``.
 
     ``from_cache``: one-grid models start from the clean residual at the first knocked-out block (same numbers
     as a full forward); False runs the whole model. Raises ValueError for heads out of range, an empty set, or
-    every head of the model; :class:`NotDefined` where heads cannot be knocked out. ``label_embeddings``
-    ``(K, D)`` (zero-shot two-tower models, from ``encode_labels``): the logits are the label scores.
+    every head of the model; :class:`NotDefined` where heads cannot be knocked out. ``target``: only its kind
+    matters (a label :class:`Target` of a zero-shot two-tower model: the logits are its labels' scores).
     """
     check_mode(mode)
-    run = clean_run(loaded, image, size, budget_bytes, label_embeddings)
+    run = clean_run(loaded, image, size, budget_bytes, target)
     chosen = _check_heads(run, heads)
     got = run.edited(knockout_edits(run, [chosen], mode), reuse_prefix=from_cache)
     return Knockout(chosen, mode, frozen(got.scores[0].cpu().numpy()), frozen(run.scores.cpu().numpy()))
@@ -194,7 +197,7 @@ def knock_out(
 
 def _importance(
     run: Run,
-    c: int,
+    t: Target,
     mode: KnockoutMode,
     from_cache: bool,
     chunk: int | None,
@@ -229,18 +232,19 @@ def _importance(
             done_mask[layer, head] = True
 
     outcome = run_grid(run, jobs, store, progress=progress, cancel=cancel, work=1.0)
-    eff = np.where(done_mask, logits[..., c] - clean_np[c], np.nan).astype(np.float32)
+    eff = np.where(done_mask, t.select(logits) - t.select(clean_np), np.nan).astype(np.float32)
     lg = np.where(done_mask[..., None], logits, np.nan).astype(np.float32)
     result = HeadImportance(
         frozen(eff),
         frozen(lg),
         frozen(clean_np.copy()),
-        c,
+        t.index,
         mode,
         run.num_heads,
         outcome.complete,
         round(outcome.work, 3),
         replay,
+        t,
     )
     if outcome.stopped == "cancelled":
         raise Cancelled(f"head importance cancelled after {outcome.done} of {outcome.total} knock-outs", result)
@@ -251,30 +255,26 @@ def head_importance(
     loaded: LoadedModel,
     image: Image.Image,
     *,
-    class_index: int | None = None,
+    target: Target | int | None = None,
     mode: KnockoutMode = "mean",
     size: int | tuple[int, int] | None = None,
     from_cache: bool = True,
     chunk: int | None = None,
     progress: Progress | None = None,
     cancel: CancelCheck | None = None,
-    label_embeddings: np.ndarray | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
 ) -> HeadImportance:
-    """The effect of knocking out each head alone on ``class_index`` (default: the top-1): an (L, H) table.
+    """The effect of knocking out each head alone on ``target`` (a :class:`Target`, a class index, or None: the
+    top-1): an (L, H) table.
 
     ``chunk``: copies per batched forward (default: as many as ``budget_bytes`` allows, at most 64; chunks
     never mix blocks). ``progress(done, total)`` after each chunk; ``cancel()`` before each: True raises
     :class:`Cancelled` carrying the partial table. ``from_cache=False`` runs full forwards (for checks).
-    ``label_embeddings`` ``(K, D)``: explain a zero-shot model's label scores (``class_index`` is then a label).
+    A label target of a zero-shot model explains its labels' scores.
     """
     check_mode(mode)
-    run = clean_run(loaded, image, size, budget_bytes, label_embeddings)
-    c = _class_index(run.scores, class_index)
-    return _importance(run, c, mode, from_cache, chunk, progress, cancel, budget_bytes)
-
-
-_class_index = class_index  # the module-level name; the parameter of head_importance shadows it
+    run = clean_run(loaded, image, size, budget_bytes, target)
+    return _importance(run, run.target(target), mode, from_cache, chunk, progress, cancel, budget_bytes)
 
 
 def capture_knocked_out(
@@ -284,7 +284,7 @@ def capture_knocked_out(
     *,
     mode: KnockoutMode = "mean",
     size: int | tuple[int, int] | None = None,
-    label_embeddings: np.ndarray | None = None,
+    target: Target | None = None,
     attention_dtype: str = "float16",
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
 ):
@@ -292,20 +292,20 @@ def capture_knocked_out(
 
     One clean run (for the mean values), then :func:`vitviz.capture.forward.capture` with the
     knock-out in place, so every block after the first knocked-out one shows the attention
-    the model computes without those heads. Returns ``(Capture, Knockout)``.
+    the model computes without those heads. Returns ``(Capture, Knockout)``; ``target`` as in :func:`knock_out`.
     """
     from vitviz.capture.forward import capture
 
     check_mode(mode)
-    run = clean_run(loaded, image, size, budget_bytes, label_embeddings)
+    run = clean_run(loaded, image, size, budget_bytes, target)
     chosen = _check_heads(run, heads)
     edits = run.resolve(knockout_edits(run, [chosen], mode))
     with active(loaded, edits=edits, num_heads=run.num_heads_by_point()):
         cap = capture(loaded, image, size=size, attention_dtype=attention_dtype, budget_bytes=budget_bytes)
-    if label_embeddings is None:
+    if run.labels is None:
         logits = np.asarray(cap.logits, np.float32)
     else:  # the label scores of the knocked-out image embedding, as the forward's logits_per_image
         from vitviz.models.zeroshot import score
 
-        logits = score(loaded.model, loaded.text, cap.image_embedding, label_embeddings).logits
+        logits = score(loaded.model, loaded.text, cap.image_embedding, run.text_embeddings).logits
     return cap, Knockout(chosen, mode, frozen(np.array(logits)), frozen(run.scores.cpu().numpy()))

@@ -28,7 +28,7 @@ from PIL import Image
 from vitviz.capture.forward import DEFAULT_BUDGET_BYTES, token_layout
 from vitviz.capture.run import Run, get_run
 from vitviz.capture.targets import Target
-from vitviz.causal.notes import NotDefined, causal_notes, clean_run, readout_of, target_of, target_values
+from vitviz.causal.notes import NotDefined, causal_notes, clean_run, readout_of, target_values
 from vitviz.models.load import LoadedModel
 from vitviz.record import frozen
 
@@ -54,10 +54,11 @@ class LogitLens:
         out[rows] = e / e.sum(axis=1, keepdims=True)
         return out
 
-    def ranks(self, class_index: int) -> np.ndarray:
-        """``(L + 1,)`` rank of ``class_index`` in each row (1 = the top class; ties count against it); NaN where undefined."""
+    def ranks(self, index: int) -> np.ndarray:
+        """``(L + 1,)`` rank of class ``index`` in each row (1 = the top class; ties count against it); NaN where
+        undefined."""
         z = self.logits
-        out = (z > z[:, [class_index]]).sum(axis=1).astype(np.float64) + 1
+        out = (z > z[:, [index]]).sum(axis=1).astype(np.float64) + 1
         out[~self.defined] = np.nan
         return out
 
@@ -148,7 +149,6 @@ def patch_lens(
     image: Image.Image,
     *,
     target: Target | int | None = None,
-    class_index: int | None = None,
     size: int | tuple[int, int] | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
 ) -> np.ndarray:
@@ -156,4 +156,4 @@ def patch_lens(
     run = get_run(loaded, image, size=size, budget_bytes=budget_bytes)
     if run.scores.numel() == 0:
         raise NotDefined(causal_notes(loaded)["lens"] or f"'{loaded.name}' gives no class logits to read out.")
-    return patch_lens_of_run(run, target_of(run, class_index if target is None else target, labels=False))
+    return patch_lens_of_run(run, run.target(target))

@@ -33,7 +33,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitviz.capture.run import NoScores, Run, get_run
+from vitviz.capture.run import NoScores, Run, get_run, label_set
+from vitviz.capture.targets import Target
 from vitviz.errors import CaptureError, VitvizError
 from vitviz.models.families.base import ReadoutHead
 from vitviz.models.hooks import installed_points, installed_sites
@@ -52,7 +53,6 @@ __all__ = [
     "projections",
     "z_name",
     "readout_of",
-    "class_index",
     "check_mode",
 ]
 
@@ -152,14 +152,14 @@ def causal_notes(loaded: LoadedModel) -> dict[str, str]:
 # --- the clean run -------------------------------------------------------------------------------
 
 
-def _check_scores(loaded: LoadedModel, label_embeddings: np.ndarray | None) -> None:
-    """:class:`NotDefined` where the model gives neither class logits nor (with label embeddings) label scores."""
+def _check_scores(loaded: LoadedModel, target: Target | int | None) -> None:
+    """:class:`NotDefined` where the model gives neither class logits nor (for a label target) label scores."""
     model = loaded.model
-    if label_embeddings is None and not loaded.has_classifier:
+    if label_set(target) is None and not loaded.has_classifier:
         if loaded.zero_shot or isinstance(getattr(model, "logit_scale", None), torch.Tensor):
             raise NotDefined(
-                f"'{loaded.name}' is a zero-shot two-tower model: give the label embeddings (encode_labels) "
-                "whose scores to explain."
+                f"'{loaded.name}' is a zero-shot two-tower model: give a label target (Target.of_label) "
+                "whose score to explain."
             )
         raise NotDefined(causal_notes(loaded)["knockout"])
 
@@ -169,14 +169,15 @@ def clean_run(
     image: Image.Image,
     size,
     budget_bytes: int,
-    label_embeddings: np.ndarray | None = None,
+    target: Target | int | None = None,
     gradients: bool = True,
 ) -> Run:
-    """The image's clean :class:`~vitviz.capture.run.Run` (cached), with scores to explain."""
-    _check_scores(loaded, label_embeddings)
+    """The image's clean :class:`~vitviz.capture.run.Run` (cached), with the scores ``target`` reads (a label
+    target's labels, else class logits)."""
+    _check_scores(loaded, target)
     try:
         run = get_run(
-            loaded, image, size=size, label_embeddings=label_embeddings, budget_bytes=budget_bytes, gradients=gradients
+            loaded, image, size=size, labels=label_set(target), budget_bytes=budget_bytes, gradients=gradients
         )
     except NoScores as exc:
         raise NotDefined(str(exc)) from None
@@ -199,41 +200,14 @@ def projections(run: Run) -> tuple[torch.nn.Linear | None, ...]:
 
 def readout_of(run: Run) -> tuple[ReadoutHead | None, str]:
     """The run's checked readout head and why there is none ("" when there is one); none for label scores."""
-    if run.label_embeddings is not None:
+    if run.labels is not None:
         return None, causal_notes(run.loaded)["lens"] or "Not defined for label scores."
     return run.readout, run.readout_problem
-
-
-def class_index(scores: torch.Tensor, index: int | None) -> int:
-    """``index`` checked against the scores ``(C,)``; None: the top-1."""
-    n = int(scores.shape[0])
-    if index is None:
-        return int(torch.argmax(scores))
-    if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
-        raise ValueError(f"class index must be an integer, got {index!r}")
-    if not 0 <= int(index) < n:
-        raise ValueError(f"class index {index} is outside 0..{n - 1}")
-    return int(index)
 
 
 def check_mode(mode: str) -> None:
     if mode not in ("mean", "zero"):
         raise ValueError(f"knock-out mode must be 'mean' or 'zero', got {mode!r}")
-
-
-def target_of(run: Run, target, *, labels: bool | None = None):
-    """A :class:`~vitviz.capture.targets.Target` from what a caller gave (a Target, a class or label index, or
-    None: the run's top-1), checked against the run's scores."""
-    from vitviz.capture.targets import TargetError, resolve_target
-
-    n = int(run.scores.shape[0])
-    t = resolve_target(target, predicted=lambda: int(torch.argmax(run.scores)))
-    labels = run.label_embeddings is not None if labels is None else labels
-    for i in (t.index, t.minus):
-        if i is not None and not 0 <= int(i) < n:
-            what = "label" if labels else "class"
-            raise TargetError(f"{what} {i} is outside 0..{n - 1} for '{run.loaded.name}'.")
-    return t
 
 
 def target_values(t, scores: torch.Tensor) -> np.ndarray:

@@ -66,10 +66,10 @@ from PIL import Image
 from vitviz.analysis.first_order import head_estimate, residual_estimate
 from vitviz.cache import BoundedCache
 from vitviz.capture.forward import DEFAULT_BUDGET_BYTES, input_size_for, token_layout
-from vitviz.capture.run import SOURCE_PARTS, Activations, Run, get_activations, get_run
+from vitviz.capture.run import SOURCE_PARTS, Activations, Run, get_activations, get_run, label_set
 from vitviz.capture.targets import Target
 from vitviz.causal.grid import CancelCheck, Job, Progress, chunk_size, chunks, replay_cost, run_grid
-from vitviz.causal.notes import NotDefined, causal_notes, target_of, target_values
+from vitviz.causal.notes import NotDefined, causal_notes, target_values
 from vitviz.errors import VitvizError
 from vitviz.models.load import LoadedModel
 from vitviz.models.points import Edit
@@ -132,19 +132,17 @@ def _runs(
     source_image: Image.Image,
     size,
     budget_bytes: int,
-    label_embeddings: np.ndarray | None,
+    target: Target | int | None,
     gradients: bool,
     parts: tuple[str, ...] = SOURCE_PARTS,
 ) -> tuple[Run, Run | Activations]:
+    """The target image's clean Run and the source's values, both scoring what ``target`` reads."""
     hw = input_size_for(loaded, size, target_image.size)
-    clean = get_run(
-        loaded, target_image, size=hw, label_embeddings=label_embeddings, budget_bytes=budget_bytes, gradients=gradients
-    )
+    labels = label_set(target)
+    clean = get_run(loaded, target_image, size=hw, labels=labels, budget_bytes=budget_bytes, gradients=gradients)
     # The source only lends values at the points patched (head outputs, block outputs): its cached Run if the
     # page made one, else one inference-mode forward that keeps nothing else (no attention, no summaries).
-    source = get_activations(
-        loaded, source_image, size=hw, label_embeddings=label_embeddings, budget_bytes=budget_bytes, parts=parts
-    )
+    source = get_activations(loaded, source_image, size=hw, labels=labels, budget_bytes=budget_bytes, parts=parts)
     if source.input_size != clean.input_size:  # a family that follows each image's aspect ratio (SigLIP 2 NaFlex)
         raise NotDefined(
             f"{loaded.family.name} gives the two images different inputs ({clean.input_size[0]}x"
@@ -291,7 +289,6 @@ def activation_patching(
     source_image: Image.Image,
     *,
     target: Target | int | None = None,
-    class_index: int | None = None,
     size: int | tuple[int, int] | None = None,
     residual: bool = True,
     heads: bool = True,
@@ -300,25 +297,23 @@ def activation_patching(
     chunk: int | None = None,
     progress: Progress | None = None,
     cancel: CancelCheck | None = None,
-    label_embeddings: np.ndarray | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
     max_work: float | None = None,
     slot: Callable[[], AbstractContextManager] | None = None,
 ) -> Patching:
     """Patch ``source_image``'s activations into ``target_image``'s run, point by point (module docstring).
 
-    ``target``: what is measured (a :class:`~vitviz.capture.targets.Target` or a class index; ``class_index``
-    the older spelling; default: the target image's top-1). ``residual``, ``heads``: which grids; ``exact``:
-    run the patched forwards; ``estimate``: attribution patching (one forward and one backward).
-    ``label_embeddings`` ``(K, D)`` (zero-shot models): the scores are label scores, the target a label
-    index. ``max_work`` bounds the exact grids' work (forward-equivalents x tokens: a public server's bound on one
+    ``target``: what is measured (a :class:`~vitviz.capture.targets.Target` or a class index; default: the
+    target image's top-1; a label target of a zero-shot model: its labels' scores). ``residual``, ``heads``: which
+    grids; ``exact``: run the patched forwards; ``estimate``: attribution patching (one forward and one backward).
+    ``max_work`` bounds the exact grids' work (forward-equivalents x tokens: a public server's bound on one
     request; a capped result says so in ``notes["capped"]`` and is not ``complete``); ``slot`` is held around
     each batch (a server's forward queue: other visitors' forwards run between the batches). Raises
     :class:`NotDefined` when nothing asked is defined for the model, with the reason.
     """
-    clean, source = _runs(loaded, target_image, source_image, size, budget_bytes, label_embeddings, estimate)
-    t = target_of(clean, class_index if target is None else target, labels=label_embeddings is not None)
-    names = loaded.id2label if label_embeddings is None else None
+    clean, source = _runs(loaded, target_image, source_image, size, budget_bytes, target, estimate)
+    t = clean.target(target)
+    names = None if t.is_label else loaded.id2label
     notes: dict[str, str] = {}
     res_note = _residual_note(clean) if residual else ""
     if res_note:

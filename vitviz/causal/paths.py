@@ -49,7 +49,7 @@ from vitviz.capture.forward import DEFAULT_BUDGET_BYTES
 from vitviz.capture.run import PATTERN_PARTS, SOURCE_PARTS, Run
 from vitviz.capture.targets import Target
 from vitviz.causal.grid import CancelCheck, Job, Outcome, Progress, chunk_size, chunks, replay_cost, run_grid
-from vitviz.causal.notes import NotDefined, target_of, target_values
+from vitviz.causal.notes import NotDefined, target_values
 from vitviz.errors import VitvizError
 from vitviz.models.load import LoadedModel
 from vitviz.models.points import Edit
@@ -152,13 +152,13 @@ def _grid(
     )
 
 
-def _setup(loaded, target_image, source_image, target, size, budget_bytes, label_embeddings, parts):
+def _setup(loaded, target_image, source_image, target, size, budget_bytes, parts):
+    """The target image's Run, the source's values, the checked target and the class names (None for labels)."""
     from vitviz.causal.patching import _runs
 
-    run, source = _runs(loaded, target_image, source_image, size, budget_bytes, label_embeddings, False, parts)
-    t = target_of(run, target, labels=label_embeddings is not None)
-    names = loaded.id2label if label_embeddings is None else None
-    return run, source, t, names
+    run, source = _runs(loaded, target_image, source_image, size, budget_bytes, target, False, parts)
+    t = run.target(target)
+    return run, source, t, None if t.is_label else loaded.id2label
 
 
 def pattern_patching(
@@ -171,7 +171,6 @@ def pattern_patching(
     chunk: int | None = None,
     progress: Progress | None = None,
     cancel: CancelCheck | None = None,
-    label_embeddings: np.ndarray | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
     max_work: float | None = None,
     slot: Callable[[], AbstractContextManager] | None = None,
@@ -179,9 +178,7 @@ def pattern_patching(
     """``y`` with head h's attention pattern in block l taken from ``source_image``: an ``(L, H)`` grid (module
     docstring). ``max_work`` bounds the work (forward-equivalents x tokens; a capped grid says so), ``slot`` is
     held around each batch (a server's forward queue)."""
-    run, source, t, names = _setup(
-        loaded, target_image, source_image, target, size, budget_bytes, label_embeddings, PATTERN_PARTS
-    )
+    run, source, t, names = _setup(loaded, target_image, source_image, target, size, budget_bytes, PATTERN_PARTS)
     patterns = [_point(run, layer, "attn.pattern") for layer in range(run.num_blocks)]
     editable = [run.points.by_name[n].editable and source.has(n) for n in patterns]
     if not any(editable):
@@ -242,16 +239,13 @@ def path_patching(
     chunk: int | None = None,
     progress: Progress | None = None,
     cancel: CancelCheck | None = None,
-    label_embeddings: np.ndarray | None = None,
     budget_bytes: int = DEFAULT_BUDGET_BYTES,
     max_work: float | None = None,
     slot: Callable[[], AbstractContextManager] | None = None,
 ) -> HeadPatching:
     """Path patching from each head to the read-out (``receivers`` empty), or to the given later heads' q, k or v
     inputs: an ``(L, H)`` grid of ``y`` (module docstring). Senders in or after the first receiver's block are NaN."""
-    run, source, t, names = _setup(
-        loaded, target_image, source_image, target, size, budget_bytes, label_embeddings, SOURCE_PARTS
-    )
+    run, source, t, names = _setup(loaded, target_image, source_image, target, size, budget_bytes, SOURCE_PARTS)
     receivers = _check_receivers(run, receivers)
     n = run.num_blocks
     z = [_point(run, layer, "attn.z") for layer in range(n)]

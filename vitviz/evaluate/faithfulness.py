@@ -60,17 +60,20 @@ from PIL import Image
 from vitviz.capture.forward import (
     DEFAULT_BUDGET_BYTES,
     check_budget,
+    forward_output,
     input_size_for,
     preprocess,
     run_forward,
     unnormalised,
 )
+from vitviz.capture.targets import Target, label_set, scorer_for
 from vitviz.errors import VitvizError
 from vitviz.insertion_starts import DEFAULT_INSERTION_START, INSERTION_STARTS
 from vitviz.methods import Method, MethodMap, explain_many
-from vitviz.methods.base import GeometryRecorder, cell_of_pixels, class_logits
+from vitviz.methods.base import GeometryRecorder, cell_of_pixels
 from vitviz.models.families.base import Call
 from vitviz.models.load import LoadedModel
+from vitviz.models.zeroshot import Labels
 from vitviz.record import frozen
 
 __all__ = [
@@ -105,8 +108,9 @@ class Faithfulness:
     """Deletion and insertion of one map of one image.
 
     ``steps`` ``(21,)`` int: cells perturbed at each point (k); ``fractions`` ``(21,)``:
-    ``k / N``; ``deletion``, ``insertion`` ``(21,)`` float64: softmax probability of
-    ``class_index`` at each point; ``*_area``: trapezoid areas over ``fractions``;
+    ``k / N``; ``deletion``, ``insertion`` ``(21,)`` float64: the probability of the target
+    (class or label ``class_index``; a difference target: its probability minus the other's) at
+    each point; ``*_area``: trapezoid areas over ``fractions``;
     ``probability``: that of the unperturbed input; ``peak_in_box``: None without a box.
     ``map``: the map that was scored. ``insertion_start``: what insertion started from
     (one of :data:`INSERTION_STARTS`).
@@ -231,8 +235,10 @@ class Perturbations:
     an image's softmax probabilities are cached by its code, so that the images no map
     changes (the original, the mean image, the start image) and any repeated image
     are forwarded once. ``insertion_start``: one of :data:`INSERTION_STARTS`; ``seed``:
-    the noise start's generator seed. Construction runs the original (one forward, batch 1), which
-    also reads the first stage's grid from the blocks as they ran.
+    the noise start's generator seed. ``labels``: a zero-shot model's labels, whose scores (through
+    :func:`~vitviz.capture.targets.scorer_for`, the Run's scorer) and probabilities (the model's rule)
+    the curves follow; None: class logits and their softmax. Construction runs the original (one
+    forward, batch 1), which also reads the first stage's grid from the blocks as they ran.
     """
 
     def __init__(
@@ -245,16 +251,23 @@ class Perturbations:
         budget_bytes: int = DEFAULT_BUDGET_BYTES,
         insertion_start: str = DEFAULT_INSERTION_START,
         seed: int = 0,
+        labels: Labels | None = None,
     ) -> None:
         if insertion_start not in INSERTION_STARTS:
             raise FaithfulnessError(
                 f"unknown insertion start {insertion_start!r}; choose one of {', '.join(INSERTION_STARTS)}"
             )
         self.insertion_start = insertion_start
-        if not loaded.has_classifier:
+        if labels is None and not loaded.has_classifier:
             raise FaithfulnessError(
                 f"'{loaded.name}' is a backbone without a classifier: deletion and insertion need class probabilities."
             )
+        if labels is not None and not loaded.zero_shot:
+            raise FaithfulnessError(f"'{loaded.name}' has no text tower: labels need a two-tower model.")
+        self.labels = labels
+        self.scorer = scorer_for(loaded, labels)
+        self.rule = "softmax" if labels is None else loaded.text.rule
+        self.names = dict(enumerate(labels.names)) if labels is not None else dict(loaded.id2label or {})
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.loaded = loaded
@@ -279,7 +292,7 @@ class Perturbations:
         rec = GeometryRecorder(loaded, Call(loaded.config, hw, 1))
         with torch.inference_mode():
             out = run_forward(loaded, pixels, rec)
-            logits = loaded.family.logits(loaded.model, out)
+            logits = self.scorer(out)
         self.grid: tuple[int, int] = rec.geometries[min(rec.geometries)].grid
         self.num_cells = self.grid[0] * self.grid[1]
         self._cells = torch.from_numpy(cell_of_pixels(self.grid, hw))  # (h, w) cell of each pixel
@@ -290,7 +303,7 @@ class Perturbations:
     def _probabilities(self, logits: torch.Tensor) -> np.ndarray:
         """Class probabilities by the model's rule: a softmax, or each label's own sigmoid (SigLIP labels)."""
         z = logits.detach().double()
-        if getattr(self.loaded.family, "probability_rule", "softmax") == "sigmoid":
+        if self.rule == "sigmoid":
             return torch.sigmoid(z).cpu().numpy()
         return torch.softmax(z, dim=-1).cpu().numpy()
 
@@ -317,7 +330,7 @@ class Perturbations:
             chunk = todo[start : start + self.batch_size]
             batch = self.images(np.stack([np.frombuffer(k, dtype=np.uint8) for k in chunk]))
             with torch.inference_mode():
-                probs = self._probabilities(class_logits(self.loaded, batch, self.input_size))
+                probs = self._probabilities(self.scorer(forward_output(self.loaded, batch, self.input_size)))
             self._cache.update(zip(chunk, probs, strict=True))
             self.forwards += len(chunk)
             if progress is not None:
@@ -328,46 +341,47 @@ class Perturbations:
         self,
         values: np.ndarray | MethodMap,
         *,
-        class_index: int | None = None,
+        target: Target | int | None = None,
         box: Sequence[float] | None = None,
         progress: Progress | None = None,
     ) -> Faithfulness:
         """Deletion and insertion of one map (a :class:`MethodMap` or ``(gh, gw)`` values on :attr:`grid`).
 
-        ``class_index``: default the map's class, else the predicted class.
+        ``target`` (a :class:`Target` of these scores, or an index): default the map's class or label, else the
+        predicted one.
         """
-        return self.curves_many([values], class_index=class_index, box=box, progress=progress)[0]
+        return self.curves_many([values], target=target, box=box, progress=progress)[0]
 
     def curves_many(
         self,
         maps: Sequence[np.ndarray | MethodMap],
         *,
-        class_index: int | None = None,
+        target: Target | int | None = None,
         box: Sequence[float] | None = None,
         progress: Progress | None = None,
     ) -> list[Faithfulness]:
         """:meth:`curves` of several maps, their perturbed images forwarded together in full batches."""
         mmaps = [m if isinstance(m, MethodMap) else self._wrap(m) for m in maps]
-        classes = [self._class(m, class_index) for m in mmaps]
+        targets = [self._target(m, target) for m in mmaps]
         steps = curve_steps(self.num_cells)
         codes = np.concatenate([self._codes(m, steps) for m in mmaps])  # (2 * 21 * maps, N)
         probs = self.probabilities(codes, progress=progress).reshape(len(mmaps), 2, POINTS, -1)
         fractions = steps / self.num_cells
         out = []
-        for mmap, c, p in zip(mmaps, classes, probs, strict=True):
-            deletion, insertion = p[0, :, c].copy(), p[1, :, c].copy()
+        for mmap, t, p in zip(mmaps, targets, probs, strict=True):
+            deletion, insertion = t.select(p[0]), t.select(p[1])  # (21,) each: the target's probability
             out.append(
                 Faithfulness(
                     map=mmap,
-                    class_index=c,
-                    label=self.loaded.id2label.get(c, f"class {c}"),
+                    class_index=t.index,
+                    label=self._label(t),
                     steps=steps.copy(),
                     fractions=fractions.copy(),
                     deletion=deletion,
                     insertion=insertion,
                     deletion_area=trapezoid_area(fractions, deletion),
                     insertion_area=trapezoid_area(fractions, insertion),
-                    probability=float(self.original_probabilities[c]),
+                    probability=float(t.select(self.original_probabilities)),
                     peak_in_box=None if box is None else peak_in_box(mmap.values, box, self.input_size),
                     insertion_start=self.insertion_start,
                 )
@@ -393,14 +407,26 @@ class Perturbations:
         insertion = np.where(first_k, ORIGINAL, START)
         return np.concatenate([deletion, insertion]).astype(np.uint8)
 
-    def _class(self, mmap: MethodMap, class_index: int | None) -> int:
-        c = mmap.class_index if class_index is None else class_index
-        if c is None:
-            c = int(np.argmax(self.original_probabilities))
+    def _target(self, mmap: MethodMap, target: Target | int | None) -> Target:
+        """``target`` (default: the map's class or label, else the predicted one), checked against the scores."""
+        given = mmap.class_index if target is None else target
+        if given is None:
+            given = int(np.argmax(self.original_probabilities))
+        t = given if isinstance(given, Target) else Target(int(given), None, *self._label_set())
         n_classes = self.original_probabilities.shape[0]
-        if not 0 <= int(c) < n_classes:
-            raise FaithfulnessError(f"class {c} is outside 0..{n_classes - 1}")
-        return int(c)
+        for i in (t.index, t.minus):
+            if i is not None and not 0 <= int(i) < n_classes:
+                raise FaithfulnessError(f"class {i} is outside 0..{n_classes - 1}")
+        return t
+
+    def _label_set(self) -> tuple:
+        """``(labels, prompts)`` of a label target of these scores (``(None, None)``: class logits)."""
+        return (None, None) if self.labels is None else (self.labels.names, self.labels.prompts)
+
+    def _label(self, t: Target) -> str:
+        """The target for display: the class or label name (``"A minus B"`` for a difference)."""
+        a = self.names.get(t.index, f"class {t.index}")
+        return a if t.minus is None else f"{a} minus {self.names.get(t.minus, f'class {t.minus}')}"
 
     def _wrap(self, values: np.ndarray) -> MethodMap:
         v = np.array(values, dtype=np.float32)
@@ -415,7 +441,7 @@ def faithfulness(
     image: Image.Image,
     values: np.ndarray | MethodMap,
     *,
-    class_index: int | None = None,
+    target: Target | int | None = None,
     box: Sequence[float] | None = None,
     size: int | tuple[int, int] | None = None,
     batch_size: int = 20,
@@ -428,12 +454,21 @@ def faithfulness(
     ``values``: a :class:`MethodMap` (its class and input size are used) or raw ``(gh, gw)``
     values on the first stage's grid at input ``size``. To score several maps of one
     image, build one :class:`Perturbations` and call its ``curves`` (the images no map
-    changes are then forwarded once). ``insertion_start``, ``seed``: as :class:`Perturbations`.
+    changes are then forwarded once). ``insertion_start``, ``seed``: as :class:`Perturbations`; a label
+    ``target`` scores its labels.
     """
     if isinstance(values, MethodMap) and size is None:
         size = values.input_size
-    pert = Perturbations(loaded, image, size=size, batch_size=batch_size, insertion_start=insertion_start, seed=seed)
-    return pert.curves(values, class_index=class_index, box=box, progress=progress)
+    pert = Perturbations(
+        loaded,
+        image,
+        size=size,
+        batch_size=batch_size,
+        insertion_start=insertion_start,
+        seed=seed,
+        labels=label_set(target),
+    )
+    return pert.curves(values, target=target, box=box, progress=progress)
 
 
 def evaluate_methods(
@@ -441,7 +476,7 @@ def evaluate_methods(
     image: Image.Image,
     methods: Sequence[str | Method] | None = None,
     *,
-    class_index: int | None = None,
+    target: Target | int | None = None,
     box: Sequence[float] | None = None,
     size: int | tuple[int, int] | None = None,
     seed: int = 0,
@@ -451,12 +486,20 @@ def evaluate_methods(
 ) -> dict[str, Faithfulness]:
     """Every method's map of ``image`` (default: all that apply) and its curves, for one class.
 
-    ``class_index`` None: the predicted class. ``progress(done, total)`` counts the
+    ``target`` None: the predicted class (a label target: its labels' scores). ``progress(done, total)`` counts the
     perturbed images forwarded (all methods' images go through the model together).
     Maps come from :func:`vitviz.methods.explain_many` (one capture shared). ``seed`` also
     seeds the noise start.
     """
-    maps = explain_many(loaded, image, methods, class_index=class_index, size=size, seed=seed)
-    pert = Perturbations(loaded, image, size=size, batch_size=batch_size, insertion_start=insertion_start, seed=seed)
-    scored = pert.curves_many(list(maps.values()), class_index=class_index, box=box, progress=progress)
+    maps = explain_many(loaded, image, methods, target=target, size=size, seed=seed)
+    pert = Perturbations(
+        loaded,
+        image,
+        size=size,
+        batch_size=batch_size,
+        insertion_start=insertion_start,
+        seed=seed,
+        labels=label_set(target),
+    )
+    scored = pert.curves_many(list(maps.values()), target=target, box=box, progress=progress)
     return dict(zip(maps, scored, strict=True))

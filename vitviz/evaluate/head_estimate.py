@@ -111,7 +111,7 @@ def agreement(loaded: LoadedModel, image: Image.Image, *, mode: str = "mean", mi
     from vitviz.causal import fast_estimate, head_importance
 
     exact = head_importance(loaded, image, mode=mode)
-    est = fast_estimate(loaded, image, mode=mode, class_index=exact.class_index)
+    est = fast_estimate(loaded, image, mode=mode, target=exact.target)
     return Agreement(
         spearman(exact.effects, est.effects),
         sign_agreement(exact.effects, est.effects, min_effect=min_effect),

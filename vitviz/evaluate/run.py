@@ -47,6 +47,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
+from vitviz.capture.targets import Target
 from vitviz.errors import CaptureError
 from vitviz.evaluate.data import MAX_ROWS, Dataset, Item, SkipLog, read_dataset
 from vitviz.evaluate.faithfulness import DEFAULT_INSERTION_START, INSERTION_STARTS
@@ -62,7 +63,7 @@ from vitviz.evaluate.worker import EvaluateError, Evaluator, RunConfig, failure
 from vitviz.methods import available_methods, get_method, why_unavailable
 from vitviz.methods.base import Inputs, MethodError
 from vitviz.models.load import LoadedModel, load_model
-from vitviz.models.zeroshot import as_classifier, parse_labels, vocabulary_warning
+from vitviz.models.zeroshot import Labels, parse_labels, vocabulary_warning
 
 __all__ = [
     "ENGINES",
@@ -81,26 +82,30 @@ ENGINES = ("local", "ray")
 Progress = Callable[[int, int], None]  # (images finished, skipped included, previous runs included; images in all)
 
 
-def resolve_methods(loaded: LoadedModel, methods: Sequence[str] | None) -> tuple[str, ...]:
-    """The methods to run: all that apply (None) or those named, each checked; :class:`MethodError` says why not."""
-    if not loaded.has_classifier and loaded.zero_shot:
+def resolve_methods(
+    loaded: LoadedModel, methods: Sequence[str] | None, labels: Labels | None = None
+) -> tuple[str, ...]:
+    """The methods to run: all that apply (None) or those named, each checked (for a label of ``labels``, a
+    zero-shot model's classes); :class:`MethodError` says why not."""
+    target = None if labels is None else Target.of_label(labels, 0)
+    if target is None and not loaded.has_classifier and loaded.zero_shot:
         raise EvaluateError(
             f"'{loaded.name}' is a zero-shot model: give the labels to score each image against with --labels "
             '(e.g. --labels "cat,dog,car"), optionally with --template'
         )
-    if not loaded.has_classifier and loaded.text_note:
+    if target is None and not loaded.has_classifier and loaded.text_note:
         raise EvaluateError(loaded.text_note)
-    if not loaded.has_classifier:
+    if target is None and not loaded.has_classifier:
         raise EvaluateError(
             f"'{loaded.name}' is a backbone without a classifier: deletion and insertion score class "
             "probabilities, so evaluate needs a classification model"
         )
     if methods is None:
-        return available_methods(loaded)
+        return available_methods(loaded, target)
     names = []
     for m in methods:
         name = get_method(m).name
-        why = why_unavailable(loaded, name)
+        why = why_unavailable(loaded, name, target)
         if why:
             raise MethodError(why)
         if name not in names:
@@ -364,10 +369,9 @@ def evaluate_dataset(
             )
         label_set = parse_labels(labels, template if template is not None else loaded.text.template)
         notes = [*label_set.notes, vocabulary_warning(loaded.text, label_set, loaded.name)]
-        loaded = as_classifier(loaded, label_set)
     config = RunConfig(
         model=model,
-        methods=resolve_methods(loaded, methods),
+        methods=resolve_methods(loaded, methods, label_set),
         size=size,
         seed=seed,
         batch_size=batch_size,

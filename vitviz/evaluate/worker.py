@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import numpy as np
 from PIL import Image
 
 from vitviz.analysis.stats import summary_table
+from vitviz.capture.targets import Target
 from vitviz.errors import VitvizError
 from vitviz.evaluate.data import Item, Skipped, load_item, scale_box
 from vitviz.evaluate.faithfulness import DEFAULT_INSERTION_START, Perturbations
@@ -18,7 +20,7 @@ from vitviz.evaluate.results import image_seed, make_rows
 from vitviz.methods import get_method
 from vitviz.methods.base import Inputs
 from vitviz.models.load import LoadedModel, load_model
-from vitviz.models.zeroshot import Labels, LabelScores, as_classifier
+from vitviz.models.zeroshot import Labels
 
 __all__ = ["EvaluateError", "RunConfig", "Evaluator", "failure"]
 
@@ -90,8 +92,7 @@ class Evaluator:
     def __init__(self, config: RunConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
         self.loaded = loaded if loaded is not None else load_model(config.model, device=config.device)
-        if config.labels and not isinstance(self.loaded.family, LabelScores):  # labels are the classes
-            self.loaded = as_classifier(self.loaded, config.label_set())
+        self.labels = config.label_set()  # zero-shot: the labels are the classes (label targets of their scores)
         self.methods = [config.method(m) for m in config.methods]
 
     def evaluate_item(self, item: Item) -> list[dict]:
@@ -103,14 +104,20 @@ class Evaluator:
         cfg, loaded = self.config, self.loaded
         inputs = Inputs(loaded, image, size=cfg.size)
         cap = inputs.capture  # one capture: the prediction, the attention-based maps and the head summaries
-        cls = inputs.predicted_class()
         seed = image_seed(cfg.seed, item.image_id)
-        maps = {m.name: m(inputs, class_index=cls, seed=seed) for m in self.methods}
         pert = Perturbations(
-            loaded, image, size=cfg.size, batch_size=cfg.batch_size, insertion_start=cfg.insertion_start, seed=seed
+            loaded,
+            image,
+            size=cfg.size,
+            batch_size=cfg.batch_size,
+            insertion_start=cfg.insertion_start,
+            seed=seed,
+            labels=self.labels,
         )
+        target = self._predicted(inputs, pert)
+        maps = {m.name: m(inputs, target=target, seed=seed) for m in self.methods}
         box = None if item.box is None else scale_box(item.box, image.size, pert.input_size)
-        scored = pert.curves_many(list(maps.values()), class_index=cls, box=box)
+        scored = pert.curves_many(list(maps.values()), target=target, box=box)
         return make_rows(
             image_id=item.image_id,
             path=item.path,
@@ -125,6 +132,12 @@ class Evaluator:
             head_distance=summary_table(cap.blocks, "distance"),
             head_entropy=summary_table(cap.blocks, "entropy"),
         )
+
+    def _predicted(self, inputs: Inputs, pert: Perturbations) -> Target:
+        """The image's top-1 class, or (zero-shot) its top label by the unperturbed scores."""
+        if self.labels is None:
+            return Target.of_class(inputs.predicted_class())
+        return Target.of_label(self.labels, int(np.argmax(pert.original_probabilities)))
 
 
 def failure(item: Item, exc: BaseException) -> Skipped:

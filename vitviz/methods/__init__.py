@@ -1,4 +1,4 @@
-"""Explanation methods behind one interface: ``explain(loaded, image, method, *, class_index) -> MethodMap``.
+"""Explanation methods behind one interface: ``explain(loaded, image, method, *, target) -> MethodMap``.
 
 Every method gives one raw map on the first stage's grid (the patch grid of a plain
 ViT), so that maps can be compared cell by cell and scored by the faithfulness
@@ -127,21 +127,20 @@ def explain(
     image: Image.Image,
     method: str | Method,
     *,
-    class_index: int | None = None,
     target: Target | int | None = None,
     size: int | tuple[int, int] | None = None,
     seed: int = 0,
     **options,
 ) -> MethodMap:
-    """One method's map of ``image`` for ``target`` (a :class:`Target` or a class index; ``class_index`` is the
-    older spelling; None: the predicted class).
+    """One method's map of ``image`` for ``target`` (a :class:`Target` or a class index; None: the predicted
+    class).
 
     ``size``: the input size (default: the model's). ``seed``: for ``random``.
     ``options``: the method's constructor options (``integrated_gradients``: ``n_steps``,
     ``batch_size``). Raises :class:`MethodError` when the method does not apply.
     """
     m = get_method(method, **options)
-    return m(Inputs(loaded, image, size=size), class_index=class_index, target=target, seed=seed)
+    return m(Inputs(loaded, image, size=size), target=target, seed=seed)
 
 
 def explain_many(
@@ -149,7 +148,6 @@ def explain_many(
     image: Image.Image,
     methods: Sequence[str | Method] | None = None,
     *,
-    class_index: int | None = None,
     target: Target | int | None = None,
     size: int | tuple[int, int] | None = None,
     seed: int = 0,
@@ -157,12 +155,11 @@ def explain_many(
 ) -> dict[str, MethodMap]:
     """Several methods on one image (default: every available one), sharing one capture and one target.
 
-    ``target`` (or ``class_index``) None: the predicted class, resolved once so that every
-    map explains the same class. Raises :class:`MethodError` for a method that does not apply.
+    ``target`` None: the predicted class, resolved once so that every map explains the same class. Raises :class:`MethodError` for a method that does not apply.
     ``progress(done, total, name)`` is called before each method (``name`` the one starting) and
     once at the end (``done == total``, ``name`` "").
     """
-    given = target if target is not None else class_index
+    given = target
     t = given if isinstance(given, Target) else None
     chosen = [get_method(m) for m in (available_methods(loaded, t) if methods is None else methods)]
     inputs = Inputs(loaded, image, size=size)

@@ -57,7 +57,7 @@ import numpy as np
 import torch
 
 from vitviz.capture.forward import forward_output
-from vitviz.capture.targets import BoundTarget, Target
+from vitviz.capture.targets import BoundTarget, Target, resolve_target
 from vitviz.methods.base import Inputs, Method, MethodError, pool_to_grid
 from vitviz.models.load import LoadedModel
 
@@ -234,10 +234,10 @@ def _label_scores(loaded: LoadedModel, out, text: np.ndarray | torch.Tensor) -> 
 
 
 def _text_of(loaded: LoadedModel, target: Target) -> np.ndarray:
-    from vitviz.models.zeroshot import Labels, encode_labels
+    """``(K, D)``: the target's prompts' embeddings (the one cache of them)."""
+    from vitviz.models.zeroshot import text_embeddings
 
-    labels = Labels(target.labels, target.prompts or target.labels, "{}")
-    return encode_labels(loaded.model, loaded.text, labels)
+    return text_embeddings(loaded, target.prompts or target.labels)
 
 
 def relevance(
@@ -245,8 +245,7 @@ def relevance(
     pixels: torch.Tensor,
     hw: tuple[int, int],
     *,
-    target: Target | BoundTarget | None = None,
-    class_index: int | None = None,
+    target: Target | BoundTarget | int | None = None,
     label_embedding: np.ndarray | torch.Tensor | None = None,
     variant: Variant = "attnlrp",
     ledger: bool = False,
@@ -254,8 +253,8 @@ def relevance(
     """AttnLRP relevance of one normalised image ``pixels`` ``(1, 3, h, w)`` (module docstring).
 
     What is explained (one of): ``target`` (a class, a zero-shot label, or the difference of two:
-    :class:`~vitviz.capture.targets.Target`), ``class_index`` of a classifier, or ``label_embedding``
-    ``(D,)`` (a text embedding of a zero-shot model). Label scores are computed with the image
+    :class:`~vitviz.capture.targets.Target`; an int: a classifier's class), or ``label_embedding``
+    ``(D,)`` (any text embedding of a zero-shot model, not only a prompt's). Label scores are computed with the image
     embedding's norm detached. ``ledger``: also add up the relevance the softmaxes absorb
     (:attr:`LrpResult.softmax_absorbed`).
     """
@@ -264,12 +263,12 @@ def relevance(
         raise MethodError(why)
     if variant not in _IMPLEMENTATION:
         raise MethodError(f"unknown AttnLRP variant {variant!r}; choose attnlrp or cp")
-    if sum(t is not None for t in (target, class_index, label_embedding)) != 1:
-        raise MethodError("AttnLRP explains one target: give a target, a class index or a label embedding")
+    if sum(t is not None for t in (target, label_embedding)) != 1:
+        raise MethodError("AttnLRP explains one target: give a target (or a class index) or a label embedding")
     if isinstance(target, BoundTarget):
         target = target.target
-    if class_index is not None:
-        target = Target.of_class(int(class_index))
+    if target is not None:
+        target = resolve_target(target)
     text = label_embedding
     if label_embedding is not None:
         target = Target.of_label(["label"], 0)

@@ -246,13 +246,12 @@ class Method:
         self,
         inputs: Inputs,
         *,
-        class_index: int | None = None,
         target: Target | int | None = None,
         seed: int = 0,
     ) -> MethodMap:
-        """The map for ``target`` (a :class:`~vitviz.capture.targets.Target`, or a class index as before;
-        ``class_index`` is the older spelling); None: the predicted class."""
-        t = resolve_target(target, class_index=class_index, predicted=inputs.predicted_class)
+        """The map for ``target`` (a :class:`~vitviz.capture.targets.Target`, or a class index); None: the
+        predicted class."""
+        t = resolve_target(target, predicted=inputs.predicted_class)
         why = self.unavailable(inputs.loaded, t)
         if why:
             raise MethodError(why)

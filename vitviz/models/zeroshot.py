@@ -28,6 +28,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from vitviz.cache import BoundedCache
 from vitviz.errors import ModelLoadError, VitvizError
 
 __all__ = [
@@ -45,12 +46,12 @@ __all__ = [
     "unknown_words",
     "vocabulary_warning",
     "encode_labels",
+    "text_embeddings",
+    "forget_text_embeddings",
     "score",
     "from_logits",
     "label_target",
-    "LabelScores",
     "label_scores",
-    "as_classifier",
     "rank",
     "legend",
 ]
@@ -305,6 +306,42 @@ def encode_labels(model: torch.nn.Module, tower: TextTower, labels: Labels, *, c
     return np.concatenate(out)
 
 
+# Text-tower embeddings per (model, prompt): a prompt's embedding does not depend on the others in its batch (CLIP
+# masks the padding, SigLIP always pads to its full length), so editing one label encodes that prompt alone. The one
+# cache of label embeddings: the Run's label scores, targets bound to a model and the app's labels all read it.
+_TEXT: BoundedCache[np.ndarray] = BoundedCache(max_entries=4096, max_bytes=64 * 2**20, size_of=lambda e: int(e.nbytes))
+
+
+def text_embeddings(loaded, prompts: Sequence[str]) -> np.ndarray:
+    """The text tower's embeddings of ``prompts`` ``(K, D)`` float32 (as :func:`encode_labels`), cached per prompt:
+    only prompts not seen before with this model run the text tower. Raises :class:`ZeroShotError` for a model
+    without text tower."""
+    if getattr(loaded, "text", None) is None:
+        raise ZeroShotError(
+            getattr(loaded, "text_note", "")
+            or f"'{loaded.name}' has no text tower: labels need a CLIP- or SigLIP-style two-tower checkpoint."
+        )
+    model = loaded.model
+
+    def key(p: str) -> tuple:
+        return (id(model), loaded.name, p)
+
+    def encode(batch: tuple[str, ...]) -> np.ndarray:
+        return encode_labels(model, loaded.text, Labels(batch, batch, "{}"))
+
+    prompts = tuple(prompts)
+    missing = tuple(p for p in dict.fromkeys(prompts) if key(p) not in _TEXT)
+    if missing:
+        for p, e in zip(missing, encode(missing), strict=True):
+            _TEXT.get_or_compute(key(p), lambda e=e: e)
+    return np.stack([_TEXT.get_or_compute(key(p), lambda p=p: encode((p,))[0]) for p in prompts])
+
+
+def forget_text_embeddings(model: torch.nn.Module | None = None) -> None:
+    """Drop the cached prompt embeddings (of ``model`` only, when given)."""
+    _TEXT.discard(lambda k, _v: model is None or k[0] == id(model))
+
+
 def _pools_last(model: torch.nn.Module) -> bool:
     """A SigLIP-style text tower (``SiglipTextModel``): pre-norm layers, then ``head(final_norm(h)[:, -1])``."""
     text = getattr(model, "text_model", None)
@@ -391,55 +428,6 @@ def label_target(family, model: torch.nn.Module, text_embedding: np.ndarray):
         return label_scores(model, family.image_embedding(model, out)[:1], t)[0, 0]
 
     return target
-
-
-class LabelScores:
-    """A family adapter whose class logits are label scores: the image tower's embedding against K labels.
-
-    ``logits(model, out)`` is ``(B, K)``: ``scale * cos(image, text_k) + bias``, the model's
-    ``logits_per_image`` for the labels' prompts; ``probability_rule`` says how they become
-    probabilities (softmax for CLIP, each its own sigmoid for SigLIP). Everything else is
-    the wrapped family's.
-    """
-
-    def __init__(self, family, text: np.ndarray, scale: float, bias: float, rule: Literal["softmax", "sigmoid"]):
-        t = torch.as_tensor(np.array(text, np.float32))
-        self._family = family
-        self._text = t / t.norm(dim=-1, keepdim=True)  # (K, D)
-        self._scale, self._bias = scale, bias
-        self.probability_rule = rule
-
-    def __getattr__(self, name: str):
-        if name.startswith("__") or name == "_family":  # copy/pickle probes before __init__ ran: no recursion
-            raise AttributeError(name)
-        return getattr(self._family, name)
-
-    def logits(self, model: torch.nn.Module, out) -> torch.Tensor | None:
-        img = self._family.image_embedding(model, out)
-        return None if img is None else label_scores(model, img, self._text)
-
-
-def as_classifier(loaded, labels: Labels, text: np.ndarray | None = None):
-    """The loaded two-tower model as a classifier of ``labels``: each label's score is its class logit.
-
-    Every view and method that explains a class then explains a label (relevance, Grad-CAM,
-    integrated gradients, deletion and insertion follow the label's score); ``id2label``
-    holds the label texts. The text tower runs once, here (``text``: the prompts' embeddings
-    ``(K, D)`` where they are known already). Raises :class:`ZeroShotError` for a model
-    without text tower or tokenizer.
-    """
-    import dataclasses
-
-    if loaded.text is None:
-        raise ZeroShotError(
-            loaded.text_note
-            or f"'{loaded.name}' has no text tower: labels need a CLIP- or SigLIP-style two-tower checkpoint."
-        )
-    if text is None:
-        text = encode_labels(loaded.model, loaded.text, labels)
-    scale, bias = _scale_bias(loaded.model)
-    family = LabelScores(loaded.family, text, scale, bias, loaded.text.rule)
-    return dataclasses.replace(loaded, family=family, id2label=dict(enumerate(labels.names)))
 
 
 def rank(scores: Scores, names: Sequence[str]):

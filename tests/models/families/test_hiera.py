@@ -474,7 +474,7 @@ def test_gradcam_reads_the_last_block_input_in_grid_order(hiera):
             ref = np.zeros_like(cam)
             ref[_hf_order(plan[3], plan[4])] = cam
             ref = ref.reshape(plan[3])
-            m = explain(hiera, image, "gradcam", class_index=cls)
+            m = explain(hiera, image, "gradcam", target=cls)
             f = 16 // plan[3][0]
             assert m.source_grid == plan[3] and m.grid == (16, 16)
             np.testing.assert_allclose(m.values, np.kron(ref, np.ones((f, f))), rtol=1e-4, atol=1e-7)
