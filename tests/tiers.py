@@ -67,6 +67,22 @@ def measured() -> dict[str, float]:
         return {}
 
 
+def _fixture_funcs(item) -> list:
+    info = getattr(item, "_fixtureinfo", None)
+    defs = getattr(info, "name2fixturedefs", {}) or {}
+    return [d.func for name in item.fixturenames for d in defs.get(name, ())]
+
+
+@functools.lru_cache(maxsize=None)
+def _starts_browser(func) -> bool:
+    """Whether a fixture's own source starts a browser or a served app (its test is then a browser test)."""
+    try:
+        source = inspect.getsource(func)
+    except (OSError, TypeError):
+        return False
+    return any(call in source for call in BROWSER_CALLS)
+
+
 def tier_marks(item) -> tuple[bool, bool]:
     """(browser, slow) for a collected test item."""
     module = item.path.name
@@ -74,7 +90,11 @@ def tier_marks(item) -> tuple[bool, bool]:
         source = inspect.getsource(item.function)
     except (OSError, TypeError):
         source = ""
-    browser = module in BROWSER_MODULES or any(call in source for call in BROWSER_CALLS)
+    browser = (
+        module in BROWSER_MODULES
+        or any(call in source for call in BROWSER_CALLS)
+        or any(_starts_browser(f) for f in _fixture_funcs(item))
+    )
     name = f"{module}::{item.originalname if hasattr(item, 'originalname') else item.name}"
     slow = module in SLOW_MODULES or name in SLOW_TESTS or measured().get(item.nodeid, 0.0) > SLOW_SECONDS
     return browser, slow
