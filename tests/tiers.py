@@ -73,7 +73,7 @@ def _fixture_funcs(item) -> list:
     return [d.func for name in item.fixturenames for d in defs.get(name, ())]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _starts_browser(func) -> bool:
     """Whether a fixture's own source starts a browser or a served app (its test is then a browser test)."""
     try:
