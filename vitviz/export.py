@@ -310,7 +310,8 @@ def export_images(
 def _run_captures(loaded: LoadedModel, images, names, stems, size, labels: Labels | None, report: ExportReport):
     """The capture of each image's :class:`~vitviz.capture.run.Run` (the one clean forward that the causal
     arrays, the per-patch lens and patching read too); images whose run fails are reported and left out."""
-    from vitviz.capture.run import NoScores, get_run
+    from vitviz.capture.run import get_run
+    from vitviz.capture.targets import NoScores
 
     kept: tuple[list, list, list, list] = ([], [], [], [])
     for image, name, stem in zip(images, names, stems, strict=True):
@@ -372,7 +373,8 @@ def _explained(loaded: LoadedModel, image, size, labels: Labels | None, target: 
     Run; None (the top-1 class) for a classifier."""
     if target is not None or labels is None:
         return target
-    from vitviz.capture.run import NoScores, get_run
+    from vitviz.capture.run import get_run
+    from vitviz.capture.targets import NoScores
 
     try:
         return get_run(loaded, image, size=size, labels=labels).target(None)

@@ -59,7 +59,6 @@ from vitviz.capture.targets import (
     Scorer,
     Target,
     TargetError,
-    label_set,
     resolve_target,
     scorer_for,
 )
@@ -76,13 +75,9 @@ __all__ = [
     "Activations",
     "get_activations",
     "Edited",
-    "Scorer",
-    "NoScores",
     "get_run",
     "peek_run",
     "clear_runs",
-    "scorer_for",
-    "label_set",
     "READOUT_RTOL",
 ]
 

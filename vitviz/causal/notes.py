@@ -33,8 +33,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitviz.capture.run import NoScores, Run, get_run, label_set
-from vitviz.capture.targets import Target
+from vitviz.capture.run import Run, get_run
+from vitviz.capture.targets import NoScores, Target, label_set
 from vitviz.errors import CaptureError, VitvizError
 from vitviz.models.families.base import ReadoutHead
 from vitviz.models.hooks import installed_points, installed_sites

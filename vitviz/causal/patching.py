@@ -66,8 +66,8 @@ from PIL import Image
 from vitviz.analysis.first_order import head_estimate, residual_estimate
 from vitviz.cache import BoundedCache
 from vitviz.capture.forward import DEFAULT_BUDGET_BYTES, input_size_for, token_layout
-from vitviz.capture.run import SOURCE_PARTS, Activations, Run, get_activations, get_run, label_set
-from vitviz.capture.targets import Target
+from vitviz.capture.run import SOURCE_PARTS, Activations, Run, get_activations, get_run
+from vitviz.capture.targets import Target, label_set
 from vitviz.causal.grid import CancelCheck, Job, Progress, chunk_size, chunks, replay_cost, run_grid
 from vitviz.causal.notes import NotDefined, causal_notes, target_values
 from vitviz.errors import VitvizError

@@ -67,7 +67,7 @@ def measure(
     progress: Callable | None = None,
 ) -> Metrics:
     """The measures of ``sae`` on the images of ``items`` (``evaluate`` data items) at its point."""
-    from vitviz.capture.run import NoScores, scorer_for
+    from vitviz.capture.targets import NoScores, scorer_for
     from vitviz.errors import VitvizError
     from vitviz.evaluate.data import load_item
     from vitviz.sae.activations import point_layout, point_values
