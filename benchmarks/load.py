@@ -43,6 +43,11 @@ What it does:
   (this process, Playwright's driver and Chromium) and of the whole machine (``/proc/stat``), so
   that the CPU left to the server, and what other programs took, stand beside every figure.
 
+With ``--patching`` one more session runs exact activation patching at the widest input the limits accept
+(:class:`PatchingSession`) while the others browse; the others' changes are split by whether they overlapped its
+busy window, and the server's peak memory is set against a bound from its memory settings (:func:`memory_bound`);
+``--server-env KEY=VALUE`` shrinks the server's settings (e.g. ``VITVIZ_PATCHING_MAX_WORK``).
+
 For A/B runs: ``--streamlit-option runner.postScriptGC=false`` (any ``streamlit run`` option),
 ``--viewport 1100x800`` (Chromium's drawing cost grows with the page), and ``--server-cpus 0,1
 --client-cpus 2-15`` to give the server two cores of a larger machine and the browsers the rest.
@@ -69,7 +74,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -88,6 +93,15 @@ SERVER_ENV = {"VITVIZ_PUBLIC": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_PROGR
 MAP_TITLE = re.compile(r"^Block (\d+), head (\d+): (.*)$")
 TITLE_IN_SPEC = re.compile(rb'"title":\{"text":"((?:[^"\\]|\\.)*)"')
 TIMEOUTS = {"load": 90.0, "navigate": 45.0, "upload": 60.0, "change": 30.0}
+# What bounds the server's memory (MB; the defaults where the environment does not set them): one patched batch's
+# attention (or one capture's), the clean Runs and the light sources kept (each cache bounded by the run cache), the
+# app's captures kept, and its results (patching grids, maps) kept.
+MEMORY_SETTINGS = {
+    "VITVIZ_MEMORY_BUDGET_MB": "2048",
+    "VITVIZ_RUN_CACHE_MB": "2048",
+    "VITVIZ_CAPTURE_CACHE_MB": "1024",
+}
+RESULTS_CACHE_MB = 256  # ui.cached.results_cache, fixed
 UPLOAD_LIMIT_TEXT = "images in the last minute, the most this server allows"
 MAP_TOLERANCE = 2e-3  # attention is stored as float16 (about 3 significant digits)
 
@@ -461,6 +475,16 @@ class Run:
         self.uploading: set[int] = set()  # sessions waiting for an upload's first map
         self.loading: set[int] = set()  # sessions whose page is loading (past the gate, first page not drawn)
         self.gate = asyncio.Semaphore(args.max_loading) if args.max_loading else None
+        # With a patching session: each other session's changes so far, and at the patching's end; the others go on
+        # until they have made ``min_changes`` more after it (changes before, during and after it, in one run).
+        self.changes: dict[int, int] = {}
+        self.patching_over: dict[int, int] | None = None if getattr(args, "patching", False) else {}
+
+    def may_stop(self, index: int, changes: int) -> bool:
+        """Whether a session past its deadline with ``changes`` made may stop (see ``patching_over``)."""
+        if self.patching_over is None:
+            return False
+        return changes - self.patching_over.get(index, 0) >= self.args.min_changes
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -578,16 +602,21 @@ class Session:
         failures = changes = 0
         while True:
             await self._think()
-            if self.run.now() >= deadline and changes >= self.run.args.min_changes:
+            if (
+                self.run.now() >= deadline
+                and changes >= self.run.args.min_changes
+                and self.run.may_stop(self.index, changes)
+            ):
                 break
             try:
                 if later and self.run.now() >= later[0]:
                     later.pop(0)
                     await self._upload(page)
                 else:
-                    kind = self.rng.choices(("layer", "head", "patch"), weights=(0.4, 0.3, 0.3))[0]
+                    kind = self.rng.choices(("layer", "head", "patch"), weights=self.run.args.actions)[0]
                     await getattr(self, f"_{kind}")(page)
                     changes += 1
+                    self.run.changes[self.index] = changes
                 failures = 0
             except StepFailed:
                 failures += 1
@@ -824,6 +853,166 @@ class Session:
 
 
 # ---------------------------------------------------------------------------------------------
+# The patching session: exact activation patching at the widest input the limits accept
+# ---------------------------------------------------------------------------------------------
+def widest_input(max_tokens: int, budget_bytes: int) -> tuple[int, int]:
+    """(height, width) in px of the largest input public mode lets the demo model run with the aspect ratio kept:
+    the tallest height the sidebar offers (``app.py``'s ``size_ui``: 0.5 to 2 times the model's own, whole
+    patches) and the widest width (whole patches) whose tokens stay within ``max_tokens`` and whose attention
+    passes the budget check the sidebar makes. An image of exactly that many pixels is kept at that size."""
+    from vitviz.capture.forward import check_budget, token_layout
+    from vitviz.errors import VitvizError
+    from vitviz.models.load import load_model
+
+    model = load_model("demo", device="cpu")
+    (h, _), p = model.default_size, model.patch_size
+    height = max(max(p, round(h * f / p) * p) for f in (0.5, 0.75, 1.0, 1.25, 1.5, 2.0))
+    width = p
+    while True:
+        wider = width + p
+        kinds, (gh, gw) = token_layout(model, (height, wider))
+        if max_tokens and len(kinds) + gh * gw > max_tokens:
+            break
+        try:
+            check_budget(model, (height, wider), batch=1, gradients=False, budget=budget_bytes)
+        except VitvizError:
+            break
+        width = wider
+    return height, width
+
+
+def patching_cells(height: int, width: int) -> int:
+    """Cells of the demo model's exact grids at that input: (block, token) residual cells and (block, head) cells."""
+    from vitviz.capture.forward import token_layout
+    from vitviz.models.load import load_model
+
+    model = load_model("demo", device="cpu")
+    kinds, (gh, gw) = token_layout(model, (height, width))
+    layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
+    return layers * (len(kinds) + gh * gw) + layers * heads
+
+
+class PatchingSession(Session):
+    """A session that uploads an image of the widest input the limits accept, picks the tallest input size with
+    the aspect ratio kept, opens Activation patching and asks for the exact grids once. Its busy window, from the
+    upload to the exact grids (or the cap's note) drawn, is what the other sessions' changes are split by."""
+
+    CAP_TEXT = "bound on one request's work"
+    DONE_TEXT = "Exact grids, kept"
+
+    def __init__(self, run: Run, index: int, path: Path, arrive_s: float, size: tuple[int, int]):
+        self.run, self.index, self.files, self.arrive_s = run, index, [path], arrive_s
+        self.mine = []
+        self.rng = random.Random(run.args.seed * 1000 + index)
+        self.steps, self.errors, self.warnings, self.checks = [], [], [], []
+        self.loaded = self.finished = False
+        self.uploads, self.gate_wait_s, self.shown, self.queue = 0, None, -1, {}
+        self.sent, self.recv, self._by_hash, self.page = [], [], {}, None
+        self.size = size
+        self.times: dict[str, float] = {}  # s since the run started: upload, estimate_drawn, exact_clicked, exact_drawn
+        self.note = ""  # the cap's note, or the exact grids' caption
+
+    def _mark(self, name: str) -> None:
+        self.times[name] = round(self.run.now(), 2)
+
+    async def _text(self, page, text: str, timeout: float) -> None:
+        await page.get_by_text(text).first.wait_for(timeout=timeout * 1000)
+
+    async def _life(self, page, deadline: float) -> None:
+        try:
+            await self._load_and_patch(page)
+        finally:  # the others now make their changes "after" (also when this session failed)
+            self.run.patching_over = dict(self.run.changes)
+
+    async def _load_and_patch(self, page) -> None:
+        async with self.run.gate or contextlib.nullcontext():
+            self.gate_wait_s = self.run.now()
+            try:
+                await page.goto(self.run.url, wait_until="commit", timeout=TIMEOUTS["load"] * 1000)
+                await self._result(page, TIMEOUTS["load"])
+            except Exception as exc:
+                self._error("never_loaded", f"the app did not draw its first page ({exc})")
+                raise StepFailed("never loaded") from None
+        self.loaded = True
+        await self._settle(page)
+        await self._patch_once(page)
+
+    async def _patch_once(self, page) -> None:
+        # Its busy window starts once every other session has made ``patching_after`` changes (or 90 s past the
+        # others' deadline, should one of them be stuck)
+        want, others = self.run.args.patching_after, self.run.args.sessions
+        while self.run.now() < self.run.args.seconds + 90 and (
+            len(self.run.changes) < others or min(self.run.changes.values()) < want
+        ):
+            await asyncio.sleep(0.25)
+        path = self.files[0]
+        self._mark("upload")
+        bar = page.get_by_test_id("stSidebar")
+        await bar.get_by_test_id("stFileUploaderDropzoneInput").set_input_files(str(path))
+        self.uploads += 1
+        await self._text(bar, f"Showing {path.name}", TIMEOUTS["upload"])
+        await self._settle(page)
+        height = bar.get_by_test_id("stSlider").filter(has_text="Height")
+        await height.get_by_role("slider").press("End")  # the tallest height offered
+        thumb = height.get_by_test_id("stSliderThumbValue").filter(has_text=re.compile(f"^{self.size[0]}$"))
+        await thumb.wait_for(timeout=TIMEOUTS["change"] * 1000)
+        # The box's default follows the input size, so a rerun still on its way (the height's) can redraw it
+        # unticked: tick it until it stays ticked.
+        keep = bar.get_by_test_id("stCheckbox").filter(has_text="Keep the image's aspect ratio")
+        for _ in range(5):
+            await asyncio.sleep(1.0)
+            await self._settle(page)
+            if await keep.locator("input").is_checked():
+                break
+            await keep.locator("label").click()
+        else:
+            self._error("patching", "the 'Keep the image's aspect ratio' box did not stay ticked")
+            raise StepFailed("patching")
+        await page.get_by_role("link", name="Activation patching").click()
+        exact = page.get_by_role("button", name="Compute exact patching")
+        try:
+            await exact.wait_for(timeout=180_000)  # the estimate: one forward and one backward of each image
+            self._mark("estimate_drawn")
+            await exact.click()
+            self._mark("exact_clicked")
+            await self._text(page, self.DONE_TEXT, 300)  # the caption over the exact grids: finished or capped
+            self._mark("exact_drawn")
+            await self._settle(page)
+            cap = page.get_by_text(self.CAP_TEXT)
+            found = await cap.count()
+            self.note = (await cap.first.text_content() or "").strip() if found else self.DONE_TEXT
+        except Exception as exc:
+            self._error("patching", f"the exact patching grids did not come ({type(exc).__name__}: {exc})")
+            raise StepFailed("patching") from None
+
+    @property
+    def window(self) -> tuple[float, float] | None:
+        """(start, end) s of its busy window: from the wide upload to the exact grids drawn."""
+        if "upload" not in self.times:
+            return None
+        return self.times["upload"], self.times.get("exact_drawn", self.run.now())
+
+    def summary(self, height: int, width: int) -> dict:
+        cells = patching_cells(height, width)
+        m = re.search(r"Stopped after ([\d,]+) of ([\d,]+) patched runs", self.note)
+        t = self.times
+        return {
+            "input_px": {"height": height, "width": width},
+            "cells_expected": cells,
+            "note": self.note,
+            "capped": self.CAP_TEXT in self.note,
+            "cells_done": int(m[1].replace(",", "")) if m else None,
+            "cells_total": int(m[2].replace(",", "")) if m else None,
+            "times_s": t,
+            "estimate_s": round(t["estimate_drawn"] - t["upload"], 2) if "estimate_drawn" in t else None,
+            "exact_s": round(t["exact_drawn"] - t["exact_clicked"], 2) if "exact_drawn" in t else None,
+            "window_s": list(self.window) if self.window else None,
+            "finished": self.finished,
+            "errors": self.errors,
+        }
+
+
+# ---------------------------------------------------------------------------------------------
 # The run
 # ---------------------------------------------------------------------------------------------
 async def warm_up(browser, url: str, viewport: dict) -> dict:
@@ -869,10 +1058,14 @@ async def drive(args: argparse.Namespace, url: str, folder: Path, sampler: Sampl
             rng = random.Random(args.seed)
             arrivals = sorted(rng.uniform(0, args.ramp) for _ in range(args.sessions))
             sessions = [Session(run, i, files[i], arrivals[i]) for i in range(args.sessions)]
+            patcher = None
+            if args.patching:
+                wide = write_wide_image(folder, args.patching_size)
+                patcher = PatchingSession(run, args.sessions, wide, args.patching_at, args.patching_size)
             rss0 = sampler.sample()
             cpu0 = sampler.cpu()
             run.t0 = time.monotonic()
-            tasks = [asyncio.create_task(s.main(browser, args.seconds)) for s in sessions]
+            tasks = [asyncio.create_task(s.main(browser, args.seconds)) for s in [*sessions, *filter(None, [patcher])]]
             _, pending = await asyncio.wait(tasks, timeout=args.seconds + args.grace)
             for task in pending:
                 task.cancel()
@@ -889,12 +1082,23 @@ async def drive(args: argparse.Namespace, url: str, folder: Path, sampler: Sampl
     return {
         "warm_up": warm,
         "sessions": sessions,
+        "patcher": patcher,
         "wall_s": wall,
         "cpu": {k: cpu1[k] - cpu0[k] for k in cpu0},
         "rss_start": rss0,
         "rss_end": rss1,
         "chromium": version,
     }
+
+
+def write_wide_image(folder: Path, size: tuple[int, int]) -> Path:
+    """A PNG of exactly ``size`` = (height, width) px (a sample image stretched), so that keeping its aspect ratio at
+    that height gives that width."""
+    from vitviz.data.shapes import make_sample
+
+    path = folder / f"wide-{size[1]}x{size[0]}.png"
+    make_sample(7).image.resize((size[1], size[0])).save(path)
+    return path
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -951,19 +1155,32 @@ def run_load(
     viewport: tuple[int, int] = (1500, 1100),
     log: Path | None = None,
     quiet: bool = False,
+    patching: bool = False,
+    patching_at: float | None = None,
+    patching_after: int = 3,
+    actions: tuple[float, float, float] = (0.4, 0.3, 0.3),
+    server_env: Mapping[str, str] | None = None,
 ) -> dict:
     """Run the load test; returns the JSON-ready result (see the module docstring).
 
     ``options``: ``KEY=VALUE`` Streamlit options for the server, e.g. ``runner.postScriptGC=false``.
     ``server_cpus`` / ``client_cpus`` pin the server / this process, Playwright's driver and Chromium
     to those CPUs (e.g. the server on 2 cores of a larger machine, the browsers on the others).
+    ``patching``: one more session runs exact activation patching at the widest input the limits accept
+    (:class:`PatchingSession`), arriving ``patching_at`` s after the start (default 0: its page loads with the
+    others'); its busy window begins once every other session has made ``patching_after`` changes, and the others
+    go on (past ``seconds`` if need be) until they have made ``min_changes`` more after it ended; their changes are
+    split by whether they overlapped that window. ``actions``: the weights of a layer, a head and a query
+    change. ``server_env``: more
+    environment for the server (e.g. ``VITVIZ_PATCHING_MAX_WORK``, ``VITVIZ_MEMORY_BUDGET_MB``).
     """
     from vitviz.serve import load_settings
 
     if not Path(CHROMIUM).exists():
         raise RuntimeError(f"the load test needs Debian's Chromium at {CHROMIUM}")
-    env = dict(SERVER_ENV)
+    env = {**SERVER_ENV, **(server_env or {})}
     settings = load_settings({**os.environ, **env}, folder=ROOT)
+    memory = {k: float(env.get(k, os.environ.get(k, d))) for k, d in MEMORY_SETTINGS.items()}
     args = argparse.Namespace(
         sessions=sessions,
         seconds=seconds,
@@ -979,6 +1196,15 @@ def run_load(
         client_cpus=client_cpus,
         viewport={"width": viewport[0], "height": viewport[1]},
         uploads_per_minute=settings.uploads_per_minute,
+        patching=patching,
+        patching_at=patching_at if patching_at is not None else 0.0,
+        patching_after=patching_after,
+        actions=actions,
+        patching_size=widest_input(settings.max_tokens, int(memory["VITVIZ_MEMORY_BUDGET_MB"] * 2**20))
+        if patching
+        else None,
+        patching_max_work=settings.patching_max_work,
+        memory_settings_MB=memory,
     )
     if settings.uploads_per_minute and uploads > settings.uploads_per_minute:
         raise ValueError(
@@ -1032,8 +1258,9 @@ def parse_cpus(text: str) -> set[int]:
 
 def report(args, out, settings: str, info: dict, peak: int, hwm: int | None, series, log: Path) -> dict:
     sessions: list[Session] = out["sessions"]
+    patcher: PatchingSession | None = out.get("patcher")
     steps = [st for s in sessions for st in s.steps]
-    errors = [e for s in sessions for e in s.errors] + _server_log_errors(log)
+    errors = [e for s in [*sessions, *filter(None, [patcher])] for e in s.errors] + _server_log_errors(log)
     changes = [st for st in steps if st.kind in ("layer", "head", "patch") and st.ok]
 
     def times(sts, attr="total_s"):
@@ -1154,7 +1381,51 @@ def report(args, out, settings: str, info: dict, peak: int, hwm: int | None, ser
         "steps": [{"session": s.index, **asdict(st), "browser_s": st.browser_s} for s in sessions for st in s.steps],
         "server_log": str(log),
     }
+    if patcher is not None:
+        result["patching"] = patching_report(args, patcher, changes)
+        result["ok"] = result["ok"] and patcher.finished
+    bound = memory_bound(args, out["rss_start"])
+    result["server_memory_MiB"].update(bound)
     return result
+
+
+def patching_report(args, patcher: PatchingSession, changes: list[Step]) -> dict:
+    """The patching session's times and note, and the other sessions' changes split by whether they overlapped its
+    busy window (the same run: the ratio of their p95s is the patching's cost to the others)."""
+    out = patcher.summary(*args.patching_size)
+    window = patcher.window
+    during, without = [], []
+    for st in changes:
+        if st.total_s is None:
+            continue
+        overlaps = window is not None and st.at_s < window[1] and st.at_s + st.total_s > window[0]
+        (during if overlaps else without).append(st.total_s)
+    p_during, p_without = _pct(during, 95), _pct(without, 95)
+    out["max_work"] = args.patching_max_work
+    out["others_change_to_redraw"] = {
+        "during_patching": _summary(during),
+        "without_patching": _summary(without),
+        "p95_ratio": round(p_during / p_without, 2) if p_during and p_without else None,
+        "p50_ratio": round(_pct(during, 50) / _pct(without, 50), 2) if during and without else None,
+    }
+    return out
+
+
+def memory_bound(args, rss_start: int) -> dict:
+    """The most the server's memory may grow over the run, from its settings: twice the memory budget (a patched
+    batch's attention, and the clean Run's autograd graph, each within it), the two caches of Runs (each within the
+    run cache), the app's captures and its results, over what it held when the run started (models loaded)."""
+    m = args.memory_settings_MB
+    parts = {
+        "2 x VITVIZ_MEMORY_BUDGET_MB": 2 * m["VITVIZ_MEMORY_BUDGET_MB"],
+        "2 x VITVIZ_RUN_CACHE_MB": 2 * m["VITVIZ_RUN_CACHE_MB"],
+        "VITVIZ_CAPTURE_CACHE_MB": m["VITVIZ_CAPTURE_CACHE_MB"],
+        "results cache": float(RESULTS_CACHE_MB),
+    }
+    return {
+        "bound": round(rss_start / 2**20 + sum(parts.values()), 1),
+        "bound_parts_MB": parts,
+    }
 
 
 def print_table(r: dict) -> None:
@@ -1192,6 +1463,21 @@ def print_table(r: dict) -> None:
         f"other programs {cpu['others_share']:.0%} ({cpu['others_s']} s), idle {cpu['idle_share']:.0%}; "
         f"{cpu['script_runs_requested']} script runs requested, {cpu['server_cpu_per_run_ms']} ms of server CPU each"
     )
+    print(f"Server memory bound (from its settings): {mem['bound']} MiB = at the start + {mem['bound_parts_MB']}")
+    if r.get("patching"):
+        pt = r["patching"]
+        o = pt["others_change_to_redraw"]
+        print(
+            f"Patching session: input {pt['input_px']['width']} x {pt['input_px']['height']} px, "
+            f"{pt['cells_expected']:,} cells; estimate after {pt['estimate_s']} s, exact grids after {pt['exact_s']} s "
+            f"(busy window {pt['window_s']} s); note: {pt['note'][:200]!r}"
+        )
+        print(
+            f"Others' changes during patching: n {o['during_patching']['n']}, p50 {o['during_patching']['p50']}, "
+            f"p95 {o['during_patching']['p95']} s; without: n {o['without_patching']['n']}, p50 "
+            f"{o['without_patching']['p50']}, p95 {o['without_patching']['p95']} s; ratio p95 {o['p95_ratio']}, "
+            f"p50 {o['p50_ratio']}"
+        )
     q = r["queue"]
     print(
         f"Queue note seen by {q['sessions_that_saw_the_queue_note']} sessions, at most {q['max_visitors_ahead']} visitors ahead"
@@ -1255,6 +1541,27 @@ def main(argv: list[str] | None = None) -> int:
         metavar="WxH",
         help="each page's size (default 1500x1100); Chromium's drawing cost grows with it",
     )
+    parser.add_argument(
+        "--patching",
+        action="store_true",
+        help="one more session runs exact activation patching at the widest input the limits accept",
+    )
+    parser.add_argument(
+        "--patching-at", type=float, default=None, help="when it arrives, s after the start (default 0)"
+    )
+    parser.add_argument(
+        "--patching-after",
+        type=int,
+        default=3,
+        help="its busy window begins once every other session has made this many changes (default 3)",
+    )
+    parser.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an environment variable for the server (repeatable), e.g. VITVIZ_PATCHING_MAX_WORK=40000",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="write the JSON here")
     args = parser.parse_args(argv)
@@ -1277,6 +1584,10 @@ def main(argv: list[str] | None = None) -> int:
             server_cpus=args.server_cpus,
             client_cpus=args.client_cpus,
             viewport=args.viewport,
+            patching=args.patching,
+            patching_at=args.patching_at,
+            patching_after=args.patching_after,
+            server_env=dict(kv.split("=", 1) for kv in args.server_env),
         )
     except KeyboardInterrupt:
         print("interrupted: the server and the browser are stopped", file=sys.stderr)

@@ -55,6 +55,9 @@ SLOW_TESTS = {  # measured on 2 busy cores, 2026-11-27 (--durations): 10-40 s ea
     "test_export.py::test_cli_export_unknown_method_is_a_clear_error",
     "test_forward.py::test_dinov2_base_shape_at_518_fits_the_default_budget",
     "test_views_causal.py::test_causal_views_drawn_twice_with_two_states_show_each_states_own_numbers",
+    # 160 s with the machine's load average at 11 (2026-11-27): patching at 2,041 tokens while 2 sessions browse
+    "test_benchmark_load.py::test_a_patching_session_at_the_widest_input_while_others_browse",
+    "test_wide_upload_server.py::test_wide_uploads_are_refused_by_max_tokens_and_do_not_accumulate",  # 46-68 s
 }
 
 

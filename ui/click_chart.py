@@ -69,6 +69,26 @@ function send(gd, points) {  // the clicked point's customdata and an id of its 
   });
 }
 
+function nearestTo(gd, points, cx, cy) {  // cx, cy: where the click was, in the graph's pixels
+  // Plotly's "closest" hover floors a point's distance at 1 - 3 / (marker radius) inside its marker, so every marker
+  // covering the cursor ties and the last one wins: where markers overlap (a head grid drawn narrower than its
+  // tiles' 55 px click targets) a click on a tile reported its neighbour. The trace's point whose centre is nearest
+  // the click is the one clicked.
+  const p = points.find((q) => q.customdata !== undefined);
+  if (!p || !Number.isFinite(cx) || !Number.isFinite(cy)) return points;
+  const t = (gd._fullData || [])[p.curveNumber];
+  const xa = p.xaxis, ya = p.yaxis;
+  if (!t || t.type !== "scatter" || !t.customdata || !t.x || !t.y || !xa || !ya) return points;
+  let best = -1, bestD = Infinity;
+  for (let k = 0; k < t.x.length; k++) {
+    const dx = xa._offset + xa.c2p(t.x[k]) - cx, dy = ya._offset + ya.c2p(t.y[k]) - cy;
+    const d = dx * dx + dy * dy;
+    if (d < bestD) { bestD = d; best = k; }
+  }
+  if (best < 0 || best === p.pointNumber || t.customdata[best] === undefined) return points;
+  return [{ customdata: t.customdata[best] }];
+}
+
 // Streamlit's charts have a full-screen button in their toolbar; this one has it in Plotly's modebar.
 const FULL_SCREEN = {
   name: "vitviz-full-screen",
@@ -122,11 +142,12 @@ export default function (component) {
           const d = Math.hypot(x - (native.clientX - box.left), y - (native.clientY - box.top));
           return Number.isFinite(d) ? d : Infinity;
         };
+        const cx = native.clientX - box.left, cy = native.clientY - box.top;
         const first = { points: (event && event.points) || [], away: away(event.xPixel, event.yPixel) };
-        if (first.away <= 2) return send(gd, first.points);
+        if (first.away <= 2) return send(gd, nearestTo(gd, first.points, cx, cy));
         setTimeout(() => {
           const later = { points: gd._hoverdata || [], away: away(gd._hoverPointerX, gd._hoverPointerY) };
-          send(gd, (later.points.length && later.away < first.away ? later : first).points);
+          send(gd, nearestTo(gd, (later.points.length && later.away < first.away ? later : first).points, cx, cy));
         }, 60);
       });
     });

@@ -333,7 +333,7 @@ def check_tokens(model: LoadedModel, size: tuple[int, int] | None, image_wh: tup
     tokens = len(kinds) + gh * gw
     if tokens > bound:
         raise BudgetError(
-            f"This server analyses at most {bound:,} tokens per image; an input of {hw[1]} x {hw[0]} px is "
+            f"This server analyses at most {bound:,} tokens per image (its max_tokens setting); an input of {hw[1]} x {hw[0]} px is "
             f"{tokens:,} tokens ({gh} x {gw} patches). Choose a smaller input size, or untick 'Keep the image's "
             "aspect ratio'."
         )

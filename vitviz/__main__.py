@@ -155,6 +155,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             methods=methods,
             limit=args.limit,
             **({"max_rows": args.max_rows} if args.max_rows is not None else {}),
+            **({"max_files": args.max_files} if args.max_files is not None else {}),
             size=size,
             seed=args.seed,
             engine=args.engine,
@@ -444,6 +445,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="read at most N rows of a --data CSV (or files of a folder), saying so when there are more "
         "(default 100,000)",
+    )
+    ev.add_argument(
+        "--max-files",
+        type=int,
+        default=None,
+        metavar="N",
+        help="list at most N entries (files, folders, links) of a --data folder, sub-folders included, saying how "
+        "many were not listed (default 1,000,000)",
     )
     ev.add_argument("--size", type=int, nargs="+", metavar="PX", help="input size: one number (square) or H W")
     ev.add_argument("--seed", type=int, default=0, help="seed of the random baseline (per image: seed and image id)")

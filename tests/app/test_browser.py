@@ -286,3 +286,27 @@ def test_server_drawn_heads_map_is_visible_without_scrolling_at_1366x768(server,
         page.screenshot(path=str(OUTPUT / "heads-server-1366x768.png"))
     finally:
         page.close()
+
+
+def test_a_click_on_a_small_head_tile_opens_that_head_not_its_neighbour(server, browser):
+    """At 1100 x 800 px the server-drawn head grid's tiles are ~19 px apart and their 55 px click targets overlap:
+    Plotly's closest-point hover ties every target under the cursor and reported the next tile (head 0 opened head
+    1). The click chart now takes the target whose centre is nearest the click."""
+    sys_path = str(ROOT)
+    import sys
+
+    if sys_path not in sys.path:
+        sys.path.insert(0, sys_path)
+    from benchmarks.load import MAP_TITLE_JS, POINT_JS
+
+    page = browser.new_page(viewport={"width": 1100, "height": 800})
+    try:
+        open_server_heads(page, server)
+        for head in (1, 0, 2, 3, 0):
+            point = page.evaluate(POINT_JS, ["grid", head])
+            page.mouse.click(point["x"], point["y"])
+            wait_for_title(page, f"head {head}: where CLS looks")
+            settle(page)
+            assert page.evaluate(MAP_TITLE_JS).endswith(f"head {head}: where CLS looks"), page.evaluate(MAP_TITLE_JS)
+    finally:
+        page.close()

@@ -163,3 +163,72 @@ def test_scale_box_follows_the_whole_image_resize() -> None:
 def test_item_round_trip() -> None:
     item = Item("a/b.png", "/x/a/b.png", "cat", (1.0, 2.0, 3.0, 4.0), "labels.csv:2")
     assert Item.from_dict(item.to_dict()) == item
+
+
+# --- the folder's listing is bounded ---------------------------------------------------------------------------
+
+
+def test_a_folder_of_many_files_is_listed_up_to_max_files_and_says_how_many_were_not(tmp_path: Path) -> None:
+    from vitviz.evaluate.data import MAX_FILES, read_dataset
+
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i in range(3000):  # empty files: nothing is read while listing
+        (folder / f"{i:05d}.png").touch()
+    ds = read_dataset(folder, max_files=100)
+    assert len(ds.items) == 100  # each entry listed was taken (they are decoded later, per image)
+    notes = [str(e) for e in ds.skipped.noted]
+    assert len(notes) == 1, notes
+    assert "the listing stopped at 100 entries" in notes[0] and "2,900 more in" in notes[0], notes[0]
+    assert "evaluate --max-files N lists more" in notes[0]
+    assert MAX_FILES == 1_000_000  # the documented default (docs/serving.md, evaluate --help)
+    assert len(read_dataset(folder).items) == 3000  # under the default everything is listed, as before
+
+
+def test_a_deeply_nested_folder_is_listed_without_recursion_and_within_max_files(tmp_path: Path) -> None:
+    from vitviz.evaluate.data import read_dataset
+
+    root = tmp_path / "deep"
+    here = root
+    for depth in range(400):  # deeper than a recursive walk of 2 frames a level could go with the default limit
+        here = here / "d"
+        here.mkdir(parents=True)
+        (here / f"{depth:03d}.png").touch()
+    ds = read_dataset(root)
+    assert len(ds.items) == 400 and ds.items[-1].image_id.count("/") == 400
+    capped = read_dataset(root, max_files=50)  # a folder and a file a level: 25 levels listed
+    assert len(capped.items) == 25, len(capped.items)
+    (note,) = capped.skipped.noted
+    assert "the listing stopped at 50 entries" in note.reason and "1 more in" in note.reason, note.reason
+
+
+def test_links_to_folders_are_not_followed_and_a_link_loop_does_not_hang(tmp_path: Path) -> None:
+    import signal
+
+    from vitviz.evaluate.data import read_dataset
+
+    root = tmp_path / "loops"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "x.png").touch()
+    (root / "a" / "up").symlink_to(root, target_is_directory=True)  # a loop through the parent
+    (root / "self").symlink_to(root / "self")  # a link to itself (ELOOP)
+    (root / "p.png").symlink_to(root / "q.png")
+    (root / "q.png").symlink_to(root / "p.png")  # two links to each other
+    signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(TimeoutError("the listing hung")))
+    signal.alarm(20)
+    try:
+        ds = read_dataset(root)
+    finally:
+        signal.alarm(0)
+    assert [it.image_id for it in ds.items] == ["a/x.png"]
+    reasons = {Path(e.where).name: e.reason for e in ds.skipped}
+    assert reasons["up"] == "a link to a folder: not followed"
+    assert reasons["p.png"].startswith("cannot be read") and reasons["q.png"].startswith("cannot be read")
+    assert "self" in reasons  # not an image file (a dangling loop), reported, never followed
+
+
+def test_max_files_below_one_is_a_clear_error(tmp_path: Path) -> None:
+    from vitviz.evaluate.data import DataError, read_dataset
+
+    with pytest.raises(DataError, match="--max-files must be at least 1, got 0"):
+        read_dataset(tmp_path, max_files=0)

@@ -246,3 +246,31 @@ def test_export_prints_file_names_with_control_characters_escaped(tmp_path, caps
     proc = _cli(capsys, "export", str(odd), "--model", "demo", "--out", str(tmp_path / "o"))
     shown = proc.stdout + proc.stderr
     assert proc.returncode == 1 and "\x1b" not in shown and "\\x1b[2Jgone.png: no such file" in shown
+
+
+def test_a_folder_listing_stops_at_max_files_in_bounded_memory_and_the_cli_says_so(tmp_path, capsys, one_thread):
+    import tracemalloc
+
+    from vitviz.evaluate.data import read_dataset
+
+    data = tmp_path / "many"
+    data.mkdir()
+    for i in range(5_000):  # empty files: the listing reads names only
+        (data / f"{i:05d}.txt").touch()
+    tracemalloc.start()
+    try:
+        ds = read_dataset(data, max_files=500)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert ds.skipped.total == 501  # 500 listed (not images), and the note
+    assert "4,500 more in" in ds.skipped.noted[0].reason
+    assert peak < 2**20, peak  # what the 500 listed hold, not 5,000 names
+
+    out = tmp_path / "r.parquet"
+    args = ["evaluate", "--data", str(data), "--out", str(out), "--methods", "random", "--size", "48"]
+    proc = _cli(capsys, *args, "--max-files", "50")
+    assert "Traceback" not in proc.stderr
+    assert "the listing stopped at 50 entries" in proc.stderr and "4,950 more in" in proc.stderr, proc.stderr[-2000:]
+    line = _one_line_error(_cli(capsys, *args, "--max-files", "0"), 1)
+    assert "--max-files must be at least 1, got 0" in line

@@ -52,6 +52,7 @@ __all__ = [
     "Skipped",
     "SkipLog",
     "MAX_ROWS",
+    "MAX_FILES",
     "KEPT_SKIPPED",
     "Dataset",
     "read_dataset",
@@ -65,6 +66,9 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".ti
 CSV_COLUMNS = ("file", "label", "x0", "y0", "x1", "y1")  # what ``demo-data`` writes
 BOX_COLUMNS = ("x0", "y0", "x1", "y1")
 MAX_ROWS = 100_000  # rows of a CSV read (blank lines aside); evaluate --max-rows sets another
+# Entries (files, folders, links) a folder's listing reads, all sub-folders together; evaluate --max-files sets
+# another. The listing holds about 200 bytes an entry (its path), so a folder of millions costs at most ~200 MB.
+MAX_FILES = 1_000_000
 KEPT_SKIPPED = 100  # skipped inputs kept with their reasons (all are counted)
 
 Box = tuple[float, float, float, float]
@@ -174,9 +178,12 @@ class Dataset:
     has_boxes: bool = False
 
 
-def read_dataset(path: str | Path, *, limit: int | None = None, max_rows: int = MAX_ROWS) -> Dataset:
+def read_dataset(
+    path: str | Path, *, limit: int | None = None, max_rows: int = MAX_ROWS, max_files: int = MAX_FILES
+) -> Dataset:
     """A folder of images or a CSV (module docstring); ``limit``: stop after that many usable items;
-    ``max_rows``: read at most that many rows of a CSV (or entries of a folder), saying so when there are more.
+    ``max_rows``: read at most that many rows of a CSV (or entries of a folder), saying so when there are more;
+    ``max_files``: a folder's listing reads at most that many entries (:func:`read_folder`).
 
     Raises :class:`DataError` when ``path`` is neither, or when the CSV lacks columns.
     """
@@ -185,8 +192,10 @@ def read_dataset(path: str | Path, *, limit: int | None = None, max_rows: int = 
         raise DataError(f"--limit must be at least 1, got {limit}")
     if max_rows < 1:
         raise DataError(f"--max-rows must be at least 1, got {max_rows}")
+    if isinstance(max_files, bool) or not isinstance(max_files, int) or max_files < 1:
+        raise DataError(f"--max-files must be at least 1, got {max_files}")
     if p.is_dir():
-        return read_folder(p, limit=limit, max_rows=max_rows)
+        return read_folder(p, limit=limit, max_rows=max_rows, max_files=max_files)
     if p.is_file():
         if p.suffix.lower() == ".csv":
             return read_csv(p, limit=limit, max_rows=max_rows)
@@ -238,22 +247,84 @@ def _more_than(max_rows: int, where: str, what: str) -> Skipped:
     )
 
 
-def read_folder(folder: str | Path, *, limit: int | None = None, max_rows: int = MAX_ROWS) -> Dataset:
+def list_folder(root: Path, max_files: int = MAX_FILES) -> tuple[list[str], list[Skipped], Skipped | None]:
+    """The relative paths (posix) of the non-folder entries under ``root``, hidden ones (``.name``) left out, read
+    one folder at a time with an explicit stack (no recursion: a tree nested thousands deep is fine) and at most
+    ``max_files`` entries in all, folders and links included, so memory stays bounded whatever the folder holds.
+
+    Links to folders are not followed (a link loop cannot hang the listing; it is reported). Returns the paths,
+    what was left out on the way (links to folders, folders that cannot be read), and, when the bound was reached,
+    one entry saying how many entries of the folder being read were not listed and how many folders were never
+    opened (None when everything was listed).
+    """
+    found: list[str] = []
+    skipped: list[Skipped] = []
+    stack: list[str] = [""]  # folders still to read, relative to root
+    seen = 0
+    while stack:
+        rel_dir = stack.pop()
+        folder = root / rel_dir if rel_dir else root
+        try:
+            it = os.scandir(folder)
+        except OSError as exc:
+            skipped.append(Skipped(str(folder), f"cannot be read ({exc.strerror or exc}): not listed"))
+            continue
+        with it:
+            entries = []
+            unlisted = 0
+            for entry in it:
+                if entry.name.startswith("."):
+                    continue
+                if seen >= max_files:  # the bound: count the rest of this folder, keep nothing
+                    unlisted += 1
+                    continue
+                seen += 1
+                entries.append(entry)
+            subfolders = []
+            for entry in sorted(entries, key=lambda e: e.name):
+                rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+                try:
+                    is_dir = entry.is_dir(follow_symlinks=False)
+                    linked_dir = not is_dir and entry.is_symlink() and entry.is_dir()
+                except OSError:
+                    is_dir = linked_dir = False
+                if is_dir:
+                    subfolders.append(rel)
+                elif linked_dir:
+                    skipped.append(Skipped(str(root / rel), "a link to a folder: not followed"))
+                else:
+                    found.append(rel)
+            stack.extend(reversed(subfolders))  # depth first, in name order
+        if unlisted:
+            note = Skipped(
+                str(root),
+                f"the listing stopped at {max_files:,} entries (files, folders and links; evaluate --max-files N "
+                f"lists more): {unlisted:,} more in '{folder}' and the contents of {len(stack):,} folder(s) not yet "
+                "opened were not listed",
+            )
+            return found, skipped, note
+    return found, skipped, None
+
+
+def read_folder(
+    folder: str | Path, *, limit: int | None = None, max_rows: int = MAX_ROWS, max_files: int = MAX_FILES
+) -> Dataset:
     """Every image file under ``folder`` (recursively, sorted; the first ``max_rows`` files); other files are skipped
-    and reported."""
+    and reported. The listing reads at most ``max_files`` entries (:func:`list_folder`), saying so when it stops."""
     root = Path(folder)
     ds = Dataset(source=root, kind="folder")
-    files = sorted(
-        (f for f in root.rglob("*") if not _hidden(f.relative_to(root)) and not f.is_dir()),
-        key=lambda f: f.relative_to(root).as_posix(),
-    )
-    for n, f in enumerate(files):
+    listed, left_out, stopped = list_folder(root, max_files)
+    if stopped is not None:
+        ds.skipped.note(stopped)
+    ds.skipped.extend(left_out)
+    listed.sort()
+    for n, rel in enumerate(listed):
         if limit is not None and len(ds.items) >= limit:
             break
         if n >= max_rows:
             ds.skipped.note(_more_than(max_rows, str(root), "the folder holds"))
             break
-        rel = f.relative_to(root).as_posix()
+        f = root / rel
         if f.suffix.lower() not in IMAGE_SUFFIXES:
             hint = " (to use its labels and boxes, pass the CSV itself as --data)" if f.suffix.lower() == ".csv" else ""
             ds.skipped.append(Skipped(str(f), f"not an image file (expected {' '.join(IMAGE_SUFFIXES)}){hint}"))

@@ -49,7 +49,7 @@ from PIL import Image
 
 from vitviz.capture.targets import Target
 from vitviz.errors import CaptureError
-from vitviz.evaluate.data import MAX_ROWS, Dataset, Item, SkipLog, read_dataset
+from vitviz.evaluate.data import MAX_FILES, MAX_ROWS, Dataset, Item, SkipLog, read_dataset
 from vitviz.evaluate.faithfulness import DEFAULT_INSERTION_START, INSERTION_STARTS
 from vitviz.evaluate.results import (
     SCHEMA,
@@ -307,6 +307,7 @@ def evaluate_dataset(
     methods: Sequence[str] | None = None,
     limit: int | None = None,
     max_rows: int = MAX_ROWS,
+    max_files: int = MAX_FILES,
     size: int | tuple[int, int] | None = None,
     seed: int = 0,
     engine: str = "local",
@@ -353,7 +354,7 @@ def evaluate_dataset(
     from vitviz.cli_checks import check_output_folder
 
     check_output_folder(out.parent, "--out's folder")  # writable (created if missing) before any work
-    dataset = read_dataset(data, limit=limit, max_rows=max_rows)
+    dataset = read_dataset(data, limit=limit, max_rows=max_rows, max_files=max_files)
     if loaded is None:
         loaded = load_model(model, device=device)
     if size is not None:

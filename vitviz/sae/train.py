@@ -622,6 +622,8 @@ def train(
     if loaded is None:
         loaded = load_model(settings.model, device=settings.device)
     dataset = read_dataset(settings.data, limit=settings.limit)
+    # what stopped the listing (a folder past evaluate's MAX_FILES entries, a CSV past its rows) is reported too
+    listing = [[e.where, e.reason] for e in dataset.skipped.noted]
     train_items, held = split_items(dataset.items, settings.held_out, settings.seed)
     work = out / WORK_DIR
     keyed = {
@@ -686,7 +688,7 @@ def train(
         write_metrics(out, metrics)
     if not keep_work:
         shutil.rmtree(work, ignore_errors=True)
-    return TrainReport(out, sae, record, metrics, man.skipped)
+    return TrainReport(out, sae, record, metrics, [*listing, *man.skipped])
 
 
 def threads_note() -> str:
