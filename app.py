@@ -190,22 +190,29 @@ def size_ui() -> None:
     choices = sorted({max(p, round(h * f / p) * p) for f in (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)})
     current = ss.input_size[0] if ss.input_size else h
     side = st.select_slider("Height (px)", choices, value=current if current in choices else h)
-    keep = st.checkbox(
-        "Keep the image's aspect ratio", value=bool(ss.input_size and ss.input_size[0] != ss.input_size[1])
-    )
+    # Bound to the session (not derived from the input size): a fallback to a square input must not untick it
+    keep = st.checkbox("Keep the image's aspect ratio", **common.keep("keep_aspect"))
     img_w, img_h = ss.image_wh
     width = max(p, round(side * img_w / img_h / p) * p) if keep else side
     if keep:  # an image too long to keep its shape: say what helps here (the box), not a size already chosen
         from vitviz.capture.forward import DEFAULT_BUDGET_BYTES, check_budget
 
+        note = ""
         try:
             check_budget(model, (side, width), batch=1, gradients=False, budget=DEFAULT_BUDGET_BYTES)
         except VitvizError:
-            st.warning(
+            note = (
                 f"Keeping this {img_w} x {img_h} px image's aspect ratio makes the input {width} x {side} px "
                 f"(width x height), too large to run. Untick 'Keep the image's aspect ratio': it is then resized to "
-                f"{side} x {side} px. Until then the views use that size."
+                f"{side} x {side} px."
             )
+        if not note:
+            try:  # a public server's max_tokens: the same fallback, its own words
+                common.check_tokens(model, (side, width), (img_w, img_h))
+            except VitvizError as exc:
+                note = str(exc)
+        if note:
+            st.warning(f"{note} Until then the views use {side} x {side} px.")
             width = side
     elif abs(math.log((img_w / img_h) / (width / side))) > math.log(1.25):  # stretched by more than a quarter
         st.caption(

@@ -76,6 +76,7 @@ DEFAULTS = {
     "image_name": "demo-star.png",
     "image_bytes": None,
     "input_size": None,
+    "keep_aspect": False,  # the sidebar's box: the user's choice, kept when a fallback makes the input square
     "layer": None,
     "head": 0,
     "query": None,  # a token of stage ``query_stage``, POOLED, or None (the model's default: CLS, else pooled)
