@@ -18,6 +18,7 @@ import streamlit as st
 from ui import common
 from vitviz import figures
 from vitviz.figures.features import edited_predictions_figure, feature_histogram_figure
+from vitviz.text import md_plain, plotly_plain
 
 __all__ = [
     "BUNDLED",
@@ -34,6 +35,9 @@ __all__ = [
     "choose_index",
     "draw_card",
     "draw_label_search",
+    "ATTRIBUTION_EXACT",
+    "attribution_of",
+    "draw_attribution",
 ]
 
 BUNDLED = "The bundled demo SAE"
@@ -440,3 +444,104 @@ def draw_label_search(cur: common.Current, sae) -> int | None:
         "Show one of them", [i for i, _ in found], index=None, placeholder="a feature", key="sae_label_pick"
     )
     return None if pick is None else int(pick)
+
+
+# --- attribution of the features to the explained target ------------------------------------------------------------
+
+ATTRIBUTION_EXACT = 10  # features ablated exactly (one batched edited forward of this many copies)
+
+
+def attribution_of(cur: common.Current, sae, sae_key: str, target, exact_top: int = ATTRIBUTION_EXACT):
+    """:func:`vitviz.sae.run.attribution` of the image's Run (with the pane's label embeddings for a zero-shot
+    model) to ``target``; cached server-wide, computed in the queue."""
+    from ui import cached
+    from vitviz.capture.run import get_run
+    from vitviz.data.images import read_image
+    from vitviz.sae.run import attribution
+
+    emb = cached.label_embeddings(cur)
+
+    def compute():
+        image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
+        run = get_run(cur.model, image, size=cur.key[2], label_embeddings=emb)
+        return attribution(run, sae, target, exact_top=exact_top)
+
+    labels = cur.labels.prompts if cur.model.zero_shot and cur.labels is not None else None
+    key = ("sae_attribution", *cur.key, sae_key, target, exact_top, labels)
+    return cached.results_cache().get_or_compute(key, lambda: common.in_queue(compute))
+
+
+def draw_attribution(cur: common.Current, sae, sae_key: str) -> None:
+    """The features ranked by their attribution to the explained target (the class or label, minus another, as on
+    the other pages): the estimate (gradient x activation, one backward) for every feature, the exact effect of
+    zeroing each of the top :data:`ATTRIBUTION_EXACT`, and the rank correlation of the two over those. A feature
+    picked in the list becomes the page's ``sae_feature`` (its map, histogram and card)."""
+    from ui import target_boxes
+    from vitviz.errors import VitvizError
+    from vitviz.figures.features import attribution_figure
+
+    ranked = common.classes(cur)
+    if ranked is None:
+        st.info(
+            "Attribution explains a class or label score: it needs a classifier, or labels for a zero-shot model "
+            "(type them in the sidebar)."
+        )
+        return
+    start = target_boxes.session_target(ranked)
+    target_boxes.forget_widgets_unless(
+        (cur.key, start, None if ranked.labels is None else ranked.labels.prompts),
+        "sae_attr_target_index",
+        "sae_attr_target_minus",
+    )
+    target = target_boxes.target_ui(ranked, key="sae_attr_target", start=start)
+    try:
+        with st.spinner("Attributing the features (one backward, then the top ones zeroed)…"):
+            att = attribution_of(cur, sae, sae_key, target)
+    except VitvizError as exc:
+        st.error(str(exc))
+        return
+    name = att.target.name(cur.model.id2label)
+    ids = [int(i) for i in att.exact_ids]
+    if not ids:
+        st.info(f"No feature of this image has an estimated effect on {name}: every estimate is 0.")
+        return
+    n = len(ids)
+    common.chart(
+        attribution_figure(ids, att.estimate[ids], att.exact, target=plotly_plain(name)),
+        key="sae_attr_chart",
+    )
+    st.dataframe(
+        {
+            "feature": ids,
+            "estimate, one backward (gradient x activation)": [float(att.estimate[i]) for i in ids],
+            "exact (zeroed)": [float(v) for v in att.exact],
+        },
+        hide_index=True,
+        width="stretch",
+        key="sae_attr_table",
+    )
+    rho = att.rank_correlation
+    rho_text = "undefined (a side is constant)" if not np.isfinite(rho) else f"{rho:.3f}"
+    st.caption(
+        f"Target: {md_plain(name)} (clean value {att.clean:.4g}, before softmax). **Estimate, one backward**: "
+        "for every feature i, the sum over the tokens in the SAE's scope of f_i(t) x d target / d f_i(t), gradient x "
+        "activation through the decoder, a first-order guess of what removing the feature changes. **Exact**: the "
+        f"target of the clean run minus the target with feature i zeroed (error term kept; one edited forward per "
+        f"feature, batched), for the {n} features with the largest |estimate|, listed largest first. "
+        f"Spearman rank correlation of the estimate and the exact values over these {n}: **{rho_text}**."
+    )
+    st.selectbox(
+        "Show one of them on the map and card",
+        ids,
+        index=None,
+        placeholder="a feature of this list",
+        key="sae_attr_pick",
+        on_change=_pick_attributed,
+    )
+
+
+def _pick_attributed() -> None:
+    """A feature picked in the attribution list becomes the page's feature (before the page's boxes are drawn)."""
+    ss = st.session_state
+    if ss.get("sae_attr_pick") is not None:
+        ss.sae_feature = int(ss.sae_attr_pick)
