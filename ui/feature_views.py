@@ -64,15 +64,17 @@ def _stamp(path: Path) -> int:
         return 0
 
 
-def choose_sae(cur: common.Current):
-    """The SAE picked in the page's widgets, loaded and checked against the model; None (with the reason shown)."""
+def choose_sae(cur: common.Current, *, prefix: str = "sae", others=(), check: bool = True):
+    """The SAE picked in the page's widgets (keys ``f"{prefix}_source"``, ``_listed``, ``_path``, ``_point``),
+    loaded and, where ``check``, checked against the model; None (with the reason shown). The bundled demo SAE is
+    offered where ``cur``'s model or one of ``others`` (more panes' models) is ``demo``."""
     from vitviz.sae.demo import DEMO_SAE_DIR
     from vitviz.sae.load import check_point
     from vitviz.sae.model import SAEError
 
     settings = common.serve_settings()
     public = settings.public
-    options = [BUNDLED] if cur.model.name == "demo" else []
+    options = [BUNDLED] if "demo" in (cur.model.name, *(m.name for m in others)) else []
     if settings.saes:
         options.append(LISTED)
     if not public:
@@ -83,26 +85,27 @@ def choose_sae(cur: common.Current):
             "this server's operator lists: it lists none. Typed SAE folders are off in public mode."
         )
         return None
-    source = st.radio("SAE", options, horizontal=True, key="sae_source")
+    source = st.radio("SAE", options, horizontal=True, key=f"{prefix}_source")
     point = None
     if source == BUNDLED:
         path = DEMO_SAE_DIR
     elif source == LISTED:
         names = {_shown(p, settings.saes): p for p in settings.saes}
-        pick = st.selectbox("This server's SAEs", list(names), key="sae_listed")
+        pick = st.selectbox("This server's SAEs", list(names), key=f"{prefix}_listed")
         path = Path(names[pick]).expanduser()
     else:
         text = st.text_input(
-            "SAE folder or file", key="sae_path", placeholder="/path/to/sae (cfg.json + sae_weights.safetensors)"
+            "SAE folder or file", key=f"{prefix}_path", placeholder="/path/to/sae (cfg.json + sae_weights.safetensors)"
         )
-        point = st.text_input("Its point, if the checkpoint does not say (saev)", key="sae_point") or None
+        point = st.text_input("Its point, if the checkpoint does not say (saev)", key=f"{prefix}_point") or None
         if not text:
             st.caption("SAELens folders, ViT-Prisma checkpoints (config.json + .pt) and saev checkpoints are read.")
             return None
         path = Path(text).expanduser()
     try:
         sae = get_sae(str(path), _stamp(Path(path)), point)
-        check_point(sae, cur.model)
+        if check:
+            check_point(sae, cur.model)
     except SAEError as exc:
         st.error(_visitor_message(exc, path, settings))
         return None
