@@ -94,3 +94,31 @@ def test_the_pages_attribution_is_the_engines(demo_model):
     table = next(d.value for d in at.dataframe if "exact (zeroed)" in d.value.columns)
     assert list(table["feature"]) == [int(i) for i in other.exact_ids]
     np.testing.assert_allclose(table["exact (zeroed)"], other.exact)
+
+
+def test_a_zero_shot_models_labels_are_the_target(demo_model):
+    """demo-clip has demo's point and width (blocks.2.out, 96): the demo SAE, typed, reads it; the attribution
+    explains a typed label's score, as the engine does on the run with the labels' embeddings."""
+    from ui.common import get_label_embeddings, get_model
+    from vitviz.data.images import read_image
+    from vitviz.models.zeroshot import parse_labels
+
+    at = AppTest.from_file(APP, default_timeout=240)
+    at.run()
+    at.selectbox(key="model_pick").set_value("demo-clip").run()
+    at.text_area(key="labels_demo-clip").input("circle, star, square").run()
+    at.switch_page("pages/features.py").run()
+    at.text_input(key="sae_path").input(str(DEMO_SAE_DIR)).run()
+    no_trouble(at, "demo-clip")
+    box = at.selectbox(key="sae_attr_target_index")
+    assert box.label == "Label"
+    loaded = get_model("demo-clip")
+    labels = parse_labels("circle, star, square", loaded.text.template)
+    emb = get_label_embeddings("demo-clip", labels.prompts)
+    run = get_run(loaded, read_image(at.session_state.image_bytes).image, label_embeddings=emb)
+    att = attribution(run, load_sae(DEMO_SAE_DIR, loaded=loaded), Target.of_label(labels, box.value), exact_top=10)
+    table = next(d.value for d in at.dataframe if "exact (zeroed)" in d.value.columns)
+    assert list(table["feature"]) == [int(i) for i in att.exact_ids]
+    np.testing.assert_allclose(table["exact (zeroed)"], att.exact, rtol=1e-5, atol=1e-6)
+    stated = next(c.value for c in at.caption if "Spearman rank correlation" in c.value)
+    assert f"**{_spearman(att.estimate[att.exact_ids], att.exact):.3f}**" in stated

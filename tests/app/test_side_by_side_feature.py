@@ -93,3 +93,12 @@ def test_a_pane_whose_model_lacks_the_saes_point_says_why():
     assert any(t.startswith("A. demo: feature") for t in titles)
     assert not any(t.startswith("B.") for t in titles)
     assert any("one pane has no map" in c.value for c in at.caption)
+
+
+def test_a_typed_folder_that_is_not_an_sae_gets_a_message(tmp_path):
+    at = _page()
+    at.radio(key="sbs_sae_source").set_value("An SAE folder on this machine").run()
+    assert not at.exception and not at.error  # nothing typed yet: a hint, no map
+    at.text_input(key="sbs_sae_path").input(str(tmp_path)).run()
+    assert not at.exception
+    assert any("holds no SAE" in e.value for e in at.error)
