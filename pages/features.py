@@ -1,6 +1,7 @@
 """Features: a sparse autoencoder's features of the image at one point, each patch's strongest, a feature's map and
-histogram, the feature card from an index over a data set (top examples, histogram, direct effect), finding features
-by a label (CLIP, SigLIP), and the run with a feature clamped, scaled or zeroed."""
+histogram, the features ranked by their attribution to the explained target (estimate and exact), the feature card
+from an index over a data set (top examples, histogram, direct effect), finding features by a label (CLIP, SigLIP),
+and the run with a feature clamped, scaled or zeroed."""
 
 import streamlit as st
 
@@ -68,6 +69,9 @@ with right:
 with left:
     feature_views.draw_feature_map(cur, feats, ss.sae_feature, marked, key="sae_map")
 feature_views.draw_histogram(feats, ss.sae_feature)
+
+st.subheader("Which features drive the target")
+feature_views.draw_attribution(cur, sae, sae_key)
 
 st.subheader("Feature card (over a data set)")
 index = feature_views.choose_index(cur, sae, sae_key)

@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 import streamlit as st
 
-from ui import attention_views, common, target_boxes
+from ui import attention_views, common, feature_views, target_boxes
 from vitviz import figures
 from vitviz.compare import depth_match, difference, token_of
 from vitviz.data.images import read_image
@@ -37,6 +37,7 @@ VIEWS = {
     "mean": "mean of the heads",
     "rollout": "rollout",
     "relevance": "relevance",
+    "feature": "SAE feature",
 }
 
 
@@ -143,6 +144,31 @@ scale = row1[2].radio(
 )
 
 
+def _feature_choice():
+    """The SAE (one for both panes) and the feature the "SAE feature" view draws; None (the reason shown)."""
+    s1, s2 = st.columns([3, 1])
+    with s1:
+        sae = feature_views.choose_sae(cur, prefix="sbs_sae", others=(cur_b.model,), check=False)
+    if sae is None:
+        return None
+    if "sbs_feature" not in ss or not 0 <= ss.sbs_feature < sae.d_sae:
+        ss.sbs_feature = _strongest(sae)
+    feature = s2.number_input("Feature", 0, sae.d_sae - 1, key="sbs_feature")
+    return sae, int(feature)
+
+
+def _strongest(sae) -> int:
+    """The feature strongest on a patch of pane A's image (else of pane B's; 0 where the SAE fits neither)."""
+    for cur_x in (cur, cur_b):
+        try:
+            feats = feature_views.features_of(cur_x, sae)
+        except VitvizError:
+            continue
+        gh, gw = feats.grid
+        return int(feats.values[feats.n_prefix : feats.n_prefix + gh * gw].max(dim=0).values.argmax())
+    return 0
+
+
 def _target(cur_x: common.Current, label_key: str | None, session: bool):
     """The target a pane explains (``Target``): the chosen zero-shot label (``label_key``); else the session's
     target (``session``: pane A, and pane B where its classes are pane A's, so both explain the same thing); else
@@ -180,6 +206,8 @@ def _own_target(cur_x: common.Current, ranked: common.Classes):
 def _settings(cur_x: common.Current, block: int, target):
     """What a pane's view shows: the same view, block by depth, head by index, query at the clicked point."""
     cap, point = cur_x.cap, ss.get("sbs_point")
+    if view == "feature":
+        return attention_views.FeatureSettings(*chosen)
     if view == "relevance":
         if target is None:
             raise ValueError("relevance needs a classifier or zero-shot labels")
@@ -198,12 +226,14 @@ MAP_OF = {
     "mean": attention_views.head_map,
     "rollout": attention_views.rollout_map,
     "relevance": attention_views.relevance_map,
+    "feature": attention_views.feature_map,
 }
 DRAW = {
     "head": attention_views.draw_head_map,
     "mean": attention_views.draw_head_map,
     "rollout": attention_views.draw_rollout,
     "relevance": attention_views.draw_relevance,
+    "feature": attention_views.draw_feature,
 }
 
 labels_differ = differs == "labels"
@@ -223,25 +253,62 @@ elif view == "relevance" and not labels_differ:
         + (" and in pane B." if same_classes else "; pane B, a model with other classes, the target chosen above.")
     )
 
+chosen = _feature_choice() if view == "feature" else None
+if view == "feature" and chosen is None:
+    st.stop()
+if view == "feature":
+    st.caption(
+        "The same SAE and feature in both panes: the feature's activation on each patch at the SAE's point (prefix "
+        "tokens left out), read from each pane's clean run. A pane whose model lacks the SAE's point or width says "
+        "why instead of drawing. Colour: the scale chosen above (by default shared, [0, the larger maximum of the "
+        "two]: the same colour is the same activation in both panes)."
+        + (
+            " A model of the same point and width is drawn too, though the SAE may have been trained on the other: "
+            "read its pane with care."
+            if differs == "models"
+            else ""
+        )
+    )
+
 try:
     with st.spinner("Computing both panes…"):
         shown = [_settings(cur, block_a, target_a), _settings(cur_b, block_b, target_b)]
-        map_a, map_b = (MAP_OF[view](c, s).values for c, s in zip((cur, cur_b), shown, strict=True))
 except (VitvizError, ValueError) as exc:
     st.error(str(exc))
     st.stop()
+maps, why_not = [], []
+for cur_x, settings in zip((cur, cur_b), shown, strict=True):
+    try:
+        with st.spinner("Computing both panes…"):
+            maps.append(MAP_OF[view](cur_x, settings).values)
+        why_not.append(None)
+    except (VitvizError, ValueError) as exc:
+        if view != "feature":  # the other views: both panes or neither
+            st.error(str(exc))
+            st.stop()
+        maps.append(None)
+        why_not.append(str(exc))
+drawn_values = [m for m in maps if m is not None]
+if not drawn_values:
+    st.error(f"Neither pane can draw feature {chosen[1]}: " + "; ".join(why_not))
+    st.stop()
 
 if scale.startswith("shared"):
-    top = float(max(np.nanmax(map_a), np.nanmax(map_b)))
+    top = float(max(np.nanmax(m) for m in drawn_values))
     limits = [(0.0, top), (0.0, top)]
 elif scale.startswith("each map [0"):
-    limits = [(0.0, float(np.nanmax(m))) for m in (map_a, map_b)]
+    limits = [(0.0, float(np.nanmax(m))) if m is not None else (0.0, 0.0) for m in maps]
 else:
-    limits = [(float(np.nanmin(m)), float(np.nanmax(m))) for m in (map_a, map_b)]
+    limits = [(float(np.nanmin(m)), float(np.nanmax(m))) if m is not None else (0.0, 0.0) for m in maps]
 
 drawn_maps = []
-for col, cur_x, settings, (lo, hi), who in zip(st.columns(2), (cur, cur_b), shown, limits, ("A", "B"), strict=True):
+panes = zip(st.columns(2), (cur, cur_b), shown, limits, ("A", "B"), why_not, strict=True)
+for col, cur_x, settings, (lo, hi), who, why in panes:
     with col:  # the same view function, called once per pane with that pane's state
+        if why is not None:
+            st.warning(f"Pane {who} ({md_plain(cur_x.cap.model_name)}) draws no feature map: {why}")
+            drawn_maps.append(None)
+            continue
         drawn = DRAW[view](
             cur_x,
             settings,
@@ -259,6 +326,10 @@ if differs == "models":
         f"Pane B: {md_plain(what_b)}, {cap_b.block_label(block_b)} (the same relative depth as "
         f"{cap_a.block_label(block_a)})."
     )
+if any(m is None for m in maps):
+    st.caption("No difference panel and no files: one pane has no map.")
+    st.stop()
+map_a, map_b = maps
 
 diff = difference(map_a, map_b)
 # the files name each pane's map and its unit (its colour bar), as drawn

@@ -91,7 +91,9 @@ def test_static_views_are_the_apps_figures_of_the_same_numbers(demo_run):
     assert list(bars.x)[::-1] == pytest.approx([p.probability for p in cap.predictions])
     assert list(bars.y)[-1] == f"{cap.predictions[0].label} ({cap.predictions[0].index})"
     for view in VIEWS:
-        options = {"sae": DEMO_SAE_DIR} if view == "features" else {}  # the bundled demo SAE reads demo's blocks.2
+        # the bundled demo SAE reads demo's blocks.2; the card's direct effect needs no index
+        options = {"features": {"sae": DEMO_SAE_DIR}, "feature-card": {"sae": DEMO_SAE_DIR, "part": "effect"}}
+        options = options.get(view, {})
         assert vitviz.show(demo_run, view, **options) is not None
 
 
@@ -120,7 +122,7 @@ def test_zero_shot_runs_score_the_labels_and_draw_every_view(clip_run):
     assert list(bars.y)[::-1] == [f"{labels.names[i]} ({i})" for i in order]
     assert list(bars.x)[::-1] == pytest.approx(expected.probabilities[order], abs=1e-5)
     for view in VIEWS:
-        if view != "features":  # no SAE is bundled for demo-clip
+        if view not in ("features", "feature-card"):  # no SAE is bundled for demo-clip
             assert vitviz.show(clip_run, view) is not None
 
 

@@ -16,10 +16,10 @@ one page can draw the same view twice with two states, as the Side by side page 
 * ``draw_masks`` (DINO's masks of every head of a block): chart ``f"{key}_grid"``;
 * ``draw_summaries`` (a per-head summary of every block, and distance against depth): charts ``f"{key}_map"``,
   ``f"{key}_depth"``, downloads ``f"{key}-npz"``, ``f"{key}-csv"``;
-* ``draw_rollout``, ``draw_relevance``: chart ``f"{key}_map"``;
+* ``draw_rollout``, ``draw_relevance``, ``draw_feature`` (an SAE feature's activation): chart ``f"{key}_map"``;
 * ``draw_lens`` (the logit lens): chart ``f"{key}_chart"``, downloads ``f"{key}-npz"``, ``f"{key}-csv"``.
 
-The maps also have their computing half (``head_map``, ``rollout_map``, ``relevance_map``), which a page
+The maps also have their computing half (``head_map``, ``rollout_map``, ``relevance_map``, ``feature_map``), which a page
 calls when it needs the numbers before drawing (a colour scale shared by two panes). A title starts lower
 case and gets a capital when drawn without ``title_prefix`` (a pane's is "A. demo: ").
 """
@@ -46,6 +46,7 @@ from vitviz.text import md_plain, plotly_plain
 
 __all__ = [
     "BlocksSettings",
+    "FeatureSettings",
     "HeadSettings",
     "KnockoutSettings",
     "LensSettings",
@@ -56,6 +57,8 @@ __all__ = [
     "ViewMap",
     "draw_blocks",
     "draw_deformable",
+    "draw_feature",
+    "feature_map",
     "draw_head_grid",
     "draw_head_map",
     "draw_head_side",
@@ -116,6 +119,14 @@ class RelevanceSettings:
 
     target: Target
     start_block: int = 0  # relevance through blocks k..L-1
+
+
+@dataclass(frozen=True, eq=False)
+class FeatureSettings:
+    """An SAE feature's activation over the patches (:func:`vitviz.sae.run.features`, ``.map(feature)``)."""
+
+    sae: object  # a vitviz.sae.SparseAutoencoder
+    feature: int
 
 
 @dataclass(frozen=True)
@@ -579,3 +590,27 @@ def draw_lens(cur: common.Current, s: LensSettings, *, key: str):
         logit_lens=lens.logits,
     )
     return lens
+
+
+def feature_map(cur: common.Current, s: FeatureSettings) -> ViewMap:
+    """The feature's activation on each patch of the pane's image at the SAE's point (the image's Run, no forward of
+    its own). Raises :class:`vitviz.sae.model.SAEError` where the pane's model lacks the SAE's point or width."""
+    from ui.feature_views import features_of
+
+    feats = features_of(cur, s.sae)
+    return ViewMap(feats.map(int(s.feature)), f"feature {int(s.feature)} at {feats.point}", "activation", 0)
+
+
+def draw_feature(
+    cur: common.Current,
+    s: FeatureSettings,
+    *,
+    key: str,
+    title_prefix: str = "",
+    config: Mapping | None = None,
+    **figure_kw,
+) -> ViewMap:
+    """Draw :func:`feature_map` (chart ``f"{key}_map"``; a click lands on the pane's grid)."""
+    m = feature_map(cur, s)
+    _draw(cur, m, key=key, title_prefix=title_prefix, config=config, clickable=True, **figure_kw)
+    return m

@@ -18,6 +18,7 @@ import streamlit as st
 from ui import common
 from vitviz import figures
 from vitviz.figures.features import edited_predictions_figure, feature_histogram_figure
+from vitviz.text import md_plain, plotly_plain
 
 __all__ = [
     "BUNDLED",
@@ -34,6 +35,9 @@ __all__ = [
     "choose_index",
     "draw_card",
     "draw_label_search",
+    "ATTRIBUTION_EXACT",
+    "attribution_of",
+    "draw_attribution",
 ]
 
 BUNDLED = "The bundled demo SAE"
@@ -60,15 +64,17 @@ def _stamp(path: Path) -> int:
         return 0
 
 
-def choose_sae(cur: common.Current):
-    """The SAE picked in the page's widgets, loaded and checked against the model; None (with the reason shown)."""
+def choose_sae(cur: common.Current, *, prefix: str = "sae", others=(), check: bool = True):
+    """The SAE picked in the page's widgets (keys ``f"{prefix}_source"``, ``_listed``, ``_path``, ``_point``),
+    loaded and, where ``check``, checked against the model; None (with the reason shown). The bundled demo SAE is
+    offered where ``cur``'s model or one of ``others`` (more panes' models) is ``demo``."""
     from vitviz.sae.demo import DEMO_SAE_DIR
     from vitviz.sae.load import check_point
     from vitviz.sae.model import SAEError
 
     settings = common.serve_settings()
     public = settings.public
-    options = [BUNDLED] if cur.model.name == "demo" else []
+    options = [BUNDLED] if "demo" in (cur.model.name, *(m.name for m in others)) else []
     if settings.saes:
         options.append(LISTED)
     if not public:
@@ -79,26 +85,27 @@ def choose_sae(cur: common.Current):
             "this server's operator lists: it lists none. Typed SAE folders are off in public mode."
         )
         return None
-    source = st.radio("SAE", options, horizontal=True, key="sae_source")
+    source = st.radio("SAE", options, horizontal=True, key=f"{prefix}_source")
     point = None
     if source == BUNDLED:
         path = DEMO_SAE_DIR
     elif source == LISTED:
         names = {_shown(p, settings.saes): p for p in settings.saes}
-        pick = st.selectbox("This server's SAEs", list(names), key="sae_listed")
+        pick = st.selectbox("This server's SAEs", list(names), key=f"{prefix}_listed")
         path = Path(names[pick]).expanduser()
     else:
         text = st.text_input(
-            "SAE folder or file", key="sae_path", placeholder="/path/to/sae (cfg.json + sae_weights.safetensors)"
+            "SAE folder or file", key=f"{prefix}_path", placeholder="/path/to/sae (cfg.json + sae_weights.safetensors)"
         )
-        point = st.text_input("Its point, if the checkpoint does not say (saev)", key="sae_point") or None
+        point = st.text_input("Its point, if the checkpoint does not say (saev)", key=f"{prefix}_point") or None
         if not text:
             st.caption("SAELens folders, ViT-Prisma checkpoints (config.json + .pt) and saev checkpoints are read.")
             return None
         path = Path(text).expanduser()
     try:
         sae = get_sae(str(path), _stamp(Path(path)), point)
-        check_point(sae, cur.model)
+        if check:
+            check_point(sae, cur.model)
     except SAEError as exc:
         st.error(_visitor_message(exc, path, settings))
         return None
@@ -440,3 +447,104 @@ def draw_label_search(cur: common.Current, sae) -> int | None:
         "Show one of them", [i for i, _ in found], index=None, placeholder="a feature", key="sae_label_pick"
     )
     return None if pick is None else int(pick)
+
+
+# --- attribution of the features to the explained target ------------------------------------------------------------
+
+ATTRIBUTION_EXACT = 10  # features ablated exactly (one batched edited forward of this many copies)
+
+
+def attribution_of(cur: common.Current, sae, sae_key: str, target, exact_top: int = ATTRIBUTION_EXACT):
+    """:func:`vitviz.sae.run.attribution` of the image's Run (with the pane's label embeddings for a zero-shot
+    model) to ``target``; cached server-wide, computed in the queue."""
+    from ui import cached
+    from vitviz.capture.run import get_run
+    from vitviz.data.images import read_image
+    from vitviz.sae.run import attribution
+
+    emb = cached.label_embeddings(cur)
+
+    def compute():
+        image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
+        run = get_run(cur.model, image, size=cur.key[2], label_embeddings=emb)
+        return attribution(run, sae, target, exact_top=exact_top)
+
+    labels = cur.labels.prompts if cur.model.zero_shot and cur.labels is not None else None
+    key = ("sae_attribution", *cur.key, sae_key, target, exact_top, labels)
+    return cached.results_cache().get_or_compute(key, lambda: common.in_queue(compute))
+
+
+def draw_attribution(cur: common.Current, sae, sae_key: str) -> None:
+    """The features ranked by their attribution to the explained target (the class or label, minus another, as on
+    the other pages): the estimate (gradient x activation, one backward) for every feature, the exact effect of
+    zeroing each of the top :data:`ATTRIBUTION_EXACT`, and the rank correlation of the two over those. A feature
+    picked in the list becomes the page's ``sae_feature`` (its map, histogram and card)."""
+    from ui import target_boxes
+    from vitviz.errors import VitvizError
+    from vitviz.figures.features import attribution_figure
+
+    ranked = common.classes(cur)
+    if ranked is None:
+        st.info(
+            "Attribution explains a class or label score: it needs a classifier, or labels for a zero-shot model "
+            "(type them in the sidebar)."
+        )
+        return
+    start = target_boxes.session_target(ranked)
+    target_boxes.forget_widgets_unless(
+        (cur.key, start, None if ranked.labels is None else ranked.labels.prompts),
+        "sae_attr_target_index",
+        "sae_attr_target_minus",
+    )
+    target = target_boxes.target_ui(ranked, key="sae_attr_target", start=start)
+    try:
+        with st.spinner("Attributing the features (one backward, then the top ones zeroed)…"):
+            att = attribution_of(cur, sae, sae_key, target)
+    except VitvizError as exc:
+        st.error(str(exc))
+        return
+    name = att.target.name(cur.model.id2label)
+    ids = [int(i) for i in att.exact_ids]
+    if not ids:
+        st.info(f"No feature of this image has an estimated effect on {name}: every estimate is 0.")
+        return
+    n = len(ids)
+    common.chart(
+        attribution_figure(ids, att.estimate[ids], att.exact, target=plotly_plain(name)),
+        key="sae_attr_chart",
+    )
+    st.dataframe(
+        {
+            "feature": ids,
+            "estimate, one backward (gradient x activation)": [float(att.estimate[i]) for i in ids],
+            "exact (zeroed)": [float(v) for v in att.exact],
+        },
+        hide_index=True,
+        width="stretch",
+        key="sae_attr_table",
+    )
+    rho = att.rank_correlation
+    rho_text = "undefined (a side is constant)" if not np.isfinite(rho) else f"{rho:.3f}"
+    st.caption(
+        f"Target: {md_plain(name)} (clean value {att.clean:.4g}, before softmax). **Estimate, one backward**: "
+        "for every feature i, the sum over the tokens in the SAE's scope of f_i(t) x d target / d f_i(t), gradient x "
+        "activation through the decoder, a first-order guess of what removing the feature changes. **Exact**: the "
+        f"target of the clean run minus the target with feature i zeroed (error term kept; one edited forward per "
+        f"feature, batched), for the {n} features with the largest |estimate|, listed largest first. "
+        f"Spearman rank correlation of the estimate and the exact values over these {n}: **{rho_text}**."
+    )
+    st.selectbox(
+        "Show one of them on the map and card",
+        ids,
+        index=None,
+        placeholder="a feature of this list",
+        key="sae_attr_pick",
+        on_change=_pick_attributed,
+    )
+
+
+def _pick_attributed() -> None:
+    """A feature picked in the attribution list becomes the page's feature (before the page's boxes are drawn)."""
+    ss = st.session_state
+    if ss.get("sae_attr_pick") is not None:
+        ss.sae_feature = int(ss.sae_attr_pick)

@@ -60,7 +60,18 @@ if TYPE_CHECKING:
 
 __all__ = ["VIEWS", "OPTIONS", "DEFAULT_OPACITY", "NotebookError", "HeadView", "run", "show"]
 
-VIEWS = ("heads", "heads-static", "rollout", "relevance", "predictions", "positions", "tokens", "features")
+VIEWS = (
+    "heads",
+    "heads-static",
+    "rollout",
+    "relevance",
+    "predictions",
+    "positions",
+    "tokens",
+    "features",
+    "feature-card",
+)
+CARD_PARTS = ("examples", "histogram", "effect")  # the feature card's figures (show(run, "feature-card", part=...))
 # The options each view takes (``show(run, view, **options)``); anything else is refused, naming these.
 OPTIONS: dict[str, tuple[str, ...]] = {
     "heads": ("height", "max_bytes", "opacity"),
@@ -71,6 +82,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "positions": ("block",),
     "tokens": (),
     "features": ("sae", "feature", "opacity"),
+    "feature-card": ("sae", "index", "feature", "part"),
 }
 DEFAULT_OPACITY = 0.6  # of a map over the photo: the photo stays visible (1 hides it)
 
@@ -304,7 +316,13 @@ def show(target: Run | Capture, view: str = "heads", **options: Any) -> HeadView
     * ``tokens``: the token sequence;
     * ``features`` (needs a run): a sparse autoencoder's feature over the image; ``sae`` (required: an SAE folder
       or file, or a loaded :class:`~vitviz.sae.model.SparseAutoencoder`), ``feature`` (default: the feature
-      most active on any patch), ``opacity``.
+      most active on any patch), ``opacity``;
+    * ``feature-card`` (needs a run): one figure of the Features page's feature card: ``part`` ``"examples"`` (the
+      feature's top examples over the index's data set, its map over each crop; the default), ``"histogram"`` (its
+      activation histogram over the data set) or ``"effect"`` (its direct effect on the read-out: the logits, or a
+      zero-shot run's labels); ``sae`` (required, as for ``features``), ``index`` (required for ``examples`` and
+      ``histogram``: the ``.parquet`` file ``vitviz sae index`` wrote, or a loaded index), ``feature`` (default:
+      the feature most active on any patch of the run's image).
     """
     from vitviz.capture.run import Run
     from vitviz.record import Capture
@@ -340,27 +358,43 @@ def show(target: Run | Capture, view: str = "heads", **options: Any) -> HeadView
         return _relevance(target, **options)
     if view == "features":
         return _features(target, **options)
+    if view == "feature-card":
+        return _feature_card(target, **options)
     return _predictions(target, **options)
 
 
-def _features(run: Run, *, sae: Any = None, feature: Any = None, opacity: Any = DEFAULT_OPACITY) -> go.Figure:
-    from vitviz import figures
+def _sae_of(run: Run, sae: Any, view: str):
     from vitviz.sae import SparseAutoencoder, load_sae
-    from vitviz.sae.run import features
 
     if sae is None:
-        raise NotebookError("show(run, 'features') needs sae=: an SAE folder (e.g. vitviz/assets/demo-sae) or file")
+        raise NotebookError(f"show(run, {view!r}) needs sae=: an SAE folder (e.g. vitviz/assets/demo-sae) or file")
     if not isinstance(sae, SparseAutoencoder):
         if not isinstance(sae, (str, Path)):
             raise NotebookError(f"sae is an SAE folder, a file or a loaded SparseAutoencoder; got {type(sae).__name__}")
         sae = load_sae(sae, loaded=run.loaded)
-    opacity = _fraction("opacity", opacity)
+    return sae
+
+
+def _feature_of(run: Run, sae, feature: Any):
+    """(the run's features, the feature: the one given, checked, or the most active on any patch)."""
+    from vitviz.sae.run import features
+
     feats = features(run, sae)
     gh, gw = feats.grid
     patches = feats.values[feats.n_prefix : feats.n_prefix + gh * gw]
     if feature is None:
         feature = int(patches.max(dim=0).values.argmax())
-    feature = _index("feature", feature, sae.d_sae, f"the SAE has {sae.d_sae} features")
+    return feats, _index("feature", feature, sae.d_sae, f"the SAE has {sae.d_sae} features")
+
+
+def _features(run: Run, *, sae: Any = None, feature: Any = None, opacity: Any = DEFAULT_OPACITY) -> go.Figure:
+    from vitviz import figures
+
+    sae = _sae_of(run, sae, "features")
+    opacity = _fraction("opacity", opacity)
+    feats, feature = _feature_of(run, sae, feature)
+    gh, gw = feats.grid
+    patches = feats.values[feats.n_prefix : feats.n_prefix + gh * gw]
     on = float((patches[:, feature] > 0).float().mean())
     return figures.map_figure(
         run.capture.image,
@@ -368,6 +402,61 @@ def _features(run: Run, *, sae: Any = None, feature: Any = None, opacity: Any = 
         title=f"Feature {feature} of the SAE at {feats.point} (active on {on:.0%} of the patches)",
         colorbar_title="activation",
         opacity=opacity,
+    )
+
+
+def _feature_card(
+    run: Run, *, sae: Any = None, index: Any = None, feature: Any = None, part: Any = "examples"
+) -> go.Figure:
+    """One figure of the feature card (the Features page's): top examples, histogram over the data set, or the
+    direct effect on the read-out."""
+    from vitviz.figures.features import effects_figure, feature_crops_figure, index_histogram_figure
+    from vitviz.sae.card import example_crops, feature_effects, label_effects, readout_for, top_effects
+    from vitviz.sae.index import FeatureIndex, load_index
+
+    if part not in CARD_PARTS:
+        raise NotebookError(f"part is one of {', '.join(CARD_PARTS)}; got {part!r}{_did_you_mean(part, CARD_PARTS)}")
+    sae = _sae_of(run, sae, "feature-card")
+    _, feature = _feature_of(run, sae, feature)
+    if part == "effect":
+        readout = readout_for(run.loaded, sae.cfg.point)
+        eff = feature_effects(sae, readout, [feature])
+        if readout.kind == "embedding":
+            if run.labels is None or run.label_embeddings is None:
+                raise NotebookError(
+                    "a zero-shot model's direct effect is on its labels' scores: run it with labels= "
+                    "(vitviz.run(..., labels=...))."
+                )
+            eff = label_effects(eff, run.label_embeddings)
+            names, what = list(run.labels.names), "direct effect on the label's score (u . t / |t|)"
+        else:
+            names, what = list(readout.names), "direct effect on the logit"
+        pos, neg = top_effects(eff[0], names, n=8)
+        return effects_figure(
+            pos, neg, title=f"Feature {feature}: direct effect, most positive and negative", what=what
+        )
+    if index is None:
+        raise NotebookError(
+            f"show(run, 'feature-card', part={part!r}) needs index=: the .parquet file `vitviz sae index` wrote"
+        )
+    if not isinstance(index, FeatureIndex):
+        if not isinstance(index, (str, Path)):
+            raise NotebookError(f"index is a .parquet file or a loaded FeatureIndex; got {type(index).__name__}")
+        index = load_index(index, sae, run.loaded)
+    e = index.feature(feature)
+    if part == "histogram":
+        return index_histogram_figure(
+            e.histogram, e.edges, feature=feature, frequency=e.frequency, tokens=int(index.meta["tokens"])
+        )
+    if not e.examples:
+        raise NotebookError(f"feature {feature} is never active on the index's images: it has no top examples")
+    crops, _ = example_crops(sae, run.loaded, index, feature)
+    if not crops:
+        raise NotebookError(f"none of feature {feature}'s top examples' images can be read any more")
+    return feature_crops_figure(
+        [c.image for c in crops],
+        [c.title for c in crops],
+        title=f"Feature {feature}: its {len(crops)} strongest tokens over the data set",
     )
 
 

@@ -15,6 +15,7 @@ __all__ = [
     "index_histogram_figure",
     "effects_figure",
     "label_search_figure",
+    "attribution_figure",
 ]
 
 
@@ -160,5 +161,43 @@ def label_search_figure(features: Sequence[int], values: Sequence[float], *, lab
         yaxis=dict(autorange="reversed"),
         height=90 + 24 * max(len(features), 1),
         margin=dict(l=100, r=10, t=50, b=40),
+    )
+    return fig
+
+
+def attribution_figure(
+    features: Sequence[int], estimate: Sequence[float], exact: Sequence[float], *, target: str
+) -> go.Figure:
+    """Features' attribution to a target: the first-order estimate (gradient x activation) beside the exact effect of
+    zeroing each (``target(clean) - target(zeroed)``), one pair of bars per feature, in the order given."""
+    names = [f"feature {int(i)}" for i in features]
+    fig = go.Figure(
+        [
+            go.Bar(
+                y=names,
+                x=np.asarray(estimate, np.float64),
+                orientation="h",
+                name="estimate (gradient x activation)",
+                marker_color="#4c78a8",
+                hovertemplate="%{y}: estimate %{x:.4g}<extra></extra>",
+            ),
+            go.Bar(
+                y=names,
+                x=np.asarray(exact, np.float64),
+                orientation="h",
+                name="exact (zeroed)",
+                marker_color="#f58518",
+                hovertemplate="%{y}: exact %{x:.4g}<extra></extra>",
+            ),
+        ]
+    )
+    fig.update_layout(
+        title=f"Features' attribution to {target}",
+        barmode="group",
+        xaxis_title="target clean minus target without the feature (before softmax)",
+        yaxis=dict(autorange="reversed"),
+        height=110 + 34 * max(len(names), 1),
+        margin=dict(l=100, r=10, t=50, b=40),
+        legend=dict(orientation="h", y=-0.15),
     )
     return fig
