@@ -455,22 +455,20 @@ ATTRIBUTION_EXACT = 10  # features ablated exactly (one batched edited forward o
 
 
 def attribution_of(cur: common.Current, sae, sae_key: str, target, exact_top: int = ATTRIBUTION_EXACT):
-    """:func:`vitviz.sae.run.attribution` of the image's Run (with the pane's label embeddings for a zero-shot
-    model) to ``target``; cached server-wide, computed in the queue."""
+    """:func:`vitviz.sae.run.attribution` of the image's Run (scoring the labels a label ``target`` reads) to
+    ``target``; cached server-wide, computed in the queue."""
     from ui import cached
     from vitviz.capture.run import get_run
+    from vitviz.capture.targets import label_set
     from vitviz.data.images import read_image
     from vitviz.sae.run import attribution
 
-    emb = cached.label_embeddings(cur)
-
     def compute():
         image = read_image(cur.image_bytes, max_bytes=common.upload_limit()).image
-        run = get_run(cur.model, image, size=cur.key[2], label_embeddings=emb)
+        run = get_run(cur.model, image, size=cur.key[2], labels=label_set(target))  # the labels the target reads
         return attribution(run, sae, target, exact_top=exact_top)
 
-    labels = cur.labels.prompts if cur.model.zero_shot and cur.labels is not None else None
-    key = ("sae_attribution", *cur.key, sae_key, target, exact_top, labels)
+    key = ("sae_attribution", *cur.key, sae_key, target, exact_top)  # a label Target holds its labels and prompts
     return cached.results_cache().get_or_compute(key, lambda: common.in_queue(compute))
 
 

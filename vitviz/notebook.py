@@ -422,12 +422,12 @@ def _feature_card(
         readout = readout_for(run.loaded, sae.cfg.point)
         eff = feature_effects(sae, readout, [feature])
         if readout.kind == "embedding":
-            if run.labels is None or run.label_embeddings is None:
+            if run.labels is None or run.text_embeddings is None:
                 raise NotebookError(
                     "a zero-shot model's direct effect is on its labels' scores: run it with labels= "
                     "(vitviz.run(..., labels=...))."
                 )
-            eff = label_effects(eff, run.label_embeddings)
+            eff = label_effects(eff, run.text_embeddings)
             names, what = list(run.labels.names), "direct effect on the label's score (u . t / |t|)"
         else:
             names, what = list(readout.names), "direct effect on the logit"

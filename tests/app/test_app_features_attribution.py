@@ -99,7 +99,7 @@ def test_the_pages_attribution_is_the_engines(demo_model):
 def test_a_zero_shot_models_labels_are_the_target(demo_model):
     """demo-clip has demo's point and width (blocks.2.out, 96): the demo SAE, typed, reads it; the attribution
     explains a typed label's score, as the engine does on the run with the labels' embeddings."""
-    from ui.common import get_label_embeddings, get_model
+    from ui.common import get_model
     from vitviz.data.images import read_image
     from vitviz.models.zeroshot import parse_labels
 
@@ -114,8 +114,7 @@ def test_a_zero_shot_models_labels_are_the_target(demo_model):
     assert box.label == "Label"
     loaded = get_model("demo-clip")
     labels = parse_labels("circle, star, square", loaded.text.template)
-    emb = get_label_embeddings("demo-clip", labels.prompts)
-    run = get_run(loaded, read_image(at.session_state.image_bytes).image, label_embeddings=emb)
+    run = get_run(loaded, read_image(at.session_state.image_bytes).image, labels=labels)
     att = attribution(run, load_sae(DEMO_SAE_DIR, loaded=loaded), Target.of_label(labels, box.value), exact_top=10)
     table = next(d.value for d in at.dataframe if "exact (zeroed)" in d.value.columns)
     assert list(table["feature"]) == [int(i) for i in att.exact_ids]
