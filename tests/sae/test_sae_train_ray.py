@@ -108,13 +108,25 @@ def test_the_disk_bound_refuses_before_ray_is_asked(tmp_path, data, demo_model, 
     assert calls == []
 
 
-def test_the_command_line_checks_the_ray_options(tmp_path, data, capsys):
+def test_the_command_line_on_ray_and_its_checks(local_ray, tmp_path, data, capsys):
     from vitviz.__main__ import main
+    from vitviz.evaluate.ray_engine import _check_reachable
+    from vitviz.evaluate.worker import EvaluateError
 
     args = ["sae", "train", "--point", POINT, "--data", str(data), "--out", str(tmp_path / "o")]
+    rc = main([*args, "--engine", "ray", "--actors", "1", "--steps", "3", "--batch-tokens", "256", "--held-out", "3"])
+    assert rc == 0, capsys.readouterr().err
+    assert (tmp_path / "o" / "sae_weights.safetensors").is_file()
+    assert "skipped: labels.csv:26: " in capsys.readouterr().err  # the truncated file, as the local engine says it
+    args[-1] = str(tmp_path / "o2")
     assert main([*args, "--actors", "2"]) == 2
     assert "--address and --actors are for --engine ray" in capsys.readouterr().err
     assert main([*args, "--engine", "ray", "--actors", "0"]) == 2
     assert "--actors must be at least 1" in capsys.readouterr().err
     with pytest.raises(SAEError, match="'local' or 'ray'"):
         _settings(data, engine="spark")
+    # an address nobody answers at is a message at once (Ray itself retries it for minutes)
+    with pytest.raises(EvaluateError, match="could not reach the Ray cluster at '127\\.0\\.0\\.1:1'"):
+        _check_reachable("127.0.0.1:1")
+    with pytest.raises(EvaluateError, match="is not host:port"):
+        _check_reachable("nonsense")
