@@ -72,7 +72,7 @@ def test_ray_collects_the_local_shards_and_trains_the_same_sae(local_ray, tmp_pa
         assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name
 
 
-def test_an_interrupted_ray_collection_resumes_to_the_local_shards(local_ray, tmp_path, data, demo_model):
+def test_an_interrupted_collection_resumes_on_either_engine_to_the_same_shards(local_ray, tmp_path, data, demo_model):
     items = read_dataset(data).items
     settings = {"case": "resume"}
 
@@ -80,22 +80,28 @@ def test_an_interrupted_ray_collection_resumes_to_the_local_shards(local_ray, tm
         if stage == "collect" and done >= 8:
             raise KeyboardInterrupt
 
-    for name, engine in (("local", "local"), ("ray", "ray")):
-        kw = {"engine": engine, "actors": 2} if engine == "ray" else {}
-        with pytest.raises(KeyboardInterrupt):
-            tr.collect(
-                demo_model, POINT, items, tmp_path / name, settings=settings, image_batch=8, shard_mb=0.2,
-                progress=stop_after_first_batch, model_source="demo", **kw,
-            )  # fmt: skip
-        man = tr.Manifest.read(tmp_path / name)
-        assert len(man.done_ids()) == 8 and not man.done
-        man = tr.collect(
-            demo_model, POINT, items, tmp_path / name, settings=settings, image_batch=8, shard_mb=0.2,
-            model_source="demo", **kw,
+    def run(folder, engine, **kw):
+        more = {"engine": "ray", "actors": 2} if engine == "ray" else {}
+        return tr.collect(
+            demo_model, POINT, items, tmp_path / folder, settings=settings, image_batch=8, shard_mb=0.2,
+            model_source="demo", **more, **kw,
         )  # fmt: skip
+
+    # cut by one engine, finished by the same or the other: the local engine's cut-and-finished shards
+    for folder, first, then in (
+        ("local", "local", "local"),
+        ("ray-local", "ray", "local"),
+        ("local-ray", "local", "ray"),
+    ):
+        with pytest.raises(KeyboardInterrupt):
+            run(folder, first, progress=stop_after_first_batch)
+        man = tr.Manifest.read(tmp_path / folder)
+        assert len(man.done_ids()) == 8 and not man.done
+        man = run(folder, then)
         assert man.done and len(man.done_ids()) == len(items) - 1
-    assert _shards(tmp_path / "ray") == _shards(tmp_path / "local")
-    assert _manifest(tmp_path / "ray") == _manifest(tmp_path / "local")
+    for folder in ("ray-local", "local-ray"):
+        assert _shards(tmp_path / folder) == _shards(tmp_path / "local"), folder
+        assert _manifest(tmp_path / folder) == _manifest(tmp_path / "local"), folder
 
 
 def test_the_disk_bound_refuses_before_ray_is_asked(tmp_path, data, demo_model, monkeypatch):
