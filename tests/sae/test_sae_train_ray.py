@@ -136,3 +136,13 @@ def test_the_command_line_on_ray_and_its_checks(local_ray, tmp_path, data, capsy
         _check_reachable("127.0.0.1:1")
     with pytest.raises(EvaluateError, match="is not host:port"):
         _check_reachable("nonsense")
+
+
+def test_without_ray_the_ray_engine_is_a_message(tmp_path, data, demo_model, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as where it is not installed
+    items = read_dataset(data).items[:3]
+    with pytest.raises(SAEError, match=r"needs Ray Data: pip install 'vitviz\[ray\]'"):
+        tr.collect(demo_model, POINT, items, tmp_path / "w", settings={}, engine="ray", model_source="demo")
+    assert not list((tmp_path / "w").glob("shard_*"))

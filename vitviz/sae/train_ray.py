@@ -91,8 +91,11 @@ def ray_batches(
 
     ``config``: ``model``, ``point``, ``hw``, ``n_tokens``, ``n_prefix``, ``n_patch``, ``tokens``, ``d_in``,
     ``device`` (None: cuda where the cluster has GPUs)."""
-    import ray
-    import ray.data
+    try:
+        import ray
+        import ray.data
+    except ImportError:
+        raise SAEError("--engine ray needs Ray Data: pip install 'vitviz[ray]' (or 'ray[data]')") from None
 
     from vitviz.evaluate.ray_engine import _init_ray, _quiet
 
