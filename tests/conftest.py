@@ -280,6 +280,25 @@ def one_thread():
         torch.set_num_threads(before)
 
 
+@pytest.fixture(scope="session")
+def local_ray():
+    """One local 2-CPU Ray for the whole session: started by the first test that asks for it, shut down at the
+    session's end (a Ray already running, e.g. started by the caller, is used and left running). Ray's start-up is
+    paid once however many Ray modules run. The actors use one torch thread each: modules that compare with the
+    local engine ask for ``one_thread`` too."""
+    ray = pytest.importorskip("ray")
+    from vitviz.evaluate.ray_engine import start_local_ray
+
+    started = not ray.is_initialized()
+    if started:
+        start_local_ray(num_cpus=2)
+    try:
+        yield ray
+    finally:
+        if started:
+            ray.shutdown()
+
+
 class Counter:
     """Counts calls through the model's own top-level forward."""
 

@@ -39,8 +39,9 @@ BROWSER_MODULES = {
 SLOW_MODULES = {
     "test_packaging.py",  # builds a wheel and installs it into a fresh virtual environment
     "test_notebook.py",  # starts a Jupyter kernel and runs docs/notebook.ipynb
-    "test_ray.py",  # starts a local Ray cluster
-    "test_sae_index_ray.py",  # starts a local Ray cluster
+    "test_ray.py",  # Ray (the session's one local cluster, tests/conftest.py local_ray)
+    "test_sae_index_ray.py",  # Ray (the session's local cluster)
+    "test_sae_train_ray.py",  # Ray actors collect activations, then two trainings compared bit for bit
     "test_faithfulness.py",  # 500-image and 200-image demo statistics
     "test_relevance_demo_square.py",
     "test_head_estimate.py",

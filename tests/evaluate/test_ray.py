@@ -7,34 +7,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from vitviz.data.shapes import write_dataset
 from vitviz.evaluate.results import read_results
 from vitviz.evaluate.run import WorkDir, evaluate_dataset
 from vitviz.models.load import load_model
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("one_thread")]  # the actors use one thread: so does this
 ray = pytest.importorskip("ray")
 
 METHODS = ("attention", "rollout", "random")
 SIZE = 48
 LISTS = ("fractions", "deletion_curve", "insertion_curve", "head_distance", "head_entropy")
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    from vitviz.evaluate.ray_engine import start_local_ray
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # the actors use one thread each: the same arithmetic here
-    started = not ray.is_initialized()
-    if started:
-        start_local_ray(num_cpus=2)
-    yield
-    if started:
-        ray.shutdown()
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -12,23 +12,8 @@ from vitviz.data.shapes import make_sample
 from vitviz.sae.index import build_index
 from vitviz.sae.model import SAEConfig, SparseAutoencoder, save_sae
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("one_thread")]  # the actors use one thread: so does this
 ray = pytest.importorskip("ray")
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    from vitviz.evaluate.ray_engine import start_local_ray
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    started = not ray.is_initialized()
-    if started:
-        start_local_ray(num_cpus=2)
-    yield
-    if started:
-        ray.shutdown()
-    torch.set_num_threads(before)
 
 
 def test_ray_gives_the_local_index(local_ray, demo_model, tmp_path):

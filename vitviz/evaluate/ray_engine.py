@@ -137,12 +137,38 @@ def start_local_ray(num_cpus: int | None = None) -> None:
     )
 
 
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+    """A ``host:port`` (or ``ray://host:port``) address nobody answers at is refused at once: Ray itself retries
+    such an address for minutes, printing warnings, before it gives up."""
+    import socket
+    from urllib.parse import urlsplit
+
+    if address == "auto" or address.startswith("local"):
+        return
+    parts = urlsplit(address if "://" in address else f"ray://{address}")
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        host, port = None, None
+    if not host or port is None:
+        raise EvaluateError(f"--address {address!r} is not host:port, ray://host:port or auto")
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        raise EvaluateError(
+            f"could not reach the Ray cluster at {address!r} ({exc.strerror or exc}): is a Ray head running there "
+            "(`ray start --head`)?"
+        ) from None
+
+
 def _init_ray(address: str | None) -> bool:
     """Connect to (or start) Ray; True when this call started it (and so should shut it down)."""
     import ray
 
     if ray.is_initialized():
         return False
+    if address:
+        _check_reachable(address)
     try:
         if address:
             ray.init(address=address, **_INIT_KWARGS)

@@ -35,8 +35,10 @@ def _train(args: argparse.Namespace) -> int:
     from vitviz.cli_checks import UsageError, input_size
     from vitviz.sae.train import TrainSettings, train
 
-    if args.engine == "ray":
-        raise UsageError("--engine ray is not available for SAE training yet: use the local engine (the default)")
+    if args.engine != "ray" and (args.address is not None or args.actors is not None):
+        raise UsageError("--address and --actors are for --engine ray")
+    if args.actors is not None and args.actors < 1:
+        raise UsageError(f"--actors must be at least 1, got {args.actors}")
     settings = TrainSettings(
         model=args.model,
         point=args.point,
@@ -55,6 +57,9 @@ def _train(args: argparse.Namespace) -> int:
         size=input_size(args.size),
         max_disk_mb=args.max_disk_mb,
         device=args.device,
+        engine=args.engine,
+        address=args.address,
+        actors=args.actors,
     )
     report = train(settings, args.out, progress=_bar(), keep_work=args.keep_activations)
     for where, why in report.skipped:
@@ -175,7 +180,14 @@ def add_parser(sub) -> None:
         "--max-disk-mb", type=float, default=4096.0, help="refuse before starting if the activations need more"
     )
     tr.add_argument("--keep-activations", action="store_true", help="keep the shards after training")
-    tr.add_argument("--engine", default="local", choices=("local", "ray"), help="ray: not available yet")
+    tr.add_argument(
+        "--engine",
+        default="local",
+        choices=("local", "ray"),
+        help="where the activations are collected: local (default) or ray (the same shards; training runs here)",
+    )
+    tr.add_argument("--address", default=None, help="ray: a cluster to join (default: a local Ray)")
+    tr.add_argument("--actors", type=int, default=None, help="ray: the actor pool's size (default: GPUs, else CPUs)")
     tr.add_argument("--device", default=None)
     tr.set_defaults(func=_train)
 

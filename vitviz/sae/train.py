@@ -100,8 +100,19 @@ class TrainSettings:
     dead_tokens: int = 1_000_000
     checkpoint_every: int = 200
     device: str | None = None
+    engine: Literal["local", "ray"] = "local"  # where the activations are collected (training runs here)
+    address: str | None = None  # ray: a cluster to join (None: a local Ray)
+    actors: int | None = None  # ray: the actor pool's size (None: the cluster's GPUs, else its CPUs)
 
     def __post_init__(self) -> None:
+        if self.engine not in ("local", "ray"):
+            raise SAEError(f"the engine is 'local' or 'ray', got {self.engine!r}")
+        if self.engine != "ray" and (self.address is not None or self.actors is not None):
+            raise SAEError("--address and --actors are for --engine ray")
+        if self.actors is not None and (
+            isinstance(self.actors, bool) or not isinstance(self.actors, int) or self.actors < 1
+        ):
+            raise SAEError(f"--actors must be at least 1, got {self.actors!r}")
         for name in ("k", "batch_tokens", "image_batch", "buffer_tokens", "dead_tokens", "checkpoint_every"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -210,9 +221,17 @@ def collect(
     max_disk_mb: float = 4096.0,
     shard_mb: float = 64.0,
     progress: Progress | None = None,
+    engine: str = "local",
+    model_source: str | None = None,
+    address: str | None = None,
+    actors: int | None = None,
 ) -> Manifest:
     """Write the activations of ``items`` at ``point`` as shards in ``work`` (module docstring); resumes a
-    manifest of the same ``settings``. Returns the manifest (``done`` when every item was handled)."""
+    manifest of the same ``settings``. Returns the manifest (``done`` when every item was handled).
+
+    ``engine`` ``ray``: the forwards run on Ray actors that load the model by ``model_source``
+    (:mod:`vitviz.sae.train_ray`); the shards are the local engine's, byte for byte. ``address``: a cluster to
+    join, ``actors``: the pool's size."""
     from vitviz.errors import VitvizError
     from vitviz.evaluate.data import load_item
 
@@ -277,24 +296,51 @@ def collect(
     finished = len(items) - len(todo)
     if progress:
         progress("collect", finished, len(items), {})
-    try:
+
+    def local_batches():
         for start in range(0, len(todo), image_batch):
             batch = _load_items(todo[start : start + image_batch], man.skipped)
+            sel = None
             if batch:
                 x, _ = point_values(loaded, point, [img for _, img in batch], hw)
                 if x.shape[1] != n_tokens:
                     raise SAEError(f"an image gave {x.shape[1]} tokens at {point}, the first {n_tokens}")
                 sel = select_tokens(x, tokens, n_prefix, n_patch).cpu().numpy()
-                for j, (it, _) in enumerate(batch):
-                    pending.append(sel[j * keep : (j + 1) * keep])
-                    pending_ids.append(it.image_id)
-                    if len(pending_ids) >= per_shard:
-                        flush()
+            yield [it for it, _ in batch], sel, []
+
+    if engine == "ray":
+        from vitviz.sae.train_ray import ray_batches
+
+        config = {
+            "model": model_source or loaded.name,
+            "point": point,
+            "hw": list(hw),
+            "n_tokens": n_tokens,
+            "n_prefix": n_prefix,
+            "n_patch": n_patch,
+            "tokens": tokens,
+            "d_in": d_in,
+            "device": None,
+        }
+        batches = ray_batches(config, todo, image_batch, address=address, actors=actors)
+    else:
+        batches = local_batches()
+    try:
+        for start, (ok, sel, errors) in zip(range(0, len(todo), image_batch), batches, strict=False):
+            man.skipped.extend(errors)
+            for j, it in enumerate(ok):
+                pending.append(sel[j * keep : (j + 1) * keep])
+                pending_ids.append(it.image_id)
+                if len(pending_ids) >= per_shard:
+                    flush()
             finished += len(todo[start : start + image_batch])
             if progress:
                 progress("collect", finished, len(items), {})
     finally:  # Ctrl-C or a failure: what was computed is kept
-        flush()
+        try:
+            flush()
+        finally:
+            batches.close()
     man.done = True
     man.save(work)
     return man
@@ -645,6 +691,10 @@ def train(
         max_disk_mb=settings.max_disk_mb,
         shard_mb=settings.shard_mb,
         progress=progress,
+        engine=settings.engine,
+        model_source=settings.model,
+        address=settings.address,
+        actors=settings.actors,
     )
     d_sae = parse_width(settings.width, man.d_in)
     cfg = SAEConfig(
