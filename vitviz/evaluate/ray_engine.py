@@ -43,7 +43,15 @@ from vitviz.evaluate.worker import EvaluateError, Evaluator, RunConfig, failure
 if TYPE_CHECKING:
     from vitviz.evaluate.run import PartWriter
 
-__all__ = ["run_ray", "read_images", "EvaluateActor", "available_cores", "start_local_ray", "RESULT_SCHEMA"]
+__all__ = [
+    "run_ray",
+    "require_ray",
+    "read_images",
+    "EvaluateActor",
+    "available_cores",
+    "start_local_ray",
+    "RESULT_SCHEMA",
+]
 
 RESULT_SCHEMA = SCHEMA.append(pa.field("error", pa.string())).append(pa.field("error_where", pa.string()))
 IMAGES_PER_BATCH = 4  # per actor call: small, so work spreads over the actors and rows stream back steadily
@@ -121,6 +129,15 @@ def _quiet(record: logging.LogRecord) -> bool:
 _INIT_KWARGS = {"logging_level": logging.WARNING, "log_to_driver": False, "include_dashboard": False}
 
 
+def require_ray() -> None:
+    """Raise :class:`EvaluateError` with what to install where Ray Data is missing (an optional dependency)."""
+    try:
+        import ray
+        import ray.data  # noqa: F401
+    except ImportError:
+        raise EvaluateError("--engine ray needs Ray Data: pip install 'vitviz[ray]' (or 'ray[data]')") from None
+
+
 def start_local_ray(num_cpus: int | None = None) -> None:
     """Start a local Ray as the engine does: ``num_cpus`` (default: the cores this process may use), workers that
     import vitviz from where this process does, at the normal priority (Ray nices its workers by default; here
@@ -191,6 +208,7 @@ def run_ray(
     actors: int | None = None,
 ) -> None:
     """Evaluate ``todo`` on Ray (module docstring); rows go to ``writer``, failures to ``skipped``."""
+    require_ray()
     import ray
     import ray.data
 

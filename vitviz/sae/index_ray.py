@@ -107,6 +107,9 @@ def run_ray(
 ) -> None:
     """Index ``items`` on Ray (module docstring): partial states merged into ``state``, indexed images into
     ``images`` (place -> (id, path)), failures into ``skipped``; ``finish(n)`` after each batch."""
+    from vitviz.evaluate.ray_engine import require_ray
+
+    require_ray()
     import ray
     import ray.data
 
