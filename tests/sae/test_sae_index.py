@@ -187,3 +187,128 @@ def test_the_command(data, tmp_path, capsys):
     (tmp_path / "notes.parquet").write_text("mine")
     rc = main(["sae", "index", "--sae", str(folder), "--data", str(data), "--out", str(tmp_path / "notes.parquet")])
     assert rc == 1 and "is not a vitviz SAE index" in capsys.readouterr().err
+
+
+# --- resuming an interrupted run ---------------------------------------------------------------------------------
+
+
+def _stop_at(n_done: int):
+    """A progress callback that interrupts the run (as Ctrl-C does) once ``n_done`` items are done."""
+
+    def progress(stage, done, total, info):
+        if done == n_done:
+            raise KeyboardInterrupt
+
+    return progress
+
+
+def _encoded_places(monkeypatch, fail_on_call: int | None = None) -> list[int]:
+    """Record the data-set places each batch encodes (optionally crashing on the ``fail_on_call``-th batch)."""
+    import vitviz.sae.index as index_mod
+
+    seen: list[int] = []
+    calls: list = []
+    real = index_mod.encode_batch
+
+    def spy(sae, loaded, point, pics, places, layout):
+        calls.append(places)
+        if len(calls) == fail_on_call:
+            raise RuntimeError("the disk is full")
+        seen.extend(places)
+        return real(sae, loaded, point, pics, places, layout)
+
+    monkeypatch.setattr(index_mod, "encode_batch", spy)
+    return seen
+
+
+def _same_file(a, b) -> None:
+    import json
+
+    assert pq.read_table(a).equals(pq.read_table(b))
+    ma, mb = (json.loads(pq.read_schema(p).metadata[b"vitviz"]) for p in (a, b))
+    ma.pop("created"), mb.pop("created")
+    assert ma == mb
+
+
+def test_an_interrupted_run_resumes_to_the_file_an_uninterrupted_one_writes(
+    demo_model, data, tmp_path, built, monkeypatch
+):
+    from vitviz.sae.index import partial_path
+
+    out = tmp_path / "index.parquet"
+    with pytest.raises(KeyboardInterrupt):
+        build_index(_unit_sae(), demo_model, data, out, top_k=K, batch=2, progress=_stop_at(4))
+    assert not out.exists() and partial_path(out).is_file()
+    with np.load(partial_path(out), allow_pickle=False) as z:  # safe formats only
+        assert set(z.files) >= {"header", "extra", "places", "top_val", "top_pos", "hist"}
+    seen = _encoded_places(monkeypatch)
+    report = build_index(_unit_sae(), demo_model, data, out, top_k=K, batch=2)
+    assert report.resumed == 4 and min(seen) >= 4  # nothing done is encoded again
+    assert report.images == N_IMAGES and report.skipped_total == 1
+    assert not partial_path(out).exists()
+    _same_file(out, built[0])
+
+
+def test_a_crash_keeps_the_batches_done_and_resumes(demo_model, data, tmp_path, built, monkeypatch):
+    from vitviz.sae.index import partial_path
+
+    out = tmp_path / "index.parquet"
+    seen = _encoded_places(monkeypatch, fail_on_call=2)
+    with pytest.raises(RuntimeError, match="disk is full"):
+        build_index(_unit_sae(), demo_model, data, out, top_k=K, batch=2)
+    assert seen == [1]  # place 0 is broken.png (skipped); the 2nd batch crashed
+    assert partial_path(out).is_file()
+    monkeypatch.undo()
+    report = build_index(_unit_sae(), demo_model, data, out, top_k=K, batch=1)  # another batch size is fine
+    assert report.resumed == 2
+    _same_file(out, built[0])
+
+
+def test_a_checkpoint_of_another_run_or_a_damaged_one_is_refused(demo_model, data, tmp_path, built):
+    from vitviz.sae.index import partial_path
+
+    out = tmp_path / "index.parquet"
+    with pytest.raises(KeyboardInterrupt):
+        build_index(_unit_sae(), demo_model, data, out, top_k=K, batch=2, progress=_stop_at(2))
+    with pytest.raises(FeatureIndexError, match=r"another run \(top_k: 3 there, 2 now\).*--overwrite"):
+        build_index(_unit_sae(), demo_model, data, out, top_k=2, batch=2)
+    other = _unit_sae()
+    with torch.no_grad():
+        other.W_enc[5, 0] = 0.5
+    with pytest.raises(FeatureIndexError, match=r"another run \(sae_digest"):
+        build_index(other, demo_model, data, out, top_k=K, batch=2)
+    with pytest.raises(FeatureIndexError, match=r"another run \(data"):
+        build_index(_unit_sae(), demo_model, data, out, top_k=K, batch=2, limit=3)
+    with pytest.raises(FeatureIndexError, match="the Ray engine does not resume"):
+        build_index(_unit_sae(), demo_model, data, out, top_k=K, engine="ray", sae_path="sae")
+    assert partial_path(out).is_file()  # refusals leave it as it was
+    whole = partial_path(out).read_bytes()
+    for damaged in (b"not a checkpoint", whole[: len(whole) // 2], whole[:-30]):
+        partial_path(out).write_bytes(damaged)
+        with pytest.raises(FeatureIndexError, match=r"cannot be read \(.*\): run with --overwrite .*or delete"):
+            build_index(_unit_sae(), demo_model, data, out, top_k=K, batch=2)
+    report = build_index(_unit_sae(), demo_model, data, out, top_k=K, batch=2, overwrite=True)
+    assert report.resumed == 0 and not partial_path(out).exists()
+    _same_file(out, built[0])
+
+
+def test_a_checkpoint_with_wrong_arrays_is_refused_and_the_command_resumes(demo_model, data, tmp_path, capsys):
+    from vitviz.sae.index import partial_path
+
+    out = tmp_path / "i.parquet"
+    with pytest.raises(KeyboardInterrupt):
+        build_index(_unit_sae(), demo_model, data, out, top_k=2, batch=1, limit=3, progress=_stop_at(2))
+    with np.load(partial_path(out), allow_pickle=False) as z:
+        arrays = {name: z[name] for name in z.files}
+    good = partial_path(out).read_bytes()
+    with open(partial_path(out), "wb") as fh:
+        np.savez(fh, **{**arrays, "top_val": arrays["top_val"][:1]})
+    with pytest.raises(FeatureIndexError, match=r"is damaged \(its top_val has the wrong shape"):
+        build_index(_unit_sae(), demo_model, data, out, top_k=2, batch=1, limit=3)
+    partial_path(out).write_bytes(good)
+    folder = save_sae(_unit_sae(), tmp_path / "sae")
+    args = ["sae", "index", "--sae", str(folder), "--data", str(data), "--out", str(out), "--top-k", "2"]
+    assert main([*args, "--limit", "3"]) == 0
+    got = capsys.readouterr()
+    assert "resumed: an interrupted run had done the first 2 items" in got.err and "over 2 images" in got.out
+    assert not partial_path(out).exists()

@@ -120,6 +120,8 @@ def _index(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=_bar(),
     )
+    if report.resumed:
+        print(f"resumed: an interrupted run had done the first {report.resumed} items of the listing", file=sys.stderr)
     for where, why in report.skipped[:20]:
         print(f"skipped: {terminal_text(where)}: {terminal_text(why)}", file=sys.stderr)
     if report.skipped_total > 20:
@@ -207,7 +209,8 @@ def add_parser(sub) -> None:
         help="index every feature's top examples, frequency and mean activation over a data set (Parquet)",
         description="Run the images through the model, encode the SAE's tokens and keep, for every feature, its "
         "top-k (image, token, activation), its activation frequency, mean activation and a histogram of its active "
-        "values: one Parquet file, one row per feature (docs/sae.md, 'The feature index'). Memory holds one batch.",
+        "values: one Parquet file, one row per feature (docs/sae.md, 'The feature index'). Memory holds one batch. "
+        "An interrupted local run keeps OUT.partial.npz; the same command goes on from it (the Ray engine does not).",
     )
     ix.add_argument("--sae", required=True, help="an SAE folder or file (SAELens, ViT-Prisma, saev)")
     ix.add_argument("--model", default="demo", help="'demo', a hub id or a local folder")
@@ -221,7 +224,11 @@ def add_parser(sub) -> None:
         "--max-rows", type=int, default=None, help="rows of a CSV (files of a folder) read, as evaluate's (100,000)"
     )
     ix.add_argument("--batch", type=int, default=16, help="images per forward (default 16)")
-    ix.add_argument("--overwrite", action="store_true", help="replace --out even if it is not an index")
+    ix.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace --out even if it is not an index, and start over (ignore a checkpoint, OUT.partial.npz)",
+    )
     ix.add_argument(
         "--engine", default="local", choices=("local", "ray"), help="local (default) or ray, as evaluate's engines"
     )

@@ -19,15 +19,31 @@ its Arrow field metadata), readable by pandas, DuckDB or polars like ``evaluate`
 
     SELECT feature, frequency, top_activation[1] FROM 'index.parquet' ORDER BY frequency DESC LIMIT 10;
 
+**Resuming** (local engine). While it runs, the local engine keeps a checkpoint beside ``out``,
+``OUT.partial.npz`` (:func:`partial_path`): the merged state's arrays, how many items of the listing are done
+(batches run in listing order), the indexed images, the skipped list, and a header naming the run (the SAE's
+digest, model, point, scope, input size, ``top_k`` and the data set's identity: a digest of its items). It is
+written atomically (a temporary file, then ``os.replace``) at most every ``checkpoint_seconds`` after a batch, and
+on Ctrl-C or an error; safe formats only (npz read with ``allow_pickle=False``, JSON). The same command run again
+goes on after the last batch it holds (nothing done is computed again) and writes the file an uninterrupted run
+writes (its ``created`` time aside). A checkpoint of another run (any header field differs) or one that cannot be
+read is refused, naming what differs; ``overwrite`` (``--overwrite``) or deleting it starts over. It is removed
+once the file is written. The Ray engine does not resume (and refuses to start while a checkpoint is there).
+
 Its key-value metadata ``vitviz`` (JSON) names the SAE (``sae_digest``: SHA-256 of its weights), the model and the
 point; :func:`load_index` refuses an index of another SAE, model or point, and any file that is not an index.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import math
+import os
 import time
+import uuid
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -61,6 +77,7 @@ __all__ = [
     "IndexState",
     "sae_digest",
     "build_index",
+    "partial_path",
     "load_index",
 ]
 
@@ -89,6 +106,9 @@ INDEX_SCHEMA = pa.schema(
 )
 
 Progress = Callable[[str, int, int, dict], None]
+PARTIAL_FORMAT = "vitviz sae index checkpoint"
+PARTIAL_VERSION = 1
+CHECKPOINT_SECONDS = 60.0  # the most time between checkpoints of a local run (each costs one write of the state)
 
 
 # --- building -------------------------------------------------------------------------------------------------
@@ -106,6 +126,109 @@ class IndexReport:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     skipped_total: int = 0
     seconds: float = 0.0
+    resumed: int = 0  # items of the listing a checkpoint had done (0: started afresh)
+
+
+def partial_path(out: str | Path) -> Path:
+    """Where a local index run keeps its checkpoint: ``OUT.partial.npz`` beside ``out``."""
+    out = Path(out)
+    return out.with_name(out.name + ".partial.npz")
+
+
+def _data_digest(items) -> str:
+    """SHA-256 of the listing: every item's id, path, label and box, in order."""
+    h = hashlib.sha256()
+    for it in items:
+        h.update(json.dumps([it.image_id, it.path, it.label, list(it.box) if it.box else None]).encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+_STATE_ARRAYS = {"active": 1, "total": 1, "hist": 1, "top_val": 2, "top_pos": 2}
+
+
+def _save_partial(path: Path, header: dict, state: IndexState, done: int, images: dict, skipped) -> None:
+    """Write the checkpoint atomically (a temporary file beside it, then ``os.replace``)."""
+    places = np.asarray(sorted(images), dtype=np.int64)
+    noted = {id(e) for e in skipped.noted}
+    extra = {
+        "done": int(done),
+        "tokens": int(state.tokens),
+        "images": [list(images[int(p)]) for p in places],
+        "skipped": [{"where": s.where, "reason": s.reason, "noted": id(s) in noted} for s in skipped],
+        "skipped_total": int(skipped.total),
+    }
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            np.savez(
+                fh,
+                header=np.frombuffer(json.dumps(header, sort_keys=True).encode(), np.uint8),
+                extra=np.frombuffer(json.dumps(extra).encode(), np.uint8),
+                places=places,
+                **{name: getattr(state, name).numpy() for name in _STATE_ARRAYS},
+            )
+        os.replace(tmp, path)
+    except BaseException as exc:  # the previous checkpoint (if any) stays as it was
+        tmp.unlink(missing_ok=True)
+        if not isinstance(exc, OSError):
+            raise
+        raise FeatureIndexError(
+            f"cannot write the checkpoint {path} ({exc.strerror or exc}): free some space and run the same command "
+            "again to go on from the last checkpoint"
+        ) from None
+
+
+def _load_partial(path: Path, header: dict, n_items: int):
+    """The checkpoint's (state, done, images, skipped entries, skipped total), checked against this run's
+    ``header``; :class:`FeatureIndexError` names what differs or what is damaged."""
+    import torch
+
+    from vitviz.evaluate.data import SkipLog, Skipped
+
+    again = f"run with --overwrite to start over, or delete {path}"
+    if not zipfile.is_zipfile(path):
+        raise FeatureIndexError(f"the checkpoint {path} cannot be read (it is not an npz archive): {again}")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            theirs = json.loads(z["header"].tobytes().decode())
+            extra = json.loads(z["extra"].tobytes().decode())
+            places = z["places"]
+            arrays = {name: z[name] for name in _STATE_ARRAYS}
+    except Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise FeatureIndexError(f"the checkpoint {path} cannot be read ({first}): {again}") from None
+    if not isinstance(theirs, dict) or theirs.get("format") != PARTIAL_FORMAT:
+        raise FeatureIndexError(f"{path} is not an index checkpoint: {again}")
+    differ = [k for k in header if theirs.get(k) != header[k]]
+    if differ:
+        what = "; ".join(f"{k}: {theirs.get(k)!r} there, {header[k]!r} now" for k in differ)
+        raise FeatureIndexError(f"the checkpoint {path} is of another run ({what}): {again}")
+    d, k = header["d_sae"], header["top_k"]
+    shapes = {"active": (d,), "total": (d,), "hist": (d * (len(HIST_EDGES) - 1),), "top_val": (k, d), "top_pos": (k, d)}
+    dtypes = {"active": np.int64, "total": np.float64, "hist": np.int64, "top_val": np.float32, "top_pos": np.int64}
+    try:
+        done = int(extra["done"])
+        imgs = extra["images"]
+        if not 0 < done <= n_items or places.dtype != np.int64 or len(places) != len(imgs):
+            raise ValueError("its counts do not fit the data set")
+        if len(places) and not (places.min() >= 0 and places.max() < done):
+            raise ValueError("its images lie outside the part done")
+        for name, shape in shapes.items():
+            if arrays[name].shape != shape or arrays[name].dtype != dtypes[name]:
+                raise ValueError(f"its {name} has the wrong shape or type")
+        state = IndexState(d, k)
+        state.tokens = int(extra["tokens"])
+        for name in _STATE_ARRAYS:
+            setattr(state, name, torch.from_numpy(arrays[name].copy()))
+        images = {int(p): (str(a), str(b)) for p, (a, b) in zip(places.tolist(), imgs, strict=True)}
+        skipped = SkipLog()
+        for e in extra["skipped"]:
+            (skipped.note if e.get("noted") else skipped.append)(Skipped(str(e["where"]), str(e["reason"])))
+        skipped.total = int(extra["skipped_total"])
+    except Exception as exc:
+        raise FeatureIndexError(f"the checkpoint {path} is damaged ({exc}): {again}") from None
+    return state, done, images, skipped
 
 
 def _existing_is_other(out: Path) -> bool:
@@ -137,6 +260,7 @@ def build_index(
     actors: int | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
+    checkpoint_seconds: float = CHECKPOINT_SECONDS,
 ) -> IndexReport:
     """Index ``sae``'s features over the images of ``data`` (a folder or a CSV) and write ``out`` (module
     docstring). ``loaded``: the model the SAE reads. Raises :class:`FeatureIndexError` (or the data reader's
@@ -144,7 +268,8 @@ def build_index(
     are skipped and reported. ``engine``: ``local`` (this process) or ``ray`` (as ``evaluate``'s: decoding and
     forwards in a pool of actors, each loading the model by ``model_source`` and the SAE from ``sae_path``; their
     partial states are merged here, to the same file as the local engine's; ``address``: a cluster, ``actors``:
-    the pool's size)."""
+    the pool's size). The local engine resumes an interrupted run from its checkpoint (module docstring;
+    ``checkpoint_seconds``: the most time between two; 0: after every batch)."""
     from vitviz.cli_checks import check_output_folder
     from vitviz.errors import VitvizError
     from vitviz.evaluate.data import MAX_ROWS, SkipLog, Skipped, load_item, read_dataset
@@ -201,8 +326,33 @@ def build_index(
     images: dict[int, tuple[str, str]] = {}  # data-set place -> (image_id, path) of every indexed image
     layout_d = {"hw": list(hw), "n_tokens": n_tokens, "offset": offset, "n_scope": n_scope}
     done = 0
+    partial = partial_path(out)
+    header = {
+        "format": PARTIAL_FORMAT,
+        "version": PARTIAL_VERSION,
+        "sae_digest": sae_digest(sae),
+        "model": loaded.name,
+        "point": point,
+        "scope": "patches" if patches_only else "all",
+        "input_size": list(hw),
+        "top_k": top_k,
+        "d_sae": sae.d_sae,
+        "data": _data_digest(items),
+        "items": len(items),
+    }
+    resumed = 0
+    if overwrite:
+        partial.unlink(missing_ok=True)
+    elif partial.exists():
+        if engine == "ray":
+            raise FeatureIndexError(
+                f"{partial} holds an interrupted local run: the Ray engine does not resume; run with --engine local "
+                f"to go on, or with --overwrite (or delete it) to start over"
+            )
+        state, done, images, skipped = _load_partial(partial, header, len(items))
+        resumed = done
     if progress:
-        progress("index", 0, len(items), {})
+        progress("index", done, len(items), {})
     if engine == "ray":
         from vitviz.sae.index_ray import run_ray
 
@@ -223,29 +373,44 @@ def build_index(
             "device": None,
         }
         run_ray(config, items, state, images, skipped, finish, address=address, actors=actors)
-    for start in range(0, len(items) if engine == "local" else 0, batch):
-        chunk = items[start : start + batch]
-        pics, ok = [], []
-        for place, it in enumerate(chunk, start):
-            try:
-                pics.append(load_item(it))
-                ok.append((place, it))
-            except VitvizError as exc:
-                skipped.append(Skipped(it.source or it.path, str(exc)))
-        if pics:
-            try:
-                f, positions = encode_batch(sae, loaded, point, pics, [p for p, _ in ok], layout_d)
-            except FeatureIndexError:
-                raise
-            except VitvizError as exc:
-                for _, it in ok:
-                    skipped.append(Skipped(it.source or it.path, str(exc)))
-            else:
+    saved_at, busy = time.monotonic(), False
+    try:
+        for start in range(done, len(items) if engine == "local" else 0, batch):
+            chunk = items[start : start + batch]
+            pics, ok, lost = [], [], []
+            for place, it in enumerate(chunk, start):
+                try:
+                    pics.append(load_item(it))
+                    ok.append((place, it))
+                except VitvizError as exc:
+                    lost.append(Skipped(it.source or it.path, str(exc)))
+            f = None
+            if pics:
+                try:
+                    f, positions = encode_batch(sae, loaded, point, pics, [p for p, _ in ok], layout_d)
+                except FeatureIndexError:
+                    raise
+                except VitvizError as exc:
+                    lost += [Skipped(it.source or it.path, str(exc)) for _, it in ok]
+            busy = True  # the batch is merged: the state is not a checkpoint's until it all is
+            if f is not None:
                 state.add(f, positions)
                 images.update((p, (it.image_id, it.path)) for p, it in ok)
-        done += len(chunk)
-        if progress:
-            progress("index", done, len(items), {})
+            for entry in lost:
+                skipped.append(entry)
+            done = start + len(chunk)
+            busy = False
+            if engine == "local" and done < len(items) and time.monotonic() - saved_at >= checkpoint_seconds:
+                _save_partial(partial, header, state, done, images, skipped)
+                saved_at = time.monotonic()
+            if progress:
+                progress("index", done, len(items), {})
+    except BaseException:  # Ctrl-C, a crash, a full disk: keep what is done for the next run
+        if engine == "local" and not busy and done > resumed:
+            # if it cannot be written, the previous checkpoint (if any) stays; the original error is the one to report
+            with contextlib.suppress(FeatureIndexError):
+                _save_partial(partial, header, state, done, images, skipped)
+        raise
     if not images:
         raise FeatureIndexError("no image could be indexed: every one was skipped")
     table = _table(state, images, n_scope, offset, n_prefix, gh_gw)
@@ -275,6 +440,8 @@ def build_index(
         "skipped_total": skipped.total,
     }
     write_table_atomic(table.replace_schema_metadata({META_KEY: json.dumps(meta).encode()}), out)
+    if engine == "local":
+        partial.unlink(missing_ok=True)
     return IndexReport(
         out=out,
         images=len(images),
@@ -283,6 +450,7 @@ def build_index(
         skipped=[(s.where, s.reason) for s in skipped],
         skipped_total=skipped.total,
         seconds=time.perf_counter() - t0,
+        resumed=resumed,
     )
 
 
