@@ -1,4 +1,4 @@
-"""The Ray engine gives the local engine's rows: 40 demo images, a local 2-CPU Ray, the cheap methods at 48 px."""
+"""The Ray engine gives the local engine's rows: 16 demo images, a local 2-CPU Ray, the cheap methods at 48 px."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ LISTS = ("fractions", "deletion_curve", "insertion_curve", "head_distance", "hea
 
 
 @pytest.fixture(scope="module")
-def shapes40(tmp_path_factory) -> Path:
-    """40 demo images, plus a truncated image and a box outside its image (both engines must skip them alike)."""
-    csv_path = write_dataset(tmp_path_factory.mktemp("shapes40"), n=40, seed=2024)
+def shapes16(tmp_path_factory) -> Path:
+    """16 demo images, plus a truncated image and a box outside its image (both engines must skip them alike)."""
+    csv_path = write_dataset(tmp_path_factory.mktemp("shapes16"), n=16, seed=2024)
     first = csv_path.read_text().splitlines()[1].split(",")[0]
     good = (csv_path.parent / first).read_bytes()
     (csv_path.parent / "broken.png").write_bytes(good[: len(good) // 3])
@@ -35,10 +35,10 @@ def shapes40(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def local_run(shapes40: Path, tmp_path_factory):
+def local_run(shapes16: Path, tmp_path_factory):
     out = tmp_path_factory.mktemp("local") / "local.parquet"
     report = evaluate_dataset(
-        "demo", shapes40, out, methods=METHODS, size=SIZE, seed=9, loaded=load_model("demo", device="cpu")
+        "demo", shapes16, out, methods=METHODS, size=SIZE, seed=9, loaded=load_model("demo", device="cpu")
     )
     return report, pd.read_parquet(out)
 
@@ -53,28 +53,28 @@ def assert_same_rows(a: pd.DataFrame, b: pd.DataFrame) -> None:
             )
 
 
-def test_ray_gives_the_local_rows(local_ray, local_run, shapes40: Path, tmp_path: Path) -> None:
+def test_ray_gives_the_local_rows(local_ray, local_run, shapes16: Path, tmp_path: Path) -> None:
     local, want = local_run
-    assert local.evaluated == 40 and len(local.skipped) == 2
+    assert local.evaluated == 16 and len(local.skipped) == 2
     out = tmp_path / "ray.parquet"
-    report = evaluate_dataset("demo", shapes40, out, methods=METHODS, size=SIZE, seed=9, engine="ray", ray_actors=2)
-    assert report.evaluated == 40 and report.new == 40
+    report = evaluate_dataset("demo", shapes16, out, methods=METHODS, size=SIZE, seed=9, engine="ray", ray_actors=2)
+    assert report.evaluated == 16 and report.new == 16
     assert sorted(map(str, report.skipped)) == sorted(map(str, local.skipped))
     assert_same_rows(pd.read_parquet(out), want)
     assert read_results(out).meta["engine"] == "ray"
 
 
-def test_a_run_started_locally_finishes_on_ray(local_ray, local_run, shapes40: Path, tmp_path: Path) -> None:
+def test_a_run_started_locally_finishes_on_ray(local_ray, local_run, shapes16: Path, tmp_path: Path) -> None:
     out = tmp_path / "mixed.parquet"
 
     def stop(done: int, total: int) -> None:
-        if done == 12:
+        if done == 6:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
         evaluate_dataset(
             "demo",
-            shapes40,
+            shapes16,
             out,
             methods=METHODS,
             size=SIZE,
@@ -83,9 +83,9 @@ def test_a_run_started_locally_finishes_on_ray(local_ray, local_run, shapes40: P
             progress=stop,
             loaded=load_model("demo", device="cpu"),
         )
-    assert len(WorkDir(out).done_ids()) == 12
-    report = evaluate_dataset("demo", shapes40, out, methods=METHODS, size=SIZE, seed=9, engine="ray")
-    assert report.new == 40 - 12 and report.evaluated == 40
+    assert len(WorkDir(out).done_ids()) == 6
+    report = evaluate_dataset("demo", shapes16, out, methods=METHODS, size=SIZE, seed=9, engine="ray")
+    assert report.new == 16 - 6 and report.evaluated == 16
     got = pd.read_parquet(out)
     assert not got.duplicated(["image_id", "method"]).any()
     assert_same_rows(got, local_run[1])
