@@ -31,14 +31,21 @@ def _bar():
     return progress
 
 
-def _train(args: argparse.Namespace) -> int:
-    from vitviz.cli_checks import UsageError, input_size
-    from vitviz.sae.train import TrainSettings, train
+def _check_ray_options(args: argparse.Namespace) -> None:
+    """``--address`` and ``--actors`` (train and index): only with ``--engine ray``, at least one actor."""
+    from vitviz.cli_checks import UsageError
 
     if args.engine != "ray" and (args.address is not None or args.actors is not None):
         raise UsageError("--address and --actors are for --engine ray")
     if args.actors is not None and args.actors < 1:
         raise UsageError(f"--actors must be at least 1, got {args.actors}")
+
+
+def _train(args: argparse.Namespace) -> int:
+    from vitviz.cli_checks import input_size
+    from vitviz.sae.train import TrainSettings, train
+
+    _check_ray_options(args)
     settings = TrainSettings(
         model=args.model,
         point=args.point,
@@ -91,15 +98,12 @@ def _measure(args: argparse.Namespace) -> int:
 
 
 def _index(args: argparse.Namespace) -> int:
-    from vitviz.cli_checks import UsageError, input_size, terminal_text
+    from vitviz.cli_checks import input_size, terminal_text
     from vitviz.models.load import load_model
     from vitviz.sae.index import build_index
     from vitviz.sae.load import load_sae
 
-    if args.engine != "ray" and (args.address is not None or args.actors is not None):
-        raise UsageError("--address and --actors are for --engine ray")
-    if args.actors is not None and args.actors < 1:
-        raise UsageError(f"--actors must be at least 1, got {args.actors}")
+    _check_ray_options(args)
     loaded = load_model(args.model, device=args.device)
     sae = load_sae(args.sae, point=args.point, loaded=loaded).to(loaded.device)  # encode where the model runs
     report = build_index(
