@@ -177,6 +177,24 @@ def test_trailing_padding_tokens_are_left_out_and_reported():
     assert norm[0] == pytest.approx(ent[0] / np.log(6), rel=1e-5)
 
 
+@pytest.mark.parametrize("chunk", [1, 7, 30, 1 << 20])  # one row a chunk, chunks across the prefix, one chunk
+def test_global_summaries_in_chunks_of_rows_match_the_definition(monkeypatch, chunk):
+    rng = np.random.default_rng(8)
+    g = Geometry(stage=0, kind="global", num_heads=3, grid=(3, 4), prefix_kinds=("CLS", "REG"), trailing=2)
+    native = _random_rows(rng, g.native_shape())  # (3, 16, 16): 2 prefix, 12 grid, 2 padding tokens
+    native[1, 5, 3] = 0.0  # a zero weight: 0 log 0 = 0
+    monkeypatch.setattr(blocks, "SUMMARY_CHUNK_VALUES", chunk * 3 * 16)  # `chunk` rows a chunk
+    dist, ent, norm = blocks.block_summaries(g, native, (12, 16))
+    c = centres((3, 4), (12, 16))
+    for h in range(3):
+        grid = native[h, 2:14, 2:14].astype(np.float64)
+        assert dist[h] == pytest.approx(mean_distance_reference(grid / grid.sum(1, keepdims=True), c, c), rel=1e-5)
+        rows = native[h, :14].astype(np.float64)  # real queries, every key of their native rows
+        terms = np.where(rows > 0, -rows * np.log(np.where(rows > 0, rows, 1.0)), 0.0)
+        assert ent[h] == pytest.approx(terms.sum(1).mean(), rel=1e-5)
+        assert norm[h] == pytest.approx(ent[h] / np.log(14), rel=1e-6)
+
+
 def test_a_pooling_head_is_one_row_per_head_and_starts_the_readout():
     from vitviz.analysis.flow import propagate
     from vitviz.record import Stage

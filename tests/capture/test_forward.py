@@ -225,3 +225,53 @@ def test_token_norms_match_the_hidden_states(tiny_models):
         hidden = loaded.model(pixel_values=pixels, output_hidden_states=True).hidden_states
     ref = np.stack([np.sqrt((h[0].numpy().astype(np.float64) ** 2).sum(-1)) for h in hidden])
     np.testing.assert_allclose(cap.token_norms, ref, rtol=1e-5)
+
+
+def _counting_lender(monkeypatch) -> list:
+    """Wrap the attention function's lender: each call's answer (a buffer's address, or None) goes in the list."""
+    from vitviz.models import attention
+
+    real, answers = attention._lender, []
+    assert real is not None  # set when a model is installed
+
+    def counting(module, shape, dtype, device):
+        buf = real(module, shape, dtype, device)
+        answers.append(None if buf is None else buf.data_ptr())
+        return buf
+
+    monkeypatch.setattr(attention, "_lender", counting)
+    return answers
+
+
+@pytest.mark.parametrize("key", FAMILY_KEYS)
+def test_a_capture_computes_every_block_in_one_lent_buffer_with_the_same_numbers(tiny_models, key, monkeypatch):
+    from vitviz.models import attention
+
+    loaded, img = tiny_models[key], random_image(3)
+    answers = _counting_lender(monkeypatch)
+    got = capture(loaded, img, attention_dtype="float32")
+    assert len(answers) == got.num_blocks and None not in answers and len(set(answers)) == 1  # one buffer, reused
+    monkeypatch.setattr(attention, "_lender", None)  # every block in fresh tensors, as eager attention does
+    ref = capture(loaded, img, attention_dtype="float32")
+    np.testing.assert_array_equal(got.attentions, ref.attentions)  # bit for bit, and no block aliases another
+    for a, b in zip(got.blocks, ref.blocks, strict=True):
+        np.testing.assert_array_equal(a.fused, b.fused)
+        for x, y in zip(a.summaries.get(), b.summaries.get(), strict=True):
+            np.testing.assert_array_equal(x, y)
+    assert len({float(b.attention[0, 0, 0]) for b in got.blocks}) > 1  # blocks differ: the check above can fail
+
+
+def test_no_buffer_is_lent_where_the_probabilities_outlive_the_block(tiny_models, monkeypatch):
+    from vitviz.capture.run import clear_runs, get_run
+    from vitviz.models.hooks import active
+
+    loaded, img = tiny_models["vit"], random_image(4)
+    answers = _counting_lender(monkeypatch)
+    clear_runs()
+    get_run(loaded, img)  # a graph: backward reads every block's probabilities
+    get_run(loaded, img, size=32, gradients=False)  # no graph, but summaries computed from them when first read
+    with active(loaded, record=["blocks.0.attn.pattern"]):  # a record of a pattern holds it
+        capture(loaded, img)
+    assert answers and set(answers[: -loaded.config.num_hidden_layers]) == {None}
+    assert answers[-loaded.config.num_hidden_layers] is None  # the recorded block's own buffer: none
+    clear_runs()

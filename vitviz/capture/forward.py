@@ -231,10 +231,22 @@ class SummaryRecorder(BlockRecorder):
         self.arrays: dict[int, _BlockArrays] = {}
         self.norms: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.stack: np.ndarray | None = None  # (B, L, H, T, T) for plain models
+        self._scratch: torch.Tensor | None = None
+
+    def scratch(self, shape: torch.Size, dtype: torch.dtype, device: torch.device) -> torch.Tensor | None:
+        """One buffer for every block's probabilities (:func:`vitviz.models.hooks.scratch_for`): lent only when the
+        summaries are computed as each block ends and while no block's probabilities wait to be read, since what
+        the record keeps is copied out of them before the next block runs."""
+        if self.lazy_summaries or self._pending:
+            return None
+        buf = self._scratch
+        if buf is None or buf.shape != shape or buf.dtype != dtype or buf.device != device:
+            buf = self._scratch = torch.empty(shape, dtype=dtype, device=device)
+        return buf
 
     def _store(self, site: Site, g: Geometry, native: torch.Tensor) -> np.ndarray:
         if self.loaded.family.hierarchical or g.kind != "global":  # a pooling head stays out of the stack
-            return native.to(self.dtype).cpu().numpy()  # torch casts faster than numpy
+            return native.to(self.dtype, copy=True).cpu().numpy()  # a copy: ``native`` may be a lent buffer
         if self.stack is None:
             dtype = torch.empty(0, dtype=self.dtype).numpy().dtype
             self.stack = np.empty((native.shape[0], self.num_sites, *native.shape[1:]), dtype=dtype)

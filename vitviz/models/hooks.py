@@ -50,6 +50,7 @@ __all__ = [
     "recording",
     "current",
     "visit_pattern",
+    "scratch_for",
 ]
 
 
@@ -73,6 +74,9 @@ class Recorder(Protocol):
     def on_attention(self, site: Site, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None: ...
 
     def on_block(self, site: Site, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None: ...
+
+    # Optional: ``scratch(shape, dtype, device)``, a buffer the attention function may write a block's probabilities
+    # into, or None. A recorder lends one only if it keeps nothing of them past the block's end (see scratch_for).
 
 
 @dataclass(frozen=True)
@@ -254,6 +258,22 @@ def visit_pattern(module: torch.nn.Module, probs: torch.Tensor) -> torch.Tensor:
     return probs if got is None else got
 
 
+def scratch_for(
+    module: torch.nn.Module, shape: torch.Size, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor | None:
+    """Called by vitviz's attention function: a buffer to compute this block's probabilities in, lent by the call's
+    recorder, or None. Never while gradients are on (the graph keeps the probabilities) or while the call records
+    or edits this block's pattern (a record would hold them)."""
+    state = _CALL.get()
+    if state is None or state.recorder is None or torch.is_grad_enabled():
+        return None
+    names = _PATTERN_CALLERS.get(module)
+    if state.points is not None and names and state.points.touches(names):
+        return None
+    lend = getattr(state.recorder, "scratch", None)
+    return None if lend is None else lend(shape, dtype, device)
+
+
 # --- installation ------------------------------------------------------------------------------------
 
 
@@ -365,7 +385,7 @@ def install(model: torch.nn.Module, family) -> Registry:
             site.block.register_forward_hook(_block_hook(site), with_kwargs=True)
         callers = [p.module for p in declared if p.kind == "pattern" and p.module in _PATTERN_CALLERS]
         if callers:
-            use_vitviz_attention(callers, visit_pattern)
+            use_vitviz_attention(callers, visit_pattern, scratch_for)
         registry = Registry(tuple(sites), Points({p.name: p for p in declared}, prefixes))
         _REGISTRY[model] = registry
         _LOCKS[model] = threading.Lock()
