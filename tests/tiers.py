@@ -1,6 +1,6 @@
 """The test tiers, in one place: which tests drive a real browser, and which are slow.
 
-``pytest -m "not slow and not browser"`` is the inner loop (a few minutes on 2 cores); ``bash .ci/run``
+``pytest -m "not slow and not browser" -n 2`` is the inner loop (under 2 minutes on 2 cores); ``bash .ci/run``
 runs everything. ``conftest.pytest_collection_modifyitems`` applies these marks:
 
 * ``browser``: the test starts Chromium (its own source, or every test of its module, does);
