@@ -13,7 +13,8 @@ from vitviz.evaluate.results import read_results
 from vitviz.evaluate.run import WorkDir, evaluate_dataset
 from vitviz.models.load import load_model
 
-pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray"), pytest.mark.usefixtures("one_thread")]  # one cluster; the actors use one thread: so does this
+# One xdist group: the Ray tests share one cluster. The actors use one thread: so does this.
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray"), pytest.mark.usefixtures("one_thread")]
 ray = pytest.importorskip("ray")
 
 METHODS = ("attention", "rollout", "random")

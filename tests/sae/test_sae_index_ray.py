@@ -12,7 +12,8 @@ from vitviz.data.shapes import make_sample
 from vitviz.sae.index import build_index
 from vitviz.sae.model import SAEConfig, SparseAutoencoder, save_sae
 
-pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray"), pytest.mark.usefixtures("one_thread")]  # one cluster; the actors use one thread: so does this
+# One xdist group: the Ray tests share one cluster. The actors use one thread: so does this.
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray"), pytest.mark.usefixtures("one_thread")]
 ray = pytest.importorskip("ray")
 
 

@@ -13,7 +13,8 @@ from vitviz.evaluate.data import read_dataset
 from vitviz.sae import train as tr
 from vitviz.sae.model import SAEError
 
-pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray"), pytest.mark.usefixtures("one_thread")]  # one cluster; the actors use one thread: so does this
+# One xdist group: the Ray tests share one cluster. The actors use one thread: so does this.
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray"), pytest.mark.usefixtures("one_thread")]
 ray = pytest.importorskip("ray")
 
 POINT = "blocks.1.out"
