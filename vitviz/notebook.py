@@ -91,11 +91,22 @@ class NotebookError(VitvizError, ValueError):
     """A view, an option or a value the notebook API cannot use; the message says what it takes."""
 
 
-@functools.lru_cache(maxsize=4)
-def _model(name: str, device: str | None) -> LoadedModel:
-    from vitviz.models.load import load_model
+_MODELS = None  # the models `run` loaded by name: a BoundedCache, made on first use (keeps `import vitviz` light)
+NOTEBOOK_MODELS = 4  # at most this many models by name ...
+NOTEBOOK_MODEL_BYTES = 8 * 2**30  # ... and this many bytes of parameters (a larger model is kept alone)
 
-    return load_model(name, device=device)
+
+def _model(name: str, device: str | None) -> LoadedModel:
+    global _MODELS
+    from vitviz.cache import BoundedCache
+    from vitviz.models.load import load_model
+    from vitviz.serve.models import model_nbytes
+
+    if _MODELS is None:
+        _MODELS = BoundedCache(
+            max_entries=NOTEBOOK_MODELS, max_bytes=NOTEBOOK_MODEL_BYTES, size_of=model_nbytes, keep_oversize=True
+        )
+    return _MODELS.get_or_compute((name, device), lambda: load_model(name, device=device))
 
 
 def run(

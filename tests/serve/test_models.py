@@ -41,7 +41,18 @@ def loader(name: str, nbytes: int, calls: list | None = None, delay: float = 0.0
 
 
 def run_threads(targets) -> list[threading.Thread]:
-    threads = [threading.Thread(target=t) for t in targets]
+    """Start a thread per target; an exception in one is kept on its thread and raised by :func:`join`."""
+
+    def keeping(target):
+        def run():
+            try:
+                target()
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+                threading.current_thread().error = exc
+
+        return run
+
+    threads = [threading.Thread(target=keeping(t)) for t in targets]
     for t in threads:
         t.start()
     return threads
@@ -51,6 +62,9 @@ def join(threads) -> None:
     for t in threads:
         t.join(10)
         assert not t.is_alive()
+    for t in threads:
+        if getattr(t, "error", None) is not None:
+            raise t.error
 
 
 # -- sizes --------------------------------------------------------------------------------------
@@ -313,10 +327,11 @@ def test_the_budget_holds_under_concurrent_load():
     def visitor(names):
         for name in names:
             model = cache.get(name, loader(name, sizes[name]))
-            with cache._lock:
-                total = sum(size for _, size in cache._data.values())
-                if model.name != name or cache.nbytes > cache.max_bytes or cache.nbytes != total:
-                    violations.append(cache.nbytes)
+            lru = cache._models  # the invariant, read under the LRU's own lock
+            with lru._lock:
+                total, nbytes = sum(size for _, size in lru._data.values()), lru.nbytes
+            if model.name != name or nbytes > cache.max_bytes or nbytes != total:
+                violations.append(nbytes)
 
     join(run_threads([lambda p=p: visitor(p) for p in plan]))
     assert violations == []

@@ -19,6 +19,27 @@ __all__ = [
 ]
 
 
+def _ranked_bars_layout(fig: go.Figure, *, title: str, what: str, height: int, left: int, **extra) -> go.Figure:
+    """The layout every horizontal bar chart here shares: first row on top, ``what`` along x."""
+    fig.update_layout(
+        title=title,
+        xaxis_title=what,
+        yaxis=dict(autorange="reversed"),
+        height=height,
+        margin=dict(l=left, r=10, t=50, b=40),
+        **extra,
+    )
+    return fig
+
+
+def _histogram_layout(fig: go.Figure, *, title: str, xaxis, yaxis_title: str) -> go.Figure:
+    """The layout both activation histograms share."""
+    fig.update_layout(
+        title=title, xaxis=xaxis, yaxis_title=yaxis_title, height=300, margin=dict(l=50, r=10, t=50, b=40), bargap=0.05
+    )
+    return fig
+
+
 def feature_histogram_figure(values: np.ndarray, *, feature: int, where: str, bins: int = 30) -> go.Figure:
     """The histogram of one feature's activations ``values`` (any shape) where it is active (> 0); the title says
     on how many of them it is active (its density over ``where``, e.g. "this image's patches")."""
@@ -26,15 +47,12 @@ def feature_histogram_figure(values: np.ndarray, *, feature: int, where: str, bi
     on = v[v > 0]
     fig = go.Figure(go.Histogram(x=on, nbinsx=bins, marker_color="#ff9f1c", name="active"))
     share = len(on) / max(len(v), 1)
-    fig.update_layout(
+    return _histogram_layout(
+        fig,
         title=f"Feature {feature}: active on {len(on)} of {len(v)} of {where} ({share:.0%})",
-        xaxis_title="activation (where active)",
+        xaxis=dict(title="activation (where active)"),
         yaxis_title="count",
-        height=300,
-        margin=dict(l=50, r=10, t=50, b=40),
-        bargap=0.05,
     )
-    return fig
 
 
 def edited_predictions_figure(
@@ -51,15 +69,7 @@ def edited_predictions_figure(
             ),
         ]
     )
-    fig.update_layout(
-        title=title,
-        barmode="group",
-        xaxis_title=what,
-        yaxis=dict(autorange="reversed"),
-        height=80 + 40 * len(names),
-        margin=dict(l=90, r=10, t=50, b=40),
-    )
-    return fig
+    return _ranked_bars_layout(fig, title=title, what=what, height=80 + 40 * len(names), left=90, barmode="group")
 
 
 def feature_crops_figure(
@@ -107,15 +117,12 @@ def index_histogram_figure(
             hovertemplate="%{customdata[0]:.3g} to %{customdata[1]:.3g}: %{y} tokens<extra></extra>",
         )
     )
-    fig.update_layout(
+    return _histogram_layout(
+        fig,
         title=f"Feature {feature} over the data set: active on {frequency:.2%} of {tokens:,} tokens",
         xaxis=dict(title="activation (where active), log scale", type="log"),
         yaxis_title="tokens",
-        height=300,
-        margin=dict(l=50, r=10, t=50, b=40),
-        bargap=0.05,
     )
-    return fig
 
 
 def effects_figure(
@@ -134,14 +141,7 @@ def effects_figure(
             hovertemplate="%{y}: %{x:.4g}<extra></extra>",
         )
     )
-    fig.update_layout(
-        title=title,
-        xaxis_title=what,
-        yaxis=dict(autorange="reversed"),
-        height=90 + 26 * max(len(rows), 1),
-        margin=dict(l=110, r=10, t=50, b=40),
-    )
-    return fig
+    return _ranked_bars_layout(fig, title=title, what=what, height=90 + 26 * max(len(rows), 1), left=110)
 
 
 def label_search_figure(features: Sequence[int], values: Sequence[float], *, label: str) -> go.Figure:
@@ -155,14 +155,13 @@ def label_search_figure(features: Sequence[int], values: Sequence[float], *, lab
             hovertemplate="%{y}: cosine %{x:.3f}<extra></extra>",
         )
     )
-    fig.update_layout(
+    return _ranked_bars_layout(
+        fig,
         title=f'Features whose direct effect points toward "{label}"',
-        xaxis_title="cosine with the label's text embedding",
-        yaxis=dict(autorange="reversed"),
+        what="cosine with the label's text embedding",
         height=90 + 24 * max(len(features), 1),
-        margin=dict(l=100, r=10, t=50, b=40),
+        left=100,
     )
-    return fig
 
 
 def attribution_figure(
@@ -191,13 +190,12 @@ def attribution_figure(
             ),
         ]
     )
-    fig.update_layout(
+    return _ranked_bars_layout(
+        fig,
         title=f"Features' attribution to {target}",
-        barmode="group",
-        xaxis_title="target clean minus target without the feature (before softmax)",
-        yaxis=dict(autorange="reversed"),
+        what="target clean minus target without the feature (before softmax)",
         height=110 + 34 * max(len(names), 1),
-        margin=dict(l=100, r=10, t=50, b=40),
+        left=100,
+        barmode="group",
         legend=dict(orientation="h", y=-0.15),
     )
-    return fig

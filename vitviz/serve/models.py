@@ -1,5 +1,8 @@
 """A thread-safe model cache bounded by the memory the models take, not by their number.
 
+The models live in a :class:`~vitviz.cache.BoundedCache` (vitviz's one LRU, bounded here by bytes only);
+what this module adds is the loading policy around it.
+
 ``st.cache_resource(max_entries=3)`` keeps three models whatever their size: three
 ViT-Huge checkpoints take 7.5 GB, three demos 2 MB. :class:`ModelCache` keeps the most
 recently used models whose parameters and buffers fit in ``max_bytes`` together, and drops
@@ -33,6 +36,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from vitviz.cache import BoundedCache
 from vitviz.errors import ModelLoadError
 
 __all__ = ["ModelCache", "ModelCacheStats", "ModelTooLargeError", "model_nbytes", "TOO_LARGE"]
@@ -115,13 +119,16 @@ class ModelCache(Generic[V]):
         self.max_bytes, self.refuse_oversize, self.poll_s = int(max_bytes), refuse_oversize, poll_s
         self._size_of = size_of
         self._on_evict = on_evict  # e.g. drop what else holds the model (its cached runs), so its memory goes
-        self._data: OrderedDict[Hashable, tuple[V, int]] = OrderedDict()
+        # Bounded by bytes alone; a model over the budget is stored only where it is served (kept alone then).
+        self._models: BoundedCache[V] = BoundedCache(
+            max_entries=2**31, max_bytes=self.max_bytes, size_of=size_of, keep_oversize=True, on_evict=self._dropped_lru
+        )
         self._pending: dict[Hashable, _Pending] = {}
         self._sizes: OrderedDict[Hashable, int] = OrderedDict()  # last measured size per name
         self._dropped: OrderedDict[Hashable, None] = OrderedDict()  # evicted, not loaded since
-        self._lock = threading.Lock()
+        # Reentrant: the LRU calls back (_dropped_lru) when a store under this lock makes room.
+        self._lock = threading.RLock()
         self._loading = threading.BoundedSemaphore(max_loading) if max_loading > 0 else None
-        self.nbytes = 0
         self._hits = self._loads = self._reloads = self._evictions = self._refused = 0
 
     @classmethod
@@ -132,20 +139,24 @@ class ModelCache(Generic[V]):
         return cls(settings.model_memory_bytes, **kwargs)
 
     def __len__(self) -> int:
-        return len(self._data)
+        return len(self._models)
 
     def __contains__(self, name: Hashable) -> bool:
-        return name in self._data
+        return name in self._models
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the cached models together."""
+        return self._models.nbytes
 
     def sizes(self) -> dict[Hashable, int]:
         """Bytes of each cached model, least recently used first."""
-        with self._lock:
-            return {k: size for k, (_, size) in self._data.items()}
+        return self._models.sizes()
 
     def stats(self) -> ModelCacheStats:
         with self._lock:
             return ModelCacheStats(
-                names=tuple(str(k) for k in self._data),
+                names=tuple(str(k) for k in self._models.sizes()),
                 nbytes=self.nbytes,
                 max_bytes=self.max_bytes,
                 loading=tuple(str(k) for k in self._pending),
@@ -177,10 +188,10 @@ class ModelCache(Generic[V]):
         """
         while True:
             with self._lock:
-                if name in self._data:
-                    self._data.move_to_end(name)
+                value = self._models.peek(name)  # now the most recently used (models are never None)
+                if value is not None:
                     self._hits += 1
-                    return self._data[name][0]
+                    return value
                 self._refuse_if_known_too_large(name, expected_bytes)
                 pending = self._pending.get(name)
                 owner = pending is None
@@ -199,11 +210,10 @@ class ModelCache(Generic[V]):
     def drop(self, name: Hashable) -> bool:
         """Forget ``name`` (e.g. after a failed capture); whether it was cached."""
         with self._lock:
-            item = self._data.pop(name, None)
-            if item is not None:
-                self.nbytes -= item[1]
-                self._evicted(item[0])
-            return item is not None
+            if name not in self._models:
+                return False
+            self._evicted(self._models.pop(name))
+            return True
 
     def _evicted(self, value: V) -> None:
         if self._on_evict is not None:
@@ -214,10 +224,15 @@ class ModelCache(Generic[V]):
 
     def clear(self) -> None:
         with self._lock:
-            for value, _ in self._data.values():
+            for value in self._models.clear():
                 self._evicted(value)
-            self._data.clear()
-            self.nbytes = 0
+
+    def _dropped_lru(self, name: Hashable, value: V) -> None:
+        """The LRU dropped ``name`` to make room: counted, remembered (a later load is a reload), let go."""
+        with self._lock:
+            self._evictions += 1
+            self._remember(self._dropped, name, None)
+        self._evicted(value)
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -259,8 +274,7 @@ class ModelCache(Generic[V]):
                         else f"Loading {name}…"
                     )
                 if expected is not None:
-                    with self._lock:
-                        self._evict(self.max_bytes - expected)  # make room first: lower peak memory
+                    self._models.make_room(self.max_bytes - expected)  # make room first: lower peak memory
                 value = loader()
             finally:
                 if self._loading is not None:
@@ -274,7 +288,7 @@ class ModelCache(Generic[V]):
                 if size > self.max_bytes and self.refuse_oversize:
                     self._refused += 1
                     raise ModelTooLargeError(str(name), size, self.max_bytes)  # the value is dropped
-                self._store(name, value, size)
+                self._models.put(name, value, size)  # evicts the least recent until it fits (or keeps it alone)
             pending.value, pending.has_value = value, True
             return value
         except Exception as exc:  # an ordinary failure: waiters get it too
@@ -285,28 +299,6 @@ class ModelCache(Generic[V]):
                 if self._pending.get(name) is pending:
                     del self._pending[name]
             pending.done.set()
-
-    def _store(self, name: Hashable, value: V, size: int) -> None:
-        """Insert as most recent and evict the least recent until it fits (lock held)."""
-        self._data[name] = (value, size)
-        self.nbytes += size
-        if size > self.max_bytes:  # only without refuse_oversize: keep it alone
-            self._evict(0, keep=name)
-        else:
-            self._evict(self.max_bytes, keep=name)
-
-    def _evict(self, room: int, keep: Hashable | None = None) -> None:
-        """Drop least recently used models until ``nbytes <= room`` (never ``keep``; lock held)."""
-        for key in list(self._data):
-            if self.nbytes <= room:
-                break
-            if key == keep:
-                continue
-            value, size = self._data.pop(key)
-            self.nbytes -= size
-            self._evictions += 1
-            self._evicted(value)
-            self._remember(self._dropped, key, None)
 
     @staticmethod
     def _remember(table: OrderedDict, key: Hashable, value: Any) -> None:
