@@ -47,7 +47,7 @@ def run_threads(targets) -> list[threading.Thread]:
         def run():
             try:
                 target()
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+            except BaseException as exc:  # re-raised in the test's thread
                 threading.current_thread().error = exc
 
         return run
