@@ -128,3 +128,26 @@ def test_waiters_on_a_failing_key_compute_once_each_at_most_and_leave_no_lock():
         t.join()
     assert len(errors) == 5 and len(calls) == 5  # failures are not cached: each waiter tries in turn
     assert c.pending == 0
+
+
+def test_evictions_are_reported_after_the_lock_and_an_oversize_value_can_be_kept_alone():
+    seen: list[tuple[str, int]] = []
+    cache: BoundedCache[int] = BoundedCache(
+        max_entries=10,
+        max_bytes=100,
+        size_of=int,
+        keep_oversize=True,
+        on_evict=lambda k, v: seen.append((k, v, len(cache), k in cache)),  # reads the cache: no deadlock
+    )
+    for k, v in (("a", 40), ("b", 40), ("c", 30)):
+        cache.put(k, v)
+    assert seen == [("a", 40, 2, False)] and cache.sizes() == {"b": 40, "c": 30} and cache.nbytes == 70
+    cache.make_room(35)  # before a value of 65 arrives: the least recent go first
+    assert [s[0] for s in seen] == ["a", "b"] and cache.sizes() == {"c": 30}
+    cache.put("big", 150)  # over the whole budget: kept alone
+    assert cache.sizes() == {"big": 150} and cache.nbytes == 150 and seen[-1][0] == "c"
+    assert cache.pop("big") == 150 and cache.pop("big") is None and cache.nbytes == 0
+    assert len(seen) == 3  # pop is not an eviction
+    plain: BoundedCache[int] = BoundedCache(max_entries=10, max_bytes=100, size_of=int)
+    plain.put("big", 150)  # without keep_oversize: returned by get_or_compute, never kept
+    assert len(plain) == 0 and plain.get_or_compute("big", lambda: 150) == 150 and len(plain) == 0
