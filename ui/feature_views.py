@@ -472,6 +472,29 @@ def attribution_of(cur: common.Current, sae, sae_key: str, target, exact_top: in
     return cached.results_cache().get_or_compute(key, lambda: common.in_queue(compute))
 
 
+def _ask_attribution(asked: tuple) -> None:
+    st.session_state["sae_attr_asked"] = asked
+
+
+def _attribution_asked(cur: common.Current, sae_key: str) -> bool:
+    """Whether to attribute now: always locally; on a public server once the visitor asks for this image and SAE (a
+    button), and from then on for every target they pick (the session remembers which image and SAE it was)."""
+    if not common.serve_settings().public:
+        return True
+    asked = (cur.key, sae_key)
+    if st.session_state.get("sae_attr_asked") == asked:
+        return True
+    # A callback, not the button's return value: it runs before the script, so a rerun cannot lose the click.
+    if st.button("Attribute the features", key="sae_attr_go", on_click=_ask_attribution, args=(asked,)):
+        return True
+    st.caption(
+        f"Ranks this image's features by their effect on the target above: one backward pass, then the top "
+        f"{ATTRIBUTION_EXACT} features zeroed one at a time (batched edited forwards). On this shared server it runs "
+        "when you ask."
+    )
+    return False
+
+
 def draw_attribution(cur: common.Current, sae, sae_key: str) -> None:
     """The features ranked by their attribution to the explained target (the class or label, minus another, as on
     the other pages): the estimate (gradient x activation, one backward) for every feature, the exact effect of
@@ -495,6 +518,8 @@ def draw_attribution(cur: common.Current, sae, sae_key: str) -> None:
         "sae_attr_target_minus",
     )
     target = target_boxes.target_ui(ranked, key="sae_attr_target", start=start)
+    if not _attribution_asked(cur, sae_key):
+        return
     try:
         with st.spinner("Attributing the features (one backward, then the top ones zeroed)…"):
             att = attribution_of(cur, sae, sae_key, target)

@@ -121,3 +121,35 @@ def test_a_zero_shot_models_labels_are_the_target(demo_model):
     np.testing.assert_allclose(table["exact (zeroed)"], att.exact, rtol=1e-5, atol=1e-6)
     stated = next(c.value for c in at.caption if "Spearman rank correlation" in c.value)
     assert f"**{_spearman(att.estimate[att.exact_ids], att.exact):.3f}**" in stated
+
+
+def _attribution_shown(at) -> bool:
+    return any(
+        json.loads(c.proto.spec)["layout"]["title"]["text"].startswith("Features' attribution to") for c in charts(at)
+    )
+
+
+def test_a_public_server_attributes_when_the_visitor_asks_and_then_follows_the_target(demo_model, monkeypatch):
+    from ui import cached, common
+
+    monkeypatch.setenv("VITVIZ_PUBLIC", "1")
+    common.serve_settings.clear()
+    try:
+        cached.results_cache().clear()
+        at = AppTest.from_file(APP, default_timeout=240)
+        at.run()
+        at.switch_page("pages/features.py").run()
+        no_trouble(at, "public features page")
+        assert not _attribution_shown(at)
+        assert not [k for k in cached.results_cache().sizes() if k[0] == "sae_attribution"]  # nothing computed
+        assert any("runs when you ask" in c.value for c in at.caption)
+        at.button(key="sae_attr_go").click().run()
+        no_trouble(at, "asked")
+        assert _attribution_shown(at)
+        box = at.selectbox(key="sae_attr_target_index")
+        box.set_value((box.value + 1) % len(box.options)).run()  # another class of the same image: no second click
+        no_trouble(at, "another target")
+        assert _attribution_shown(at)
+        assert not [b for b in at.button if b.key == "sae_attr_go"]
+    finally:
+        common.serve_settings.clear()
