@@ -165,6 +165,9 @@ def test_the_sdist_holds_the_tests_with_their_subfolders_and_the_licence(built):
         meta = whl.read(next(n for n in files if n.endswith(".dist-info/METADATA"))).decode()
     assert "License-Expression: MIT" in meta and any(n.endswith(".dist-info/licenses/LICENSE") for n in files)
     assert not any(n.startswith("tests/") for n in files)
+    # the bundled SAE's index and its 200 images, one folder deeper than the other assets
+    assert "vitviz/assets/demo-sae-index/index.parquet" in files
+    assert sum(n.startswith("vitviz/assets/demo-sae-index/images/") and n.endswith(".jpg") for n in files) == 200
 
 
 def test_installed_command_exports_with_the_bundled_model(installed, tmp_path):

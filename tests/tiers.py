@@ -59,6 +59,7 @@ SLOW_TESTS = {  # measured on 2 busy cores, 2026-11-27 (--durations): 10-40 s ea
     # 160 s with the machine's load average at 11 (2026-11-27): patching at 2,041 tokens while 2 sessions browse
     "test_benchmark_load.py::test_a_patching_session_at_the_widest_input_while_others_browse",
     "test_wide_upload_server.py::test_wide_uploads_fall_back_under_max_tokens_and_do_not_accumulate",  # 46-68 s
+    "test_sae_demo_index.py::test_the_command_rebuilds_the_bundled_index",  # 200 images written and indexed
 }
 
 

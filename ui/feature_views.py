@@ -43,6 +43,7 @@ __all__ = [
 BUNDLED = "The bundled demo SAE"
 LISTED = "One of this server's SAEs"
 TYPED = "An SAE folder on this machine"
+BUNDLED_INDEX = "The bundled demo index"
 LISTED_INDEX = "One of this server's indexes"
 TYPED_INDEX = "An index file on this machine"
 
@@ -292,10 +293,16 @@ def _crops(path: str, stamp: int, sae_key: str, model_name: str, feature: int, _
 def choose_index(cur: common.Current, sae, sae_key: str):
     """The feature index picked (the operator's, or outside public mode a typed file), loaded and checked against
     the SAE and the model; None (with the reason shown)."""
+    from vitviz.sae.demo import DEMO_INDEX, DEMO_SAE_DIR
     from vitviz.sae.index import FeatureIndexError
 
     settings = common.serve_settings()
-    options = ([LISTED_INDEX] if settings.sae_indexes else []) + ([] if settings.public else [TYPED_INDEX])
+    bundled = sae_location() == Path(DEMO_SAE_DIR) and cur.model.name == "demo" and DEMO_INDEX.is_file()
+    options = (
+        ([BUNDLED_INDEX] if bundled else [])
+        + ([LISTED_INDEX] if settings.sae_indexes else [])
+        + ([] if settings.public else [TYPED_INDEX])
+    )
     if not options:
         st.info(
             "This public server offers no feature index (its operator lists them as `sae_indexes` in vitviz.toml); "
@@ -303,7 +310,13 @@ def choose_index(cur: common.Current, sae, sae_key: str):
         )
         return None
     source = st.radio("Index", options, horizontal=True, key="sae_index_source")
-    if source == LISTED_INDEX:
+    if source == BUNDLED_INDEX:
+        path = DEMO_INDEX
+        st.caption(
+            "The demo SAE's features over 200 shape images it was not trained on (`python -m vitviz demo-data --n 200 "
+            "--seed 4`), bundled with vitviz: `python -m vitviz sae index-demo` rebuilds it."
+        )
+    elif source == LISTED_INDEX:
         names = {_shown(p, settings.sae_indexes): p for p in settings.sae_indexes}
         pick = st.selectbox("This server's indexes", list(names), key="sae_index_listed")
         path = Path(names[pick]).expanduser()

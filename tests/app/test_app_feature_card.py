@@ -46,6 +46,7 @@ def test_the_card_from_a_typed_index(demo_index, demo_model):
     from vitviz.sae.card import feature_effects, readout_for, top_effects
 
     at = _page()
+    at.radio(key="sae_index_source").set_value("An index file on this machine").run()
     at.text_input(key="sae_index_path").input(str(demo_index)).run()
     no_trouble(at, "card")
     f = at.session_state.sae_feature
@@ -67,6 +68,7 @@ def test_an_index_of_another_sae_is_refused_on_the_page(demo_index, tmp_path):
     other = tmp_path / "other.parquet"
     other.write_bytes(b"not parquet")
     at = _page()
+    at.radio(key="sae_index_source").set_value("An index file on this machine").run()
     at.text_input(key="sae_index_path").input(str(other)).run()
     assert not at.exception
     assert any("not a Parquet file" in e.value for e in at.error)
@@ -87,21 +89,27 @@ def public(monkeypatch, tmp_path):
     common.serve_settings.clear()
 
 
-def test_public_mode_offers_the_operators_indexes_only(public, demo_index):
+def test_public_mode_offers_the_bundled_and_the_operators_indexes_only(public, demo_index):
     public(VITVIZ_SAE_INDEXES=str(demo_index))
     at = _page()
     no_trouble(at, "public card")
-    assert at.radio(key="sae_index_source").options == ["One of this server's indexes"]
+    assert at.radio(key="sae_index_source").options == ["The bundled demo index", "One of this server's indexes"]
+    at.radio(key="sae_index_source").set_value("One of this server's indexes").run()
+    no_trouble(at, "listed index")
     assert at.selectbox(key="sae_index_listed").options == ["index.parquet"]  # its name, not the server's folders
     assert not at.text_input  # nothing typed: no SAE folder, no index file
     assert any("over the data set: active on" in t for t in _titles(at))
     assert not any(str(demo_index.parent) in c.value for c in at.caption)
 
 
-def test_public_mode_without_indexes_says_so(public):
-    public()
+def test_public_mode_without_indexes_says_so_where_the_bundled_one_does_not_apply(public, tmp_path):
+    folder = save_sae(load_sae(DEMO_SAE_DIR), tmp_path / "served" / "shapes-sae")  # the same SAE, another place
+    public(VITVIZ_SAES=str(folder))
     at = _page()
-    no_trouble(at, "public, no index")
+    no_trouble(at, "public, bundled SAE")
+    assert at.radio(key="sae_index_source").options == ["The bundled demo index"]
+    at.radio(key="sae_source").set_value("One of this server's SAEs").run()
+    no_trouble(at, "public, listed SAE")
     assert any("offers no feature index" in i.value for i in at.info)
 
 
@@ -163,5 +171,19 @@ def test_a_listed_sae_or_index_that_fails_names_no_server_folder(public, tmp_pat
     messages = [e.value for e in at.error]
     assert messages and all("secret-place" not in m and str(tmp_path) not in m for m in messages), messages
     at.radio(key="sae_source").set_value("The bundled demo SAE").run()
+    at.radio(key="sae_index_source").set_value("One of this server's indexes").run()
     messages = [e.value for e in at.error]
     assert messages and all("secret-place" not in m for m in messages), messages
+
+
+def test_the_bundled_demo_index_is_the_first_choice_and_draws_the_card(demo_model):
+    at = _page()
+    no_trouble(at, "bundled index")
+    assert at.radio(key="sae_index_source").value == "The bundled demo index"
+    f = at.session_state.sae_feature
+    titles = _titles(at)
+    assert any(t.startswith(f"Feature {f} over the data set: active on") for t in titles)
+    crops = [t for t in titles if t.startswith(f"Feature {f}: its") and "strongest tokens" in t]
+    assert crops or any(f"Feature {f} is never active" in i.value for i in at.info)
+    assert any("200 shape images" in c.value for c in at.caption)
+    assert not any(c.value.startswith("Left out:") for c in at.caption)  # every example's image was read

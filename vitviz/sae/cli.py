@@ -1,4 +1,4 @@
-"""``vitviz sae {train,measure,index,train-demo}``: the command line of :mod:`vitviz.sae` (registered by ``__main__``)."""
+"""``vitviz sae {train,measure,index,train-demo,index-demo}``: the command line of :mod:`vitviz.sae` (registered by ``__main__``)."""
 
 from __future__ import annotations
 
@@ -149,6 +149,13 @@ def _train_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _index_demo(args: argparse.Namespace) -> int:
+    from vitviz.sae.demo import index_demo_sae
+
+    print(f"wrote {index_demo_sae(args.out, progress=_bar())}")
+    return 0
+
+
 def add_parser(sub) -> None:
     """Register ``sae`` and its commands on the main parser's subparsers."""
     sae = sub.add_parser("sae", help="sparse-autoencoder features: train, measure, rebuild the demo's SAE")
@@ -255,3 +262,12 @@ def add_parser(sub) -> None:
         "nothing)",
     )
     td.set_defaults(func=_train_demo)
+
+    idd = cmds.add_parser(
+        "index-demo",
+        help="rebuild the bundled index of the demo SAE (vitviz/assets/demo-sae-index)",
+        description="Writes 200 demo-data images (seed 4) as JPEG, indexes the demo SAE's features over them and "
+        "stores the examples' paths relative to the index.",
+    )
+    idd.add_argument("--out", default=None, help="a folder; default: the bundled vitviz/assets/demo-sae-index")
+    idd.set_defaults(func=_index_demo)

@@ -36,11 +36,19 @@ __all__ = [
     "DemoSAE",
     "train_demo_sae",
     "read_ground_truth",
+    "DEMO_INDEX",
+    "DEMO_INDEX_DATA",
+    "index_demo_sae",
 ]
 
 DEMO_SAE_DIR = Path(__file__).resolve().parents[1] / "assets" / "demo-sae"
 DEMO_POINT = "blocks.2.out"
 DEMO_DATA = {"n": 2000, "seed": 2}  # python -m vitviz demo-data --n 2000 --seed 2
+# The bundled feature index of the demo SAE: its images beside it (ids 4 * 1_000_003 + i, a seed no other demo set
+# uses), its example paths relative to its folder.
+DEMO_INDEX_DIR = DEMO_SAE_DIR.parent / "demo-sae-index"
+DEMO_INDEX = DEMO_INDEX_DIR / "index.parquet"
+DEMO_INDEX_DATA = {"n": 200, "seed": 4}  # python -m vitviz demo-data --n 200 --seed 4
 GROUND_TRUTH_IMAGES = 500
 GROUND_TRUTH_SEED = 3
 GROUND_TRUTH_FILE = "ground_truth.json"
@@ -178,3 +186,50 @@ def read_ground_truth(folder: str | Path = DEMO_SAE_DIR) -> list[ShapeScore]:
 
 def bundled_files() -> tuple[str, ...]:
     return (CFG_FILE, WEIGHTS_FILE, "metrics.json", GROUND_TRUTH_FILE)
+
+
+def index_demo_sae(out: str | Path | None = None, *, progress: Callable | None = None) -> Path:
+    """Rebuild the demo SAE's feature index into the folder ``out`` (default: the bundled
+    ``vitviz/assets/demo-sae-index``): :data:`DEMO_INDEX_DATA`'s images in ``images/`` as JPEG (quality 90: 4 KB
+    an image where the noisy PNGs take 17; the index reads the JPEGs, so its numbers are theirs), with ``labels.csv``
+    and ``index.parquet`` (``vitviz sae index`` on them, top 16 per feature, one CPU thread), made portable: its
+    example paths relative to its folder, its header naming the data by the command that writes it. Returns the
+    index's path."""
+    from vitviz.data.shapes import write_dataset
+    from vitviz.models.load import load_model
+    from vitviz.sae.index import build_index, make_portable
+
+    target = DEMO_INDEX_DIR if out is None else Path(out)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        loaded = load_model("demo", device="cpu")
+        sae = load_sae(DEMO_SAE_DIR, loaded=loaded)
+        with tempfile.TemporaryDirectory(prefix="vitviz-demo-index-") as tmp:
+            csv = _as_jpeg(write_dataset(Path(tmp), **DEMO_INDEX_DATA), target / "images")
+        index = target / "index.parquet"
+        build_index(sae, loaded, csv, index, model_source="demo", overwrite=True, progress=progress)
+    finally:
+        torch.set_num_threads(threads)
+    n, seed = DEMO_INDEX_DATA["n"], DEMO_INDEX_DATA["seed"]
+    make_portable(index, data=f"python -m vitviz demo-data --n {n} --seed {seed}", sae_source="the bundled demo SAE")
+    return index
+
+
+def _as_jpeg(csv: Path, folder: Path) -> Path:
+    """A copy of the data set of ``csv`` in ``folder``: every image as JPEG (quality 90), the CSV naming them."""
+    import csv as csvlib
+
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with csv.open(newline="") as fh:
+        rows = list(csvlib.reader(fh))
+    for row in rows[1:]:
+        name = Path(row[0]).with_suffix(".jpg").name
+        Image.open(csv.parent / row[0]).convert("RGB").save(folder / name, "JPEG", quality=90)
+        row[0] = name
+    out = folder / "labels.csv"
+    with out.open("w", newline="") as fh:
+        csvlib.writer(fh).writerows(rows)
+    return out

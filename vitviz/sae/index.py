@@ -79,6 +79,7 @@ __all__ = [
     "build_index",
     "partial_path",
     "load_index",
+    "make_portable",
 ]
 
 INDEX_FORMAT = "vitviz sae index"
@@ -499,6 +500,30 @@ def _table(
     return pa.Table.from_pydict(cols, schema=INDEX_SCHEMA)
 
 
+def make_portable(path: str | Path, **meta: Any) -> None:
+    """Rewrite the index at ``path`` so that it can move with its images: every example path inside the index's
+    folder is stored relative to it (the reader resolves it there: :meth:`FeatureIndex.feature`); ``meta``
+    replaces header fields (e.g. ``data``, ``sae_source``: what the file says it was made from, not where that was
+    on the machine that made it). Paths outside the folder stay as they are."""
+    from vitviz.evaluate.results import write_table_atomic
+
+    path = Path(path)
+    table = pq.read_table(path)
+    header = json.loads(table.schema.metadata[META_KEY])
+    here = path.resolve().parent
+
+    def portable(p: str) -> str:
+        full = Path(p).resolve()
+        return full.relative_to(here).as_posix() if full.is_relative_to(here) else p
+
+    rows = [[portable(p) for p in row] for row in table.column("top_path").to_pylist()]
+    table = table.set_column(
+        table.schema.get_field_index("top_path"), INDEX_SCHEMA.field("top_path"), pa.array(rows, pa.list_(pa.string()))
+    )
+    header.update(meta)
+    write_table_atomic(table.replace_schema_metadata({META_KEY: json.dumps(header).encode()}), path)
+
+
 # --- reading ----------------------------------------------------------------------------------------------------
 
 
@@ -548,11 +573,14 @@ class FeatureIndex:
         return self.table.column("frequency").to_numpy()
 
     def feature(self, i: int) -> FeatureEntry:
+        """Feature ``i``'s row; a relative example path is read relative to the index file's folder
+        (:func:`make_portable`)."""
         if not 0 <= int(i) < self.d_sae:
             raise FeatureIndexError(f"feature {i} is outside 0..{self.d_sae - 1}")
         row = self.table.slice(int(i), 1).to_pylist()[0]
+        here = Path(self.path).parent
         examples = tuple(
-            Example(iid, path, int(tok), r, c, float(a))
+            Example(iid, path if os.path.isabs(path) else str(here / path), int(tok), r, c, float(a))
             for iid, path, tok, r, c, a in zip(
                 row["top_image_id"],
                 row["top_path"],
