@@ -187,7 +187,9 @@ def size_ui() -> None:
         f"The model's own: {w} x {h} px (width x height), patches of {p} px: a {h // p} x {w // p} grid "
         "(rows x columns)."
     )
-    choices = sorted({max(p, round(h * f / p) * p) for f in (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)})
+    from vitviz.capture.forward import offered_heights
+
+    choices = offered_heights(model)
     current = ss.input_size[0] if ss.input_size else h
     side = st.select_slider("Height (px)", choices, value=current if current in choices else h)
     # Bound to the session (not derived from the input size): a fallback to a square input must not untick it

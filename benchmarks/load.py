@@ -857,16 +857,16 @@ class Session:
 # ---------------------------------------------------------------------------------------------
 def widest_input(max_tokens: int, budget_bytes: int) -> tuple[int, int]:
     """(height, width) in px of the largest input public mode lets the demo model run with the aspect ratio kept:
-    the tallest height the sidebar offers (``app.py``'s ``size_ui``: 0.5 to 2 times the model's own, whole
-    patches) and the widest width (whole patches) whose tokens stay within ``max_tokens`` and whose attention
+    the tallest height the sidebar offers (:func:`~vitviz.capture.forward.offered_heights`, as ``app.py``'s
+    ``size_ui``) and the widest width (whole patches) whose tokens stay within ``max_tokens`` and whose attention
     passes the budget check the sidebar makes. An image of exactly that many pixels is kept at that size."""
-    from vitviz.capture.forward import check_budget, token_layout
+    from vitviz.capture.forward import check_budget, offered_heights, token_layout
     from vitviz.errors import VitvizError
     from vitviz.models.load import load_model
 
     model = load_model("demo", device="cpu")
-    (h, _), p = model.default_size, model.patch_size
-    height = max(max(p, round(h * f / p) * p) for f in (0.5, 0.75, 1.0, 1.25, 1.5, 2.0))
+    p = model.patch_size
+    height = offered_heights(model)[-1]
     width = p
     while True:
         wider = width + p

@@ -275,3 +275,11 @@ def test_no_buffer_is_lent_where_the_probabilities_outlive_the_block(tiny_models
     assert answers and set(answers[: -loaded.config.num_hidden_layers]) == {None}
     assert answers[-loaded.config.num_hidden_layers] is None  # the recorded block's own buffer: none
     clear_runs()
+
+
+def test_offered_heights_are_the_factors_of_the_models_own_in_whole_patches(tiny_models, demo_model):
+    from vitviz.capture.forward import offered_heights
+
+    assert offered_heights(demo_model) == [48, 72, 96, 120, 144, 192]  # 96 px, 8 px patches: 0.5x .. 2x
+    tiny = tiny_models["vit"]  # 32 px, 8 px patches: 16 and 24 px round to 16 and 24, 40 to 40
+    assert offered_heights(tiny) == [16, 24, 32, 40, 48, 64]

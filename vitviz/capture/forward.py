@@ -33,6 +33,8 @@ __all__ = [
     "Capture",
     "DEFAULT_BUDGET_BYTES",
     "input_size_for",
+    "SIZE_FACTORS",
+    "offered_heights",
     "estimate_capture_bytes",
     "check_budget",
     "token_layout",
@@ -70,6 +72,16 @@ def input_size_for(
     m = loaded.family.size_multiple(loaded.config)
     h, w = max(m, round(h / m) * m), max(m, round(w / m) * m)
     return loaded.family.size_for_image(loaded.config, (int(h), int(w)), image_wh)
+
+
+SIZE_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)  # the input heights offered, as multiples of the model's own
+
+
+def offered_heights(loaded: LoadedModel) -> list[int]:
+    """The input heights (px) the app offers for ``loaded``: :data:`SIZE_FACTORS` times its own, in whole patches
+    (at least one), ascending."""
+    h, p = loaded.default_size[0], loaded.patch_size
+    return sorted({max(p, round(h * f / p) * p) for f in SIZE_FACTORS})
 
 
 def estimate_capture_bytes(
