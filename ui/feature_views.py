@@ -134,6 +134,11 @@ def _shown(path: str, listed) -> str:
     return short
 
 
+def _scope_tokens(scope: str) -> str:
+    """How a count of the tokens an SAE reads is named: "patch tokens" (scope ``patches``), else "tokens"."""
+    return "patch tokens" if scope == "patches" else "tokens"
+
+
 def sae_key(folder: Path | None) -> str:
     """What names the picked SAE in the index caches: its place, its files' mtime and the point typed."""
     stamp = _stamp(folder) if folder is not None else 0
@@ -189,7 +194,7 @@ def draw_metrics(sae, folder: Path | None) -> None:
         else ""
     )
     st.caption(
-        f"On {m['images']} held-out images ({m['tokens']} {m['scope']} tokens): explained variance "
+        f"On {m['images']:,} held-out images ({m['tokens']:,} {_scope_tokens(m['scope'])}): explained variance "
         f"{m['explained_variance']:.3f}, L0 {m['l0']:.1f}, dead {m['dead_fraction']:.1%}, dense (active on more "
         f"than 10 % of tokens) {m['dense_fraction']:.1%}{splice}."
     )
@@ -351,7 +356,7 @@ def draw_card(cur: common.Current, sae, index, feature: int, sae_key: str) -> No
     when = f"{e.mean_active:.3g}" if e.mean_active is not None else "never active"
     where = "" if public else f" of {meta['data']!s}"  # a public visitor never sees the server's folders
     st.caption(
-        f"Over {meta['images']:,} images ({meta['tokens']:,} {meta['scope']} tokens){where}: active on "
+        f"Over {meta['images']:,} images ({meta['tokens']:,} {_scope_tokens(meta['scope'])}){where}: active on "
         f"{e.frequency:.2%} of tokens; mean activation {e.mean_activation:.3g} (zeros included), {when} where "
         f"active; largest {e.max_activation:.3g}."
     )

@@ -147,6 +147,7 @@ LAYOUT_PAGES = {
         ("Side by side", "A. demo"),
         ("Position embeddings", "Position embedding similarity"),
         ("Patch embedding & norms", "Token norms"),
+        ("Features", "at blocks.2.out"),  # the demo SAE's map; its card (the bundled index) below
     ],
     "demo-swin": [
         ("Heads", "head 0: where"),

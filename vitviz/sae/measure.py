@@ -144,11 +144,27 @@ def write_metrics(folder: str | Path, metrics: dict) -> Path:
     return path
 
 
+_METRIC_NUMBERS = ("images", "tokens", "explained_variance", "l0", "dead_fraction", "dense_fraction")
+
+
 def read_metrics(folder: str | Path) -> dict | None:
+    """``metrics.json`` beside an SAE, or None where there is none or it is not one (unreadable, not JSON, a
+    measure missing or not a number, the scope not a word): a file beside a checkpoint is not trusted."""
     path = Path(folder) / METRICS_FILE
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        m = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
+    if not isinstance(m, dict) or not isinstance(m.get("scope"), str):
+        return None
+    numbers = [m.get(k) for k in _METRIC_NUMBERS]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers):
+        return None
+    if not isinstance(m["images"], int) or not isinstance(m["tokens"], int):
+        return None
+    splice = [m.get("splice_top1_agreement"), m.get("splice_mean_kl")]
+    if not all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in splice):
+        return None
+    return m
