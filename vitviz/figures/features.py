@@ -90,8 +90,8 @@ def feature_crops_figure(
     )
     for k, img in enumerate(images):
         fig.add_trace(go.Image(z=np.asarray(img, np.uint8)), row=k // cols + 1, col=k % cols + 1)
-    fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
-    fig.update_yaxes(showticklabels=False, showgrid=False, zeroline=False)
+    fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False, ticks="")  # crops: no axes at all
+    fig.update_yaxes(showticklabels=False, showgrid=False, zeroline=False, ticks="")
     fig.update_annotations(font_size=10)
     fig.update_layout(title=title, height=60 + 190 * rows, margin=dict(l=10, r=10, t=70, b=10))
     return fig
