@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import types
+import json
 
 import numpy as np
 import pyarrow as pa
@@ -114,10 +114,35 @@ def test_an_index_of_another_sae_model_or_point_is_refused(demo_model, built):
         other.W_enc[5, 0] = 0.5
     with pytest.raises(FeatureIndexError, match="another SAE"):
         load_index(out, other, demo_model)
-    with pytest.raises(FeatureIndexError, match="the model 'demo', not 'other'"):
-        load_index(out, _unit_sae(), types.SimpleNamespace(name="other"))
     with pytest.raises(FeatureIndexError, match=r"indexes the point .blocks\.2\.out."):
         load_index(out, _unit_sae(point="blocks.1.out"), demo_model)
+
+
+def test_the_model_is_recognised_by_its_weights_not_its_name(demo_model, built, tmp_path):
+    import copy
+    import dataclasses
+    import shutil
+
+    from vitviz.models.digest import weights_digest
+    from vitviz.sae.index import make_portable
+
+    out, _ = built
+    assert pq.read_table(out).schema.metadata  # the header records the weights' digest
+    assert json.loads(pq.read_table(out).schema.metadata[b"vitviz"])["model_digest"] == weights_digest(demo_model)
+    copied = dataclasses.replace(demo_model, name="/elsewhere/a-copy-of-demo")  # the same weights, another name
+    assert load_index(out, _unit_sae(), copied).meta["model"] == "demo"
+    retrained = copy.deepcopy(demo_model.model)
+    with torch.no_grad():
+        next(retrained.parameters()).view(-1)[0] += 1e-3
+    same_name = dataclasses.replace(demo_model, model=retrained)  # "demo", other weights
+    with pytest.raises(FeatureIndexError, match="built on other weights"):
+        load_index(out, _unit_sae(), same_name)
+    old = tmp_path / "old.parquet"  # a file written before the digest: the name decides
+    shutil.copy(out, old)
+    make_portable(old, model_digest=None)
+    assert load_index(old, _unit_sae(), same_name).meta["model"] == "demo"
+    with pytest.raises(FeatureIndexError, match="the model 'demo', not 'other'"):
+        load_index(old, _unit_sae(), dataclasses.replace(demo_model, name="other"))
 
 
 def test_corrupt_or_foreign_files_are_refused_with_a_message(demo_model, built, tmp_path):

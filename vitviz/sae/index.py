@@ -54,6 +54,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from vitviz.models.digest import weights_digest
 from vitviz.sae.index_state import (
     HIST_EDGES,
     FeatureIndexError,
@@ -426,6 +427,7 @@ def build_index(
         "point": point,
         "scope": "patches" if patches_only else "all",
         "model": loaded.name,
+        "model_digest": weights_digest(loaded),
         "model_source": model_source if model_source is not None else loaded.name,
         "input_size": list(hw),
         "grid": list(gh_gw),
@@ -622,6 +624,25 @@ def _check_lists(table: pa.Table, name: str, bins: int) -> None:
 _EXAMPLE_LISTS = ("top_image_id", "top_path", "top_token", "top_row", "top_col", "top_activation")
 
 
+def _check_model(name: str, meta: dict, loaded) -> None:
+    """The index was built on ``loaded``'s weights: by their digest where the file records it (a copied folder
+    passes, a model retrained under the same name does not), by the model's name in files written before."""
+    built = meta.get("model_digest")
+    if built is None:
+        if meta.get("model") != loaded.name:
+            raise FeatureIndexError(
+                f"{name} was built on the model {meta.get('model')!r}, not {loaded.name!r}: the same SAE's features "
+                "read another model's activations there"
+            )
+        return
+    if built != weights_digest(loaded):
+        raise FeatureIndexError(
+            f"{name} was built on other weights (the model {meta.get('model')!r}, weights {_short(built)}...), not "
+            f"those of {loaded.name!r} ({_short(weights_digest(loaded))}...): the same SAE's features read another "
+            "model's activations there; build the index again on this model with `vitviz sae index`"
+        )
+
+
 def load_index(path: str | Path, sae: SparseAutoencoder, loaded, *, max_mb: float = MAX_INDEX_MB) -> FeatureIndex:
     """Read the index at ``path`` and check that it is an index of ``sae`` (its weights' digest) on ``loaded``'s
     model at the SAE's point; :class:`FeatureIndexError` says what is wrong (never a traceback of the reader)."""
@@ -657,11 +678,8 @@ def load_index(path: str | Path, sae: SparseAutoencoder, loaded, *, max_mb: floa
         )
     if meta.get("point") != sae.cfg.point:
         raise FeatureIndexError(f"{name} indexes the point {meta.get('point')!r}; this SAE reads {sae.cfg.point!r}")
-    if loaded is not None and meta.get("model") != loaded.name:
-        raise FeatureIndexError(
-            f"{name} was built on the model {meta.get('model')!r}, not {loaded.name!r}: the same SAE's features "
-            "read another model's activations there"
-        )
+    if loaded is not None:
+        _check_model(name, meta, loaded)
     try:
         md = pf.metadata
         need = sum(md.row_group(g).total_byte_size for g in range(md.num_row_groups))
