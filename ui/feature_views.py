@@ -298,7 +298,7 @@ def _crops(path: str, stamp: int, sae_key: str, model_name: str, feature: int, _
 def choose_index(cur: common.Current, sae, sae_key: str):
     """The feature index picked (the operator's, or outside public mode a typed file), loaded and checked against
     the SAE and the model; None (with the reason shown)."""
-    from vitviz.sae.demo import DEMO_INDEX, DEMO_SAE_DIR
+    from vitviz.sae.demo import DEMO_INDEX, DEMO_INDEX_COMMAND, DEMO_INDEX_DATA, DEMO_SAE_DIR
     from vitviz.sae.index import FeatureIndexError
 
     settings = common.serve_settings()
@@ -318,8 +318,8 @@ def choose_index(cur: common.Current, sae, sae_key: str):
     if source == BUNDLED_INDEX:
         path = DEMO_INDEX
         st.caption(
-            "The demo SAE's features over 200 shape images it was not trained on (`python -m vitviz demo-data --n 200 "
-            "--seed 4`), bundled with vitviz: `python -m vitviz sae index-demo` rebuilds it."
+            f"The demo SAE's features over {DEMO_INDEX_DATA['n']} shape images it was not trained on "
+            f"(`{DEMO_INDEX_COMMAND}`), bundled with vitviz: `python -m vitviz sae index-demo` rebuilds it."
         )
     elif source == LISTED_INDEX:
         names = {_shown(p, settings.sae_indexes): p for p in settings.sae_indexes}

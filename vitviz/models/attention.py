@@ -53,10 +53,10 @@ def attention_forward(
     """Eager attention ``(B, H, T, d)`` x3 -> output ``(B, T, H, d)`` and probabilities ``(B, H, Tq, Tk)``."""
     if scaling is None:
         scaling = query.size(-1) ** -0.5
-    shape = torch.Size((*torch.broadcast_shapes(query.shape[:-2], key.shape[:-2]), query.shape[-2], key.shape[-2]))
     lent = None
     if _lender is not None and query.dtype == torch.float32 and not (dropout and module.training):
-        lent = _lender(module, shape, query.dtype, query.device)
+        batch = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2])
+        lent = _lender(module, torch.Size((*batch, query.shape[-2], key.shape[-2])), query.dtype, query.device)
     # In place: the matmul's backward reads its inputs, not its output, so scaling and masking it in place is safe.
     weights = torch.matmul(query, key.transpose(-1, -2), out=lent).mul_(scaling)
     if attention_mask is not None:

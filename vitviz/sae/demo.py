@@ -38,6 +38,7 @@ __all__ = [
     "read_ground_truth",
     "DEMO_INDEX",
     "DEMO_INDEX_DATA",
+    "DEMO_INDEX_COMMAND",
     "index_demo_sae",
 ]
 
@@ -48,7 +49,8 @@ DEMO_DATA = {"n": 2000, "seed": 2}  # python -m vitviz demo-data --n 2000 --seed
 # uses), its example paths relative to its folder.
 DEMO_INDEX_DIR = DEMO_SAE_DIR.parent / "demo-sae-index"
 DEMO_INDEX = DEMO_INDEX_DIR / "index.parquet"
-DEMO_INDEX_DATA = {"n": 200, "seed": 4}  # python -m vitviz demo-data --n 200 --seed 4
+DEMO_INDEX_DATA = {"n": 200, "seed": 4}
+DEMO_INDEX_COMMAND = f"python -m vitviz demo-data --n {DEMO_INDEX_DATA['n']} --seed {DEMO_INDEX_DATA['seed']}"
 GROUND_TRUTH_IMAGES = 500
 GROUND_TRUTH_SEED = 3
 GROUND_TRUTH_FILE = "ground_truth.json"
@@ -211,8 +213,7 @@ def index_demo_sae(out: str | Path | None = None, *, progress: Callable | None =
         build_index(sae, loaded, csv, index, model_source="demo", overwrite=True, progress=progress)
     finally:
         torch.set_num_threads(threads)
-    n, seed = DEMO_INDEX_DATA["n"], DEMO_INDEX_DATA["seed"]
-    make_portable(index, data=f"python -m vitviz demo-data --n {n} --seed {seed}", sae_source="the bundled demo SAE")
+    make_portable(index, data=DEMO_INDEX_COMMAND, sae_source="the bundled demo SAE")
     return index
 
 
